@@ -1,0 +1,3 @@
+from deployctl.cli import main
+
+main()

@@ -1,0 +1,14 @@
+"""deployctl's command line. The only package that imports typer or rich, prints, or sets exit codes.
+
+Each command group lives in its own module and registers itself on ``app`` when imported here.
+Command modules import their lower layers inside the command functions, so `deployctl --help`
+stays fast (no torch, no fabric).
+"""
+from __future__ import annotations
+
+from deployctl.cli._app import app
+from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
+
+
+def main() -> None:
+    app()

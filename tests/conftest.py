@@ -1,0 +1,45 @@
+"""Suite-wide fixtures and the `gpu` marker's skip rule.
+
+Fleet fixtures (real sshd, real nginx) live in tests/fleet.py and are imported here so that every
+test directory can use them.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+
+
+def _has_cuda() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def python_exe() -> str:
+    return sys.executable
