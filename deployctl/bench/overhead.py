@@ -1,134 +1,108 @@
-"""The load generator's own cost: run the same client against a trivial in-process streaming server that
-answers at once, and measure what is left (HTTP over loopback, SSE parsing, asyncio scheduling).
+"""The load generator's own cost, measured against a trivial streaming server (deployctl.bench.trivial_server,
+started as a local child process on 127.0.0.1) that answers at once: what is left is HTTP over loopback, SSE
+parsing and asyncio scheduling in the generator.
 
-The server is a raw asyncio HTTP/1.1 server on 127.0.0.1 (keep-alive, chunked SSE) on its own thread and event
-loop, so the numbers are an upper bound on what the generator adds to TTFT and ITL at that concurrency, and
-``chunks_per_s`` is the most text chunks per second it can take in.
+Two runs with the same client code as the ladder: at concurrency 1, the latency the generator adds to each
+request (``unloaded_*``: TTFT and ITL against a server that takes no time); at the ladder's top concurrency,
+its capacity (``capacity_chunks_per_s``: the most text chunks per second it takes in; ``per_chunk_ms`` its
+inverse, the CPU cost of one chunk). A level whose token rate nears that capacity is limited by the generator.
 """
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
-from deployctl.bench.client import Target, make_client, send
+from deployctl.bench.client import RequestResult, Target, make_client, send
 from deployctl.bench.stats import percentile
 from deployctl.bench.workload import BenchRequest
-
-_CHUNK = json.dumps({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "x"}, "text": "x"}]})
-
-
-def _http_chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.decode("latin-1").split("\r\n"):
-                if line.lower().startswith("content-length:"):
-                    length = int(line.split(":", 1)[1])
-            body = json.loads(await reader.readexactly(length)) if length else {}
-            n = int(body.get("max_tokens", 16))
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-            for _ in range(n):
-                writer.write(_http_chunk(f"data: {_CHUNK}\n\n".encode()))
-                await writer.drain()
-                await asyncio.sleep(0)
-            usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
-            writer.write(_http_chunk(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode()) + b"0\r\n\r\n")
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-        pass
-    finally:
-        writer.close()
-
-
-class TrivialServer:
-    """Context manager: a streaming server on 127.0.0.1:<free port> in a daemon thread; ``url`` when entered."""
-
-    def __enter__(self) -> "TrivialServer":
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._server = self._loop.run_until_complete(asyncio.start_server(_handle, "127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-            ready.set()
-            self._loop.run_forever()
-            self._server.close()
-            self._loop.run_until_complete(self._server.wait_closed())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=serve, name="bench-trivial-server", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+from deployctl.errors import CheckFailed
 
 
 @dataclass(frozen=True)
 class Overhead:
-    """What the generator adds (ms) at ``concurrency`` in flight, and its capacity (per second)."""
+    """The generator's own numbers: latencies in ms, capacities per second."""
 
     concurrency: int
-    num_requests: int
     tokens_per_request: int
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    itl_p50_ms: float
-    itl_p99_ms: float
-    requests_per_s: float
-    chunks_per_s: float
+    unloaded_ttft_p50_ms: float
+    unloaded_ttft_p99_ms: float
+    unloaded_itl_p50_ms: float
+    unloaded_itl_p99_ms: float
+    capacity_requests_per_s: float
+    capacity_chunks_per_s: float
+    per_chunk_ms: float
     num_errors: int
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-async def _measure(concurrency: int, num_requests: int, tokens: int) -> Overhead:
+class TrivialServer:
+    """Context manager: the trivial server as a child process; ``url`` once entered."""
+
+    def __enter__(self) -> "TrivialServer":
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "deployctl.bench.trivial_server"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        port = self._proc.stdout.readline().strip() if self._proc.stdout else ""
+        if not port.isdigit():
+            self.__exit__()
+            raise CheckFailed("the bench's trivial local server did not start", fix="run with --no-loadgen-check")
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc.stdin:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+
+
+async def _burst(url: str, concurrency: int, num: int, tokens: int) -> tuple[list[RequestResult], float]:
+    target = Target(base_url=url, route="chat", model="trivial")
+    req = BenchRequest(prompt="x", messages=None, max_tokens=tokens)
+    slots = asyncio.Semaphore(concurrency)
+    async with make_client(concurrency + 4, 30.0) as client:
+
+        async def one() -> RequestResult:
+            async with slots:
+                return await send(client, target, req, 30.0)
+
+        await asyncio.gather(*(one() for _ in range(min(concurrency, num))))  # open the connections first
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one() for _ in range(num)))
+        return list(results), time.perf_counter() - start
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(percentile(values, q) * 1e3, 3) if values else float("nan")
+
+
+def measure_overhead(concurrency: int, tokens: int = 16) -> Overhead:
+    """Measure at concurrency 1 (32 requests) and at ``concurrency`` (max(32, 4 x concurrency) requests),
+    ``tokens`` chunks per request. Raises CheckFailed when the trivial server cannot start."""
     with TrivialServer() as srv:
-        target = Target(base_url=srv.url, route="chat", model="trivial")
-        req = BenchRequest(prompt="x", messages=None, max_tokens=tokens)
-        slots = asyncio.Semaphore(concurrency)
-        async with make_client(concurrency + 4, 30.0) as client:
-
-            async def one():
-                async with slots:
-                    return await send(client, target, req, 30.0)
-
-            await asyncio.gather(*(one() for _ in range(min(concurrency, num_requests))))  # warm connections
-            start = time.perf_counter()
-            results = await asyncio.gather(*(one() for _ in range(num_requests)))
-            wall = time.perf_counter() - start
-    ok = [r for r in results if r.ok]
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
-    itls = [x for r in ok for x in r.itl]
-    ms = lambda v: round(v * 1e3, 3) if v == v else float("nan")  # noqa: E731
+        unloaded, _ = asyncio.run(_burst(srv.url, 1, 32, tokens))
+        loaded, wall = asyncio.run(_burst(srv.url, concurrency, max(32, 4 * concurrency), tokens))
+    ok1 = [r for r in unloaded if r.ok]
+    ok = [r for r in loaded if r.ok]
+    chunks_per_s = sum(len(r.itl) + 1 for r in ok) / wall
     return Overhead(
         concurrency=concurrency,
-        num_requests=num_requests,
         tokens_per_request=tokens,
-        ttft_p50_ms=ms(percentile(ttfts, 0.5)),
-        ttft_p99_ms=ms(percentile(ttfts, 0.99)),
-        itl_p50_ms=ms(percentile(itls, 0.5)),
-        itl_p99_ms=ms(percentile(itls, 0.99)),
-        requests_per_s=round(len(ok) / wall, 1),
-        chunks_per_s=round(sum(len(r.itl) + 1 for r in ok) / wall, 1),
-        num_errors=len(results) - len(ok),
+        unloaded_ttft_p50_ms=_ms([r.ttft for r in ok1 if r.ttft is not None], 0.5),
+        unloaded_ttft_p99_ms=_ms([r.ttft for r in ok1 if r.ttft is not None], 0.99),
+        unloaded_itl_p50_ms=_ms([x for r in ok1 for x in r.itl], 0.5),
+        unloaded_itl_p99_ms=_ms([x for r in ok1 for x in r.itl], 0.99),
+        capacity_requests_per_s=round(len(ok) / wall, 1),
+        capacity_chunks_per_s=round(chunks_per_s, 1),
+        per_chunk_ms=round(1e3 / chunks_per_s, 4) if chunks_per_s else float("nan"),
+        num_errors=len(unloaded) - len(ok1) + len(loaded) - len(ok),
     )
-
-
-def measure_overhead(concurrency: int, num_requests: int | None = None, tokens: int = 16) -> Overhead:
-    """Run ``num_requests`` (default 4 x concurrency, at least 32) requests of ``tokens`` chunks each against
-    the trivial server at ``concurrency`` in flight."""
-    n = num_requests if num_requests is not None else max(32, 4 * concurrency)
-    return asyncio.run(_measure(concurrency, n, tokens))

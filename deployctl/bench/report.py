@@ -82,11 +82,12 @@ def run_bench(
     if overhead is not None:
         for s in levels:
             chunks_per_s = s.output_tokens_per_s  # at most one chunk per token
-            if overhead.chunks_per_s and chunks_per_s > LOADGEN_BUSY_SHARE * overhead.chunks_per_s:
+            capacity = overhead.capacity_chunks_per_s
+            if capacity and chunks_per_s > LOADGEN_BUSY_SHARE * capacity:
                 warnings.append(
                     f"concurrency {s.concurrency}: {chunks_per_s:.0f} tokens/s is over "
-                    f"{LOADGEN_BUSY_SHARE:.0%} of the generator's capacity ({overhead.chunks_per_s:.0f} chunks/s): "
-                    "the generator may be the bottleneck; run bench from another machine or with fewer levels"
+                    f"{LOADGEN_BUSY_SHARE:.0%} of the generator's capacity ({capacity:.0f} chunks/s): "
+                    "the generator may be the bottleneck; run bench from another machine"
                 )
     missing = sum(s.num_usage_missing for s in levels)
     if missing:

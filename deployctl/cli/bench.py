@@ -62,7 +62,9 @@ def _table(report) -> None:
             f"{s.goodput['ratio']:.0%}" if s.goodput else "-",
             ", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "-",
         )
-    err_console.print(t, width=max(err_console.width, 160) if not err_console.is_terminal else None)
+    if not err_console.is_terminal:
+        err_console.width = max(err_console.width, 180)  # a log file: do not fold the table
+    err_console.print(t)
     for s in report.levels:
         if s.errors:
             err_console.print(f"errors at concurrency {s.concurrency}: "
@@ -71,7 +73,7 @@ def _table(report) -> None:
     if k.concurrency is None:
         err_console.print(f"knee: none, even the first level broke the limits ({k.reason})")
     else:
-        limits = f"P99 TTFT <= {k.ttft_p99_limit_ms} ms, P99 TPOT <= {k.tpot_p99_limit_ms} ms ({k.criterion})"
+        limits = f"P99 TTFT <= {k.ttft_p99_limit_ms:.1f} ms, P99 TPOT <= {k.tpot_p99_limit_ms:.2f} ms ({k.criterion})"
         err_console.print(
             f"knee: concurrency {k.concurrency} ({limits}); {k.reason}\n"
             f"recommended: max_num_seqs {k.recommended_max_num_seqs}, rate limit {k.rate_limit_rps} requests/s "
@@ -80,8 +82,9 @@ def _table(report) -> None:
     o = report.overhead
     if o is not None:
         err_console.print(
-            f"load generator overhead at concurrency {o.concurrency} (trivial local server): TTFT P50 {o.ttft_p50_ms} ms "
-            f"P99 {o.ttft_p99_ms} ms, ITL P50 {o.itl_p50_ms} ms P99 {o.itl_p99_ms} ms, capacity {o.chunks_per_s:.0f} chunks/s"
+            f"load generator (against a trivial local server): adds TTFT P50 {o.unloaded_ttft_p50_ms} ms "
+            f"P99 {o.unloaded_ttft_p99_ms} ms, ITL P50 {o.unloaded_itl_p50_ms} ms; takes in up to "
+            f"{o.capacity_chunks_per_s:.0f} chunks/s at concurrency {o.concurrency} ({o.per_chunk_ms} ms per chunk)"
         )
     for w in report.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", markup=True)
