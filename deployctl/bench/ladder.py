@@ -59,6 +59,18 @@ class Progress:
 ProgressFn = Callable[[Progress], None]
 
 
+def poisson_arrivals(rate: float, num: int, seed: int) -> list[float]:
+    """Send times (seconds from the level's start) of ``num`` requests arriving as a Poisson process of
+    ``rate`` requests/s: exponential gaps with mean 1/rate, seeded. The first request goes at 0."""
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    for i in range(num):
+        if i:
+            t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
 async def run_level(
     client: httpx.AsyncClient,
     cfg: LadderConfig,
@@ -68,7 +80,7 @@ async def run_level(
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` at this level; returns the results and the level's wall time in seconds."""
     slots = asyncio.Semaphore(concurrency)
-    rng = random.Random(cfg.seed * 1_000_003 + concurrency)
+    arrivals = poisson_arrivals(cfg.rate, len(requests), cfg.seed + concurrency) if cfg.rate else None
     results: list[RequestResult] = []
     tasks: list[asyncio.Task] = []
 
@@ -83,11 +95,9 @@ async def run_level(
 
     start = time.perf_counter()
     deadline = start + cfg.max_level_s if cfg.max_level_s else None
-    next_arrival = start
-    for req in requests:
-        if cfg.rate:
-            next_arrival += rng.expovariate(cfg.rate)
-            delay = next_arrival - time.perf_counter()
+    for i, req in enumerate(requests):
+        if arrivals is not None:
+            delay = start + arrivals[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         await slots.acquire()

@@ -31,6 +31,8 @@ class FakeConfig:
     max_in_flight_seen: int = 0
     statuses: list = field(default_factory=list)
     auth_seen: list = field(default_factory=list)
+    arrivals: list = field(default_factory=list)
+    bodies: list = field(default_factory=list)
 
 
 def _error(status: int, message: str, type_: str) -> JSONResponse:
@@ -78,7 +80,9 @@ def build_app(cfg: FakeConfig) -> FastAPI:
 
     async def handle(request: Request, chat: bool):
         cfg.auth_seen.append(request.headers.get("authorization"))
+        cfg.arrivals.append(time.perf_counter())
         body = await request.json()
+        cfg.bodies.append(body)
         status = cfg.pattern[cfg.num_arrived % len(cfg.pattern)]
         cfg.num_arrived += 1
         cfg.statuses.append(status)
