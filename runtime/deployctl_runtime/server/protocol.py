@@ -42,6 +42,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     user: str | None = None
     stream: bool = False
+    return_token_ids: bool = False  # vLLM extension: each choice (and stream chunk) carries its token ids
     stream_options: StreamOptions | None = None
 
     @field_validator("top_k")

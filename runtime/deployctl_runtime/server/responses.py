@@ -43,6 +43,7 @@ class ResponseBuilder:
         self.prep, self.id, self.model, self.tok = prep, request_id, model, tokenizer
         self.created = int(time.time())
         self.want_logprobs = prep.params[0].logprobs is not None
+        self.want_ids = prep.request.return_token_ids
         self._role_sent: set[int] = set()
         self._text_len: dict[int, int] = {}
 
@@ -59,6 +60,8 @@ class ResponseBuilder:
                 out.append({"index": ch.index, "text": ch.text,
                             "logprobs": _completion_logprobs(self.tok, ch.token_ids, lps, 0),
                             "finish_reason": ch.finish_reason})
+            if self.want_ids:
+                out[-1]["token_ids"] = list(ch.token_ids)
         obj = "chat.completion" if self.prep.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": out,
                 "usage": _usage(rec)}
@@ -84,18 +87,23 @@ class ResponseBuilder:
                 if not ev.text and ev.finish_reason is None:
                     continue
                 delta = {"content": ev.text} if ev.text else {}
-                out.append(self._chunk([{"index": ev.index, "delta": delta,
-                                         "logprobs": _chat_logprobs(self.tok, ev.token_ids, lps),
-                                         "finish_reason": ev.finish_reason}]))
+                out.append(self._chunk([self._ids({"index": ev.index, "delta": delta,
+                                                   "logprobs": _chat_logprobs(self.tok, ev.token_ids, lps),
+                                                   "finish_reason": ev.finish_reason}, ev)]))
             else:
-                if not ev.text and ev.finish_reason is None:
+                if not ev.text and ev.finish_reason is None and not (self.want_ids and ev.token_ids):
                     continue
                 start = self._text_len.get(ev.index, 0)
                 self._text_len[ev.index] = start + len(ev.text)
-                out.append(self._chunk([{"index": ev.index, "text": ev.text,
-                                         "logprobs": _completion_logprobs(self.tok, ev.token_ids, lps, start),
-                                         "finish_reason": ev.finish_reason}]))
+                out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text,
+                                                   "logprobs": _completion_logprobs(self.tok, ev.token_ids, lps, start),
+                                                   "finish_reason": ev.finish_reason}, ev)]))
         return out
+
+    def _ids(self, choice: dict[str, Any], ev: Event) -> dict[str, Any]:
+        if self.want_ids:
+            choice["token_ids"] = list(ev.token_ids)
+        return choice
 
     def usage_chunk(self, rec: RequestRecord) -> bytes:
         return self._chunk([], _usage(rec))

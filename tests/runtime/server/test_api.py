@@ -240,33 +240,42 @@ def test_c05_stop_string_split_across_tokens_never_leaks(client, prompt):
 
 
 # ---- C06: multi-byte characters split across byte-level tokens --------------------------------------------------
-def _assembled_chars(text: str, tokens: list[str]) -> int:
-    """Non-ASCII characters in the text that no single token decodes to on its own (they span tokens)."""
+def _assembled_chars(tokenizer, ids: list[int]) -> int:
+    """Non-ASCII characters of the decoded text that no single token decodes to (they span byte-level tokens)."""
     def count(s: str) -> int:
         return sum(1 for ch in s if ord(ch) > 127 and ch != "\ufffd")
-    return count(text) - sum(count(t) for t in tokens)
+    return count(tokenizer.decode(ids)) - sum(count(tokenizer.decode([i])) for i in ids)
 
 
-def _split_char_seed(client, prompt) -> int:
-    for seed in range(40):
-        out = client.completions.create(model="tiny-chat", prompt=prompt, max_tokens=8, temperature=1.0, seed=seed,
-                                        logprobs=0, extra_body={"ignore_eos": True})
-        if _assembled_chars(out.choices[0].text, out.choices[0].logprobs.tokens) > 0:
-            return seed  # a real multi-byte character spans byte-level tokens in this output
-    pytest.skip("no seed produced a multi-byte character split over tokens")
+C06_PROMPT = "聪明 😊 ďábel 中文：聪明的狐狸"
 
 
-def test_c06_multibyte_characters_stream_equals_non_stream(client):
-    prompt = "聪明 😊 ďábel 中文：聪明的狐狸"
-    seed = _split_char_seed(client, prompt)
-    longest = client.completions.create(model="tiny-chat", prompt=prompt, max_tokens=8, temperature=1.0, seed=seed,
-                                        extra_body={"ignore_eos": True}).choices[0].text
+def _c06(server, max_tokens: int, seed: int, stream: bool):
+    body = {"prompt": C06_PROMPT, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "ignore_eos": True,
+            "return_token_ids": True, "stream": stream}
+    if not stream:
+        choice = post(server, "/v1/completions", body).json()["choices"][0]
+        return choice["text"], choice["token_ids"]
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    return [(c["text"], c["token_ids"]) for c in chunks]
+
+
+def test_c06_multibyte_characters_never_streamed_as_halves(server, tokenizer):
+    seed = next((s for s in range(60) if _assembled_chars(tokenizer, _c06(server, 8, s, False)[1]) > 0), None)
+    assert seed is not None, "no seed made the tiny model emit a character split over tokens"
+    longest_ids = _c06(server, 8, seed, False)[1]
+    reference = tokenizer.decode(longest_ids)  # the tokenizer's own one-shot decode
     for max_tokens in range(1, 9):
-        kw = dict(model="tiny-chat", prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
-                  extra_body={"ignore_eos": True})
-        full = client.completions.create(**kw).choices[0].text
-        deltas = [c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices]
-        assert "".join(deltas) == full  # byte for byte, including how an unfinished tail is shown
-        # what was streamed before the end is text of the longer generation: a split character never went out
-        # as U+FFFD halves (a token-by-token decoder would send two U+FFFD where the full text has one character)
-        assert longest.startswith("".join(deltas[:-1]))
+        text, ids = _c06(server, max_tokens, seed, False)
+        assert ids == longest_ids[:max_tokens] and text == tokenizer.decode(ids)
+        chunks = _c06(server, max_tokens, seed, True)
+        assert "".join(t for t, _ in chunks) == text  # stream == non-stream, byte for byte
+        assert [i for _, c in chunks for i in c] == ids
+        sent = ""
+        for delta, _ in chunks[:-1]:  # before the end, only complete characters of the final text go out
+            sent += delta
+            assert reference.startswith(sent), (sent, reference)
