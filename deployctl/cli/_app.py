@@ -26,6 +26,8 @@ app = typer.Typer(
 
 # Human output goes to stderr so that `--json` leaves stdout to one JSON document.
 err_console = Console(stderr=True, highlight=False)
+# Tables and reports a person reads (never used together with --json).
+out_console = Console(highlight=False)
 _state = {"debug": False}
 
 

@@ -1,0 +1,269 @@
+"""deploy.yaml: loaded once into frozen pydantic models (shape: ../shared/examples/deploy.yaml).
+
+``load_config(path)`` is the only entry point. Every error raised is a ``ConfigError`` (exit 3) whose
+message names the file, the line, the dotted key, the bad value and what is allowed; unknown keys get a
+"did you mean". Sizes accept integers (bytes) or strings with units ("80GiB", "40GB", "512MiB").
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from deployctl.errors import ConfigError
+from deployctl.units import parse_bytes
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServiceConfig(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class ModelConfig(_Frozen):
+    path: str
+    manifest: str = "manifest.sha256"
+    served_name: Optional[str] = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    @property
+    def name(self) -> str:
+        """The model name clients send: served_name, else the model directory's basename."""
+        return self.served_name or Path(self.path).name
+
+
+class EngineConfig(_Frozen):
+    device: Literal["cuda", "cpu"] = "cuda"
+    max_model_len: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(64, gt=0)
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
+    block_size: int = Field(16, gt=0, le=1024)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_gpu_blocks_override: Optional[int] = Field(None, gt=0)
+    # KV pool budget in bytes on CPU (the runtime's --kv-cache-memory); on CUDA the budget is
+    # total × gpu_memory_utilization − weights − runtime_overhead.
+    kv_cache_memory: Optional[ByteSize] = None
+    # Activation peak + CUDA context allowance used by the capacity plan on CUDA.
+    runtime_overhead: ByteSize = 1536 * 1024 * 1024
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"block_size must be a power of two (8, 16, 32, …), got {v}")
+        return v
+
+
+class ServerConfig(_Frozen):
+    bind: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    api_key_env: Optional[str] = None
+    request_timeout_s: float = Field(120, gt=0)
+    max_queued_requests: int = Field(256, gt=0)
+    drain_timeout_s: float = Field(30, gt=0)
+    log_prompts: bool = False
+
+    @property
+    def is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.bind).is_loopback
+        except ValueError:
+            return self.bind == "localhost"
+
+
+class HostConfig(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    address: str  # "local" runs on this machine without SSH
+    user: Optional[str] = None
+    port: int = Field(22, ge=1, le=65535)
+    deploy_root: str
+    python: str = "python3"
+    launcher: Literal["systemd", "process"] = "systemd"
+    gpu: int = Field(0, ge=0)
+    ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
+    sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
+    connect_timeout_s: float = Field(10, gt=0)
+
+    @property
+    def is_local(self) -> bool:
+        return self.address == "local"
+
+
+class RouterConfig(_Frozen):
+    kind: Literal["nginx"] = "nginx"
+    host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
+    user: Optional[str] = None  # SSH settings when host is an address, not a name from hosts:
+    port: int = Field(22, ge=1, le=65535)
+    ssh_key: Optional[str] = None
+    listen: int = Field(80, ge=1, le=65535)
+    upstream_conf: str
+    nginx_conf: Optional[str] = None  # main nginx.conf for `nginx -t -c`; default: nginx's own
+    nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
+    access_log: Optional[str] = None  # JSON access log read by canary analysis
+
+
+class AnalysisConfig(_Frozen):
+    interval_s: float = Field(30, gt=0)
+    min_requests: int = Field(20, ge=1)
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    max_p99_ttft_ratio: float = Field(2.0, gt=0)
+    max_p99_tpot_ratio: float = Field(2.0, gt=0)
+
+
+class RolloutConfig(_Frozen):
+    canary_hosts: int = Field(1, ge=1)
+    steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100])
+    pause_s: float = Field(300, ge=0)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
+    keep_releases: int = Field(5, ge=2)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: list[int]) -> list[int]:
+        if not v or any(not 0 < s <= 100 for s in v) or v != sorted(set(v)) or v[-1] != 100:
+            raise ValueError(f"steps must be increasing percentages in 1..100 ending at 100, got {v}")
+        return v
+
+
+class DeployConfig(_Frozen):
+    service: ServiceConfig
+    model: ModelConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    hosts: list[HostConfig] = Field(min_length=1)
+    router: Optional[RouterConfig] = None
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "DeployConfig":
+        names = [h.name for h in self.hosts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"hosts: duplicate host name {dup[0]!r}; give every host a unique name")
+        if not self.server.is_loopback and not self.server.api_key_env:
+            raise ValueError(
+                f"server.bind {self.server.bind} is not loopback and server.api_key_env is not set; "
+                "set server.api_key_env or bind 127.0.0.1"
+            )
+        return self
+
+    def router_host(self) -> Optional[HostConfig]:
+        """The host nginx runs on, as a HostConfig (a hosts: entry, local, or the router's own address)."""
+        if self.router is None:
+            return None
+        for h in self.hosts:
+            if h.name == self.router.host:
+                return h
+        address = "local" if self.router.host == "local" else self.router.host
+        return HostConfig(name=f"router-{self.router.host}" if address != "local" else "router", address=address,
+                          user=self.router.user, port=self.router.port, ssh_key=self.router.ssh_key,
+                          deploy_root=self.hosts[0].deploy_root)
+
+    def host(self, name: str) -> HostConfig:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise ConfigError(f"no host named {name!r} in deploy.yaml", fix=f"use one of: {', '.join(h.name for h in self.hosts)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading with file:line positions
+
+
+def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None) -> dict[tuple, int]:
+    """Map every key path (tuple of str/int) to its 1-based line in the YAML source."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = prefix + (key_node.value,)
+            out[path] = key_node.start_mark.line + 1
+            _line_index(value_node, path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[prefix + (i,)] = item.start_mark.line + 1
+            _line_index(item, prefix + (i,), out)
+    return out
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the model that owns the last element of ``loc``."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return []
+        ann = field.annotation
+        for cand in (ann, *getattr(ann, "__args__", ())):
+            for inner in (cand, *getattr(cand, "__args__", ())):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    current = inner
+                    break
+    return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _format_error(err: dict, source: str, lines: dict[tuple, int]) -> str:
+    loc = tuple(err["loc"])
+    dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[") or "(top level)"
+    line = None
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            line = lines[loc[:cut]]
+            break
+    where = f"{source}:{line}" if line else source
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(DeployConfig, loc)
+        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean {guess[0]!r}?" if guess else f"allowed keys: {', '.join(allowed)}"
+        return f"{where}: unknown key {dotted!r}; {hint}"
+    if err["type"] == "missing":
+        return f"{where}: {dotted} is required; add it (see the example deploy.yaml from `deployctl init`)"
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    shown = "" if isinstance(value, (dict, list)) or value is None else f" (got {value!r})"
+    return f"{where}: {dotted}: {msg}{shown}"
+
+
+def parse_config(text: str, source: str = "deploy.yaml") -> DeployConfig:
+    """Parse deploy.yaml text. Raises ConfigError (exit 3) naming source:line, key, value and fix."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        pos = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{pos}: YAML syntax error: {problem}", fix="fix the indentation or quoting there") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with service, model, engine, server, hosts; got {type(data).__name__}")
+    lines = _line_index(node) if node is not None else {}
+    try:
+        return DeployConfig.model_validate(data)
+    except ValidationError as exc:
+        messages = [_format_error(e, source, lines) for e in exc.errors()]
+        more = f" (and {len(messages) - 1} more: {'; '.join(messages[1:])})" if len(messages) > 1 else ""
+        raise ConfigError(messages[0] + more) from None
+
+
+def load_config(path: str | Path) -> DeployConfig:
+    """Read and validate deploy.yaml at ``path``. Raises ConfigError (exit 3)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file", fix="run `deployctl init MODEL_DIR` to write one, or pass -c PATH") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    return parse_config(text, str(p))
+
