@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from bench_fake_server import FakeConfig, FakeServer, closed_port
 
-TTFT_S, TPOT_S, LIMIT, OUT = 0.2, 0.04, 4, 6
+# delays large against scheduling noise on a busy 2-core machine (10% of 400 ms is 40 ms)
+TTFT_S, TPOT_S, LIMIT, OUT = 0.4, 0.05, 4, 11
 
 
 def _level(doc, conc):
@@ -50,14 +51,15 @@ def test_objectives_set_the_knee_and_goodput_on_the_completions_route(run_bench)
     with FakeServer(cfg) as srv:
         rc, doc, err = run_bench(
             "--url", srv.url + "/v1", "--route", "completions", "--concurrency", "2,4,8", "--requests", "4",
-            "--output-len", str(OUT), "--ttft-slo-ms", "300", "--tpot-slo-ms", "60", "--no-loadgen-check", "--json",
+            "--output-len", str(OUT), "--ttft-slo-ms", "850", "--tpot-slo-ms", "100", "--no-loadgen-check", "--json",
         )
     assert rc == 0, err
     assert doc["knee"]["concurrency"] == LIMIT and doc["knee"]["criterion"] == "objectives"
-    assert doc["knee"]["ttft_p99_limit_ms"] == 300
+    assert doc["knee"]["ttft_p99_limit_ms"] == 850
     assert _level(doc, 4)["goodput"]["ratio"] == 1.0
-    assert _level(doc, 8)["goodput"] == {"num_met": 4, "ratio": 0.5, "requests_per_s": pytest.approx(
-        4 / _level(doc, 8)["duration_s"], rel=0.01)}
+    top = _level(doc, 8)
+    assert top["goodput"] == {"num_met": 4, "ratio": 0.5, "requests_per_s": pytest.approx(
+        4 / top["duration_s"], rel=0.01)}, (top["ttft_ms"], top["tpot_ms"])
     assert _level(doc, 2)["tpot_ms"]["p50"] == pytest.approx(TPOT_S * 1e3, rel=0.10)
 
 
