@@ -66,6 +66,15 @@ def _table(report) -> None:
         err_console.width = max(err_console.width, 180)  # a log file: do not fold the table
     err_console.print(t)
     for s in report.levels:
+        if s.server and "error" in s.server:
+            err_console.print(f"server metrics at concurrency {s.concurrency}: {s.server['error']}")
+        elif s.server:
+            parts = []
+            for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+                h = s.server.get(key)
+                if h:
+                    parts.append(f"{label} P50/P99 {_fmt(h, 'p50')}/{_fmt(h, 'p99')} ms (n={h['count']})")
+            err_console.print(f"server histograms at concurrency {s.concurrency}: " + ", ".join(parts))
         if s.errors:
             err_console.print(f"errors at concurrency {s.concurrency}: "
                               + ", ".join(f"{k}: {v} ({s.error_examples.get(k, '')[:80]})" for k, v in s.errors.items()))

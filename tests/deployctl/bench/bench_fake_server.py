@@ -4,7 +4,8 @@ Known behaviour: at most ``max_concurrency`` requests generate at once (the rest
 wait counts in their TTFT); a request's first token comes ``ttft_s`` after it is admitted and each further token
 ``tpot_s`` after the previous one (scheduled on absolute times, so delays do not drift); it streams exactly
 ``max_tokens`` tokens and reports them in ``usage``. ``pattern`` makes the n-th request (0-based, in arrival
-order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, or "hang" (never answers).
+order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, "hang" (headers, then nothing) or "drop" (two
+tokens, then the connection breaks).
 """
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def build_app(cfg: FakeConfig) -> FastAPI:
             finally:
                 state["in_flight"] -= 1
 
+    async def drop():  # two tokens, then the connection breaks mid-stream
+        for i in range(2):
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': f' t{i}'}, 'text': f' t{i}'}]})}\n\n"
+        raise ConnectionResetError("injected: backend died mid-stream")
+
     async def hang():  # headers, then nothing: cancelled when the client goes away
         await asyncio.sleep(3600)
         yield "data: [DONE]\n\n"
@@ -90,6 +96,8 @@ def build_app(cfg: FakeConfig) -> FastAPI:
             return _error(429, "queue full", "rate_limit_exceeded")
         if status == 500:
             return _error(500, "injected failure", "server_error")
+        if status == "drop":
+            return StreamingResponse(drop(), media_type="text/event-stream")
         if status == "hang":
             return StreamingResponse(hang(), media_type="text/event-stream")
         return StreamingResponse(generate(body, chat), media_type="text/event-stream")

@@ -63,20 +63,20 @@ def test_objectives_set_the_knee_and_goodput_on_the_completions_route(run_bench)
     assert _level(doc, 2)["tpot_ms"]["p50"] == pytest.approx(TPOT_S * 1e3, rel=0.10)
 
 
-def test_429_500_and_timeouts_are_counted_per_reason(run_bench):
-    cfg = FakeConfig(ttft_s=0.01, tpot_s=0.005, pattern=(200, 429, 500, "hang"))
+def test_429_500_timeouts_and_broken_streams_are_counted_per_reason(run_bench):
+    cfg = FakeConfig(ttft_s=0.01, tpot_s=0.005, pattern=(200, 429, 500, "hang", "drop"))
     with FakeServer(cfg) as srv:
         rc, doc, err = run_bench(
-            "--url", srv.url, "--concurrency", "1,2", "--requests", "4", "--output-len", "3",
+            "--url", srv.url, "--concurrency", "1,2", "--requests", "5", "--output-len", "3",
             "--timeout", "1", "--no-loadgen-check", "--json",
         )
     assert rc == 0, err
     for level in doc["levels"]:
-        assert level["num_requests"] == 4 and level["num_ok"] == 1
-        assert level["errors"] == {"http_429": 1, "http_500": 1, "timeout": 1}
-        assert level["error_rate"] == 0.75
+        assert level["num_requests"] == 5 and level["num_ok"] == 1
+        assert level["errors"] == {"connection_lost": 1, "http_429": 1, "http_500": 1, "timeout": 1}
+        assert level["error_rate"] == 0.8
         assert "queue full" in level["error_examples"]["http_429"]
-    assert doc["knee"]["concurrency"] is None  # 75% errors at the first level: no capacity to claim
+    assert doc["knee"]["concurrency"] is None  # 80% errors at the first level: no capacity to claim
     assert "http_429: 1" in err
 
 

@@ -57,3 +57,13 @@ def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
     data.write_text('{"prompt": "ok"}\nnot json\n')
     rc, _, err = run_bench("--url", srv.url, "--dataset", str(data), "--no-loadgen-check")
     assert rc == 3 and "line 2: not JSON" in err
+
+
+def test_a_level_stops_sending_after_max_level_seconds():
+    cfg = FakeConfig(ttft_s=0.1, tpot_s=0.01, max_concurrency=4)
+    with FakeServer(cfg) as srv:
+        ladder = LadderConfig(target=Target(srv.url, model=cfg.model), concurrencies=(1,), requests_per_level=50,
+                              max_level_s=0.5)
+        (level,) = run_ladder(ladder, workload.synthetic(50, "4", "2", seed=0))
+    # each request takes ~0.11 s: about 5 fit in 0.5 s, and the ones sent all finish
+    assert 2 <= level.num_requests <= 6 and level.num_ok == level.num_requests == cfg.num_arrived
