@@ -34,6 +34,7 @@ class FakeConfig:
     auth_seen: list = field(default_factory=list)
     arrivals: list = field(default_factory=list)
     bodies: list = field(default_factory=list)
+    client_ports: list = field(default_factory=list)
 
 
 def _error(status: int, message: str, type_: str) -> JSONResponse:
@@ -89,6 +90,7 @@ def build_app(cfg: FakeConfig) -> FastAPI:
         cfg.arrivals.append(time.perf_counter())
         body = await request.json()
         cfg.bodies.append(body)
+        cfg.client_ports.append(request.client.port if request.client else None)
         status = cfg.pattern[cfg.num_arrived % len(cfg.pattern)]
         cfg.num_arrived += 1
         cfg.statuses.append(status)

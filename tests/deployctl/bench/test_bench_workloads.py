@@ -54,6 +54,7 @@ def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
     assert all(b["stream"] and b["stream_options"] == {"include_usage": True} and b["model"] == "fake-model"
                for b in cfg.bodies)
     assert doc["levels"][0]["total_output_tokens"] == 9
+    assert len(set(cfg.client_ports)) == 1  # one keep-alive connection carried all three streams
     data.write_text('{"prompt": "ok"}\nnot json\n')
     rc, _, err = run_bench("--url", srv.url, "--dataset", str(data), "--no-loadgen-check")
     assert rc == 3 and "line 2: not JSON" in err
