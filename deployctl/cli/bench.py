@@ -142,6 +142,8 @@ def bench(
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
         _positive(name, value)
+    if plot is not None and not plot.resolve().parent.is_dir():
+        raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
     levels = _concurrencies(concurrency)
     key = _api_key(api_key_env)
     base = normalize_base_url(url)

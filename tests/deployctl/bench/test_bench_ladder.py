@@ -98,6 +98,10 @@ def test_api_key_from_env_and_bad_flags(run_bench):
     assert rc == 2 and "--concurrency '0,4'" in err
     rc, _, err = run_bench("--url", "http://127.0.0.1:1", "--output-len", "normal:abc")
     assert rc == 2 and "--output-len 'normal:abc'" in err
+    rc, _, err = run_bench("--url", "http://127.0.0.1:1", "--plot", "/nonexistent-dir/ladder.png")
+    assert rc == 2 and "/nonexistent-dir" in err and "Traceback" not in err
+    rc, _, err = run_bench("--url", "127.0.0.1:8000")
+    assert rc == 2 and "not an http(s) URL" in err
 
 
 def test_api_key_is_read_from_the_environment(run_bench):
