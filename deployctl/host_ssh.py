@@ -19,6 +19,7 @@ import shlex
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
@@ -157,9 +158,10 @@ class SSHTransport:
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
         duration = time.monotonic() - start
-        if res.exited in (124, 137) and duration >= timeout - 0.05:
+        # 124: timeout's TERM worked; 137 or -1 (killed by a signal, no exit status): its group SIGKILL
+        if res.exited in (124, 137, -1) and duration >= timeout - 0.05:
             raise self._timeout(command, timeout, res.stderr)
-        if res.exited == -1 or not conn.is_connected:
+        if res.exited == -1 and not conn.is_connected:
             raise self._lost(EOFError("channel closed without an exit status"), command)
         return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
 
@@ -278,3 +280,44 @@ def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
         sftp.remove(path)
     except Exception:  # the temp file may not exist; the original error matters
         pass
+
+
+@dataclass(frozen=True)
+class HostKeyProbe:
+    """What a host offers versus what known_hosts holds. ``status``: "trusted", "unknown" or "changed"."""
+
+    host: str
+    known_hosts_name: str
+    hostname: str
+    port: int
+    key_type: str
+    fingerprint: str
+    status: str
+    expected_fingerprint: str | None
+    key: paramiko.PKey
+
+
+def probe_host_key(cfg, *, known_hosts: Path | None = None) -> HostKeyProbe:
+    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
+    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
+    port = cfg.port if "port" in cfg.model_fields_set else None
+    conn = Connection(host=cfg.address, user=cfg.user, port=port)
+    user_files = conn.ssh_config.get("userknownhostsfile")
+    if isinstance(user_files, str):
+        user_files = user_files.split()
+    known = hostkeys.lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
+    try:
+        key = hostkeys.fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        transport = SSHTransport(cfg, known_hosts=known_hosts)
+        raise transport._connect_error(conn, exc) from None
+    fp = hostkeys.fingerprint(key)
+    if any(k.asbytes() == key.asbytes() for k in known.values()):
+        status, expected = "trusted", fp
+    elif known:
+        old = known.get(key.get_name()) or next(iter(known.values()))
+        status, expected = "changed", hostkeys.fingerprint(old)
+    else:
+        status, expected = "unknown", None
+    return HostKeyProbe(cfg.name, hostkeys.known_hosts_name(conn.host, conn.port), conn.host, conn.port,
+                        key.get_name(), fp, status, expected, key)
