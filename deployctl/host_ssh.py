@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import hostkeys
@@ -32,6 +32,16 @@ from deployctl.hosts import (AuthFailed, CommandTimeout, HostError, HostKeyChang
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
+
+
+def fabric_connection(cfg, **kwargs) -> Connection:
+    """A Fabric Connection for ``cfg`` (not yet open). ssh_config is honoured: $DEPLOYCTL_SSH_CONFIG
+    (like ``ssh -F``) if set, else ~/.ssh/config and /etc/ssh/ssh_config; port and user from
+    deploy.yaml win only when given there."""
+    path = os.environ.get("DEPLOYCTL_SSH_CONFIG")
+    config = Config(runtime_ssh_path=os.path.expanduser(path)) if path else None
+    port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
+    return Connection(host=cfg.address, user=cfg.user, port=port, config=config, **kwargs)
 
 
 class SSHTransport:
@@ -55,9 +65,7 @@ class SSHTransport:
                 raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
                                  host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
             kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
-        port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
-        conn = Connection(host=cfg.address, user=cfg.user, port=port,
-                          connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
         user_files = conn.ssh_config.get("userknownhostsfile")
         if isinstance(user_files, str):
             user_files = user_files.split()
@@ -130,8 +138,7 @@ class SSHTransport:
                                command=command)
 
     def login_user(self) -> str:
-        return self._conn.user if self._conn else Connection(
-            host=self.cfg.address, user=self.cfg.user).user
+        return self._conn.user if self._conn else fabric_connection(self.cfg).user
 
     def close(self) -> None:
         with self._lock:
@@ -300,8 +307,7 @@ class HostKeyProbe:
 def probe_host_key(cfg, *, known_hosts: Path | None = None) -> HostKeyProbe:
     """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
     honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
-    port = cfg.port if "port" in cfg.model_fields_set else None
-    conn = Connection(host=cfg.address, user=cfg.user, port=port)
+    conn = fabric_connection(cfg)
     user_files = conn.ssh_config.get("userknownhostsfile")
     if isinstance(user_files, str):
         user_files = user_files.split()

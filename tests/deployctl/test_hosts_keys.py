@@ -98,3 +98,20 @@ def test_hosts_trust_shows_fingerprint_records_after_confirmation(ssh_fleet, tmp
     res = deployctl("hosts", "trust", "gpu-a", "-c", conf, "--yes")
     assert res.returncode == 0 and "already trusted" in res.stderr
     assert fleet.known_hosts.read_text().strip() == line
+
+
+def test_ssh_config_alias_port_user_and_key_honoured(ssh_fleet, tmp_path, monkeypatch):
+    fleet = ssh_fleet(1, users="deploy")
+    fh = fleet.hosts[0]
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {fh.port}\n  User {fh.user}\n"
+                          f"  IdentityFile {fleet.client_key}\n")
+    monkeypatch.setenv("DEPLOYCTL_SSH_CONFIG", str(ssh_config))
+    from deployctl.config import HostConfig
+
+    cfg = HostConfig(name="gpu-a", address="gpu-alias", deploy_root=fh.deploy_root)  # no port, user, key
+    with Host.from_config(cfg) as host:
+        assert host.run(["id", "-un"]).stdout.strip() == fh.user  # [127.0.0.1]:PORT entry matched
+    fleet.untrust("gpu-a")
+    with pytest.raises(HostKeyUnknown, match=rf"\[127\.0\.0\.1\]:{fh.port}"):
+        Host.from_config(cfg).run(["true"])
