@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from test_hosts_keys import deployctl, write_deploy_yaml
+from test_hosts_keys import cli, deployctl, write_deploy_yaml
 
 
 def test_check_reports_every_host_with_distinct_errors(ssh_fleet, tmp_path):
@@ -33,20 +33,20 @@ def test_check_reports_every_host_with_distinct_errors(ssh_fleet, tmp_path):
     assert len(set(failed)) == len(failed)  # distinct
     assert "4 of 5 hosts failed the check" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
-    res = deployctl("hosts", "check", "-c", conf, "--json")
+    res = cli("hosts", "check", "-c", conf, "--json")
     doc = json.loads(res.stdout)
     assert res.returncode == 4 and doc["ok"] is False
     assert [h["error_type"] for h in doc["hosts"]] == [None, "HostUnreachable", "AuthFailed", "AuthFailed", "AuthFailed"]
 
     for name, fragment in (("gpu-b", "connection refused"), ("wrong-user", "refused login")):
-        res = deployctl("hosts", "check", name, "-c", conf)
+        res = cli("hosts", "check", name, "-c", conf)
         assert res.returncode == 4 and fragment in res.stdout
     res = deployctl("hosts", "trust", "gpu-b", "-c", conf, "--yes")
     assert res.returncode == 4 and res.stderr.strip().startswith("error: cannot reach gpu-b")
     assert len(res.stderr.strip().splitlines()) == 1
 
     fleet.start("gpu-b")
-    res = deployctl("hosts", "check", "gpu-b", "-c", conf)
+    res = cli("hosts", "check", "gpu-b", "-c", conf)
     assert res.returncode == 0 and res.stdout.startswith("gpu-b  ok")
-    res = deployctl("hosts", "check", "nope", "-c", conf)
+    res = cli("hosts", "check", "nope", "-c", conf)
     assert res.returncode == 2 and "host 'nope' is not in" in res.stderr

@@ -50,10 +50,10 @@ def test_timeout_kills_process_group_and_names_host(two_hosts):
             a, b = f"41.{secrets.randbelow(10**6):06d}", f"42.{secrets.randbelow(10**6):06d}"
             start = time.monotonic()
             with pytest.raises(CommandTimeout) as info:
-                host.run(script.format(a=a, b=b), timeout=1.5)
+                host.run(script.format(a=a, b=b), timeout=1.0)
             elapsed = time.monotonic() - start
-            assert elapsed < 1.5 + 2, (host.name, script, elapsed)
-            assert host.name in str(info.value) and "1.5 s" in str(info.value) and info.value.host == host.name
+            assert elapsed < 1.0 + 2, (host.name, script, elapsed)
+            assert host.name in str(info.value) and "after 1 s" in str(info.value) and info.value.host == host.name
             assert _wait_gone(a) == [] and _wait_gone(b) == [], f"left behind on {host.name}: {script}"
         assert host.run(["echo", "still usable"]).stdout == "still usable\n"
 
@@ -130,7 +130,7 @@ def test_background_start_detaches_and_returns_promptly(two_hosts, tmp_path):
 
 
 def test_parallel_runs_take_about_the_slowest_host(ssh_fleet):
-    fleet = ssh_fleet(3)
+    fleet = ssh_fleet(3, users="deploy")
     hosts = [Host.from_config(c) for c in fleet.host_configs()]
     for h in hosts:
         h.run(["true"])
