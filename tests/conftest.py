@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
+from fleet_nginx import *  # noqa: F401,F403  (nginx_server: real nginx, own prefix and port)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
