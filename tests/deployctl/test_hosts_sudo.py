@@ -4,13 +4,15 @@ sudo_password_env the password goes on stdin, never on a command line or in the 
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from deployctl.hosts import Host, SudoPasswordRequired
+from deployctl.hosts import CommandTimeout, Host, SudoPasswordRequired
+from test_hosts_exec import _procs_with
 
 
 def test_sudo_without_password_source_fails_fast_with_clear_message(ssh_fleet):
@@ -74,3 +76,14 @@ def test_sudo_nopasswd_and_root_login(ssh_fleet):
         with Host.from_config(cfg) as host:
             assert host.sudo(["id", "-u"]).stdout.strip() == "0"
             assert host.sudo("echo 'a b;$(x)'").stdout == "a b;$(x)\n"
+    # a sudo'd command that outlives its timeout is killed too
+    marker = f"43.{secrets.randbelow(10**6):06d}"
+    with Host.from_config(fleet.host_configs()[0]) as host:
+        start = time.monotonic()
+        with pytest.raises(CommandTimeout, match="on gpu-a timed out after 1 s"):
+            host.sudo(["sleep", marker], timeout=1)
+        assert time.monotonic() - start < 3
+    deadline = time.monotonic() + 1
+    while _procs_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(marker) == []
