@@ -46,3 +46,5 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+from nginx_fixture import *  # noqa: E402,F401,F403  (nginx_router: a real nginx under its own prefix)
