@@ -20,7 +20,11 @@ n=$(( $(cat "$FAKE_STATE/starts" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$FA
 echo "fake runtime start $n: $*"
 [ "${DEPLOYCTL_RUNTIME_API_KEY:-}" = "$EXPECT_KEY" ] && touch "$FAKE_STATE/key-ok.$n"
 [ "$n" -le "${FAKE_FAILS:-0}" ] && exit 3
-trap 'echo draining; sleep 0.3; touch "$FAKE_STATE/drained"; exit 0' TERM
+if [ -n "${FAKE_HANG:-}" ]; then  # a drain that never ends, with a worker process of its own
+  trap 'echo ignoring SIGTERM' TERM; sleep 300 & echo $! > "$FAKE_STATE/worker"
+else
+  trap 'echo draining; sleep 0.3; touch "$FAKE_STATE/drained"; exit 0' TERM
+fi
 touch "$FAKE_STATE/ready"
 while :; do sleep 0.05; done
 """
@@ -102,3 +106,18 @@ def test_launcher_gives_up_after_repeated_failures_with_growing_backoff(release)
     assert "restart 1/2 in 0.1s" in log and "restart 2/2 in 0.2s" in log
     assert "runtime failed 3 times in a row (last exit 3); giving up" in log
     assert not release["pid"].exists()
+
+
+def test_launcher_kills_the_runtime_group_after_the_stop_timeout(release):
+    env = {**release["env"], "FAKE_HANG": "1", "DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S": "1"}
+    started = subprocess.run([str(release["launch"]), "start"], capture_output=True, text=True, env=env, timeout=30)
+    assert started.returncode == 0, started.stderr
+    _wait_for(release["state"] / "ready")
+    _wait_for(release["state"] / "worker")
+    child, worker = int(release["child"].read_text()), int((release["state"] / "worker").read_text())
+    t0 = time.monotonic()
+    stopped = subprocess.run([str(release["launch"]), "stop"], capture_output=True, text=True, env=env, timeout=30)
+    assert stopped.returncode == 0, stopped.stderr
+    assert time.monotonic() - t0 < 10
+    assert not _alive(child) and not _alive(worker)  # the whole process group, not only the runtime
+    assert "still running after 1s: SIGKILL" in release["log"].read_text()
