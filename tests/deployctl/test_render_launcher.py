@@ -84,6 +84,8 @@ def test_launcher_restarts_on_failure_and_drains_on_stop(release):
     assert int(release["pid"].read_text()) == supervisor and _alive(supervisor)
     child = int(release["child"].read_text())
     assert _alive(child)
+    # One process group led by the supervisor: a SIGKILL to the group (the rollout's last resort) takes all.
+    assert os.getpgid(supervisor) == supervisor == os.getpgid(child)
     log = release["log"].read_text()
     assert "runtime exited with 3; restart 1/4 in 0.1s" in log and "fake runtime start 2" in log
     assert subprocess.run([str(release["launch"]), "status"], env=env, timeout=10).returncode == 0

@@ -7,8 +7,9 @@
 #   launch.sh stop    SIGTERM the supervisor and wait up to 50 s; exit 1 if it is still there
 #   launch.sh status  exit 0 while the supervisor runs
 # Pidfile (supervisor): /opt/deployctl/chat-7b/shared/run/runtime.pid · runtime pid: /opt/deployctl/chat-7b/shared/run/runtime.child.pid · log: /opt/deployctl/chat-7b/shared/logs/runtime.log
-# The runtime runs in its own process group; SIGTERM and the final SIGKILL go to the whole group (as systemd's
-# KillMode=control-group). Env overrides (tests, diagnosis): DEPLOYCTL_LAUNCH_BACKOFF_S (first restart delay),
+# `start` makes the supervisor a process group leader; the runtime and its children share that group, so a
+# SIGKILL to the group (the rollout's last resort) leaves nothing behind, and the supervisor's own SIGKILL after
+# the stop timeout clears the group as systemd's KillMode=control-group would. Env overrides (tests, diagnosis): DEPLOYCTL_LAUNCH_BACKOFF_S (first restart delay),
 # DEPLOYCTL_LAUNCH_MAX_FAILURES, DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S.
 set -u
 RELEASE_DIR=/opt/deployctl/chat-7b/releases/20261130T000000Z-golden1
@@ -50,9 +51,12 @@ run() {
     stopping=1
     if [ "$child" -gt 0 ]; then
       log "SIGTERM: draining runtime pid $child (up to ${STOP_TIMEOUT_S}s)"
-      kill -TERM -- "-$child" 2>/dev/null
+      kill -TERM "$child" 2>/dev/null
       ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; sleep "$STOP_TIMEOUT_S" & s=$!; wait "$s"
-        log "runtime pid $child still running after ${STOP_TIMEOUT_S}s: SIGKILL"; kill -KILL -- "-$child" 2>/dev/null ) &
+        log "runtime pid $child still running after ${STOP_TIMEOUT_S}s: SIGKILL"; kill -KILL "$child" 2>/dev/null
+        if [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ]; then  # the runtime's leftovers in our group
+          for p in $(pgrep -g "$$"); do [ "$p" = "$$" ] || [ "$p" = "$BASHPID" ] || kill -KILL "$p" 2>/dev/null; done
+        fi ) &
       killer=$!
     fi
   }
@@ -61,7 +65,7 @@ run() {
   while :; do
     started=$(date +%s)
     log "starting runtime: $PYTHON -m deployctl_runtime serve --config $RELEASE_DIR/runtime.yaml"
-    setsid "$PYTHON" -m deployctl_runtime serve --config "$RELEASE_DIR/runtime.yaml" </dev/null >>"$LOG_FILE" 2>&1 &
+    "$PYTHON" -m deployctl_runtime serve --config "$RELEASE_DIR/runtime.yaml" </dev/null >>"$LOG_FILE" 2>&1 &
     child=$!
     echo "$child" >"$CHILD_PID_FILE"
     # `wait` returns early when a trapped signal arrives: keep waiting until the child is gone.
