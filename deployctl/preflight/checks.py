@@ -161,6 +161,8 @@ def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) ->
         fix = f"stop {'those processes' if others else 'what holds the memory'}"
         if cfg.engine.num_gpu_blocks_override is None and util * total > p.weights_bytes + overhead:
             fix += f", or set engine.gpu_memory_utilization <= {util:.2f} (a smaller KV cache; re-run `deployctl plan`)"
+        elif cfg.engine.num_gpu_blocks_override is None:
+            fix += f" (weights + overhead alone need {_mib(p.weights_bytes + overhead)}), or use a larger GPU"
         return Check("gpu_memory", "fail",
                      f"{head} has {_mib(available)} free; the plan needs {_mib(need)} ({parts})"
                      + (f"; held by other processes: {named}" if others else ""), fix)
