@@ -274,7 +274,8 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     """All checks for one host, in a fixed order. ``facts["error"]`` (the probe failed) gives one
     "reach" check instead."""
     if facts.get("error"):
-        return [Check("reach", "fail", f"{host.name}: {facts['error']}", facts.get("fix"))]
+        error = facts["error"] if host.name in facts["error"] else f"{host.name}: {facts['error']}"
+        return [Check("reach", "fail", error, facts.get("fix"))]
     environ = os.environ if environ is None else environ
     try:
         sized, reason = plan_from_facts(cfg, host, facts)

@@ -196,3 +196,16 @@ def test_recorded_facts_have_the_probe_keys(name):
     from deployctl.probe import FACT_KEYS
 
     assert set(FACT_KEYS) <= set(facts(name))
+
+
+def test_cli_table_and_summary_line():
+    from deployctl.cli._app import out_console
+    from deployctl.cli.preflight import _print_report
+
+    cfg = config("  max_model_len: 4096\n  max_num_seqs: 8")
+    rep = check_facts(cfg, [(cfg.hosts[0], facts("rtx4090_shared"))], {})
+    with out_console.capture() as cap:
+        _print_report(rep)
+    text = cap.get()
+    assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
+    assert "preflight FAILED on gpu-a: 1 host(s), 8 pass, 0 warn, 1 fail" in text
