@@ -34,7 +34,7 @@ def script_argv(python: str, module, *args: str) -> list[str]:
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
-            "port": cfg.server.port, "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+            "port": host.server_port or cfg.server.port, "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
 
 
 def cache_path(host: HostConfig) -> str:

@@ -209,3 +209,21 @@ def test_cli_table_and_summary_line():
     text = cap.get()
     assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
     assert "preflight FAILED on gpu-a: 1 host(s), 8 pass, 0 warn, 1 fail" in text
+
+
+def test_port_check_uses_the_hosts_own_server_port():
+    from deployctl.preflight.gather import probe_params
+
+    cfg = parse_config(f"""
+service: {{name: chat-8b}}
+model: {{path: /models/llama-3-8b-instruct}}
+server: {{port: 8080}}
+hosts:
+  - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/d, server_port: 9001}}
+""")
+    assert probe_params(cfg, cfg.hosts[0])["port"] == 9001
+    f = facts("h200")
+    f["port"] = {"bind": "127.0.0.1", "port": 9001, "free": False, "bind_error": None,
+                 "holders": [{"address": "127.0.0.1:9001", "pid": 5, "name": "nginx", "cmdline": "nginx: worker"}]}
+    c = {c.name: c for c in check_facts(cfg, [(cfg.hosts[0], f)], {}).hosts[0].checks}["port"]
+    assert c.status == "fail" and c.message.startswith("port 9001 on 127.0.0.1 on gpu-a is held by pid 5 (nginx")
