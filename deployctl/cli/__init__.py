@@ -10,6 +10,7 @@ from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
 from deployctl.cli import hosts as _hosts  # noqa: F401  (registers hosts trust, hosts check)
 from deployctl.cli import render as _render  # noqa: F401  (registers render)
+from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)
 
 
 def main() -> None:
