@@ -154,12 +154,18 @@ class SSHTransport:
             self.write_bytes(env_path, body.encode(), mode=0o600, timeout=timeout)
             q = shlex.quote(env_path)
             script = f". {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{command}"
+        if input is not None:
+            # invoke feeds a non-tty stdin one byte per 10 ms: ship the input as a 0600 file instead.
+            in_path = f"/tmp/.deployctl-in-{secrets.token_hex(8)}"
+            self.write_bytes(in_path, input.encode(), mode=0o600, timeout=timeout)
+            q = shlex.quote(in_path)
+            script = f"exec < {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{script}"
         wrapped = (f"exec timeout -k {REMOTE_KILL_AFTER_S:g} {max(timeout, 0.001):.3f}s "
                    f"/bin/bash -c {shlex.quote(script)}")
         start = time.monotonic()
         try:
             res = conn.run(wrapped, hide=True, warn=True, pty=False, echo=False,
-                           in_stream=io.StringIO(input or ""), timeout=timeout + CLIENT_GRACE_S)
+                           in_stream=io.StringIO(""), timeout=timeout + CLIENT_GRACE_S)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
