@@ -32,8 +32,12 @@ def test_rate_mode_sends_on_the_poisson_schedule():
         (level,) = run_ladder(ladder, workload.synthetic(16, "4", "3", seed=0))
     assert level.num_ok == 16 and level.rate == 15.0
     expected = poisson_arrivals(15.0, 16, seed=5 + 16)
-    seen = [t - cfg.arrivals[0] for t in cfg.arrivals]
-    assert seen == pytest.approx(expected, abs=0.03)
+    lags = [seen - want for seen, want in zip(cfg.arrivals, expected)]  # the level's start + delivery lag each
+    base = sorted(lags)[len(lags) // 2]
+    spread = sorted(abs(lag - base) for lag in lags)
+    # most arrivals within 15 ms of the schedule (a busy machine may delay a few, never by much)
+    assert spread[len(spread) * 3 // 4] < 0.015 and spread[-1] < 0.15, spread
+    assert sum(b - a for a, b in zip(expected, expected[1:])) > 0.5  # the schedule itself spans the level
 
 
 def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
