@@ -101,9 +101,13 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
     if ctx.cfg.log_requests:
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)
-    await gen.start()
-    ctx.http_started()
     builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.tokenizer)
+    ctx.http_started()
+    try:
+        await gen.start()
+    except BaseException:
+        ctx.http_finished()
+        raise
     if prep.request.stream:
         return _stream_response(ctx, gen, builder, rec)
     events = gen.events()

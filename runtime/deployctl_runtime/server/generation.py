@@ -56,12 +56,17 @@ class Generation:
             raise
         except Exception as exc:
             self._release(self._open)
-            reason = getattr(exc, "reason", None)
-            if reason is None:
-                raise
-            ctx.metrics.request_rejected.labels(reason=reason).inc()
             param = "messages" if self.prep.chat else "prompt"
-            raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param, reason) from None
+            reason = getattr(exc, "reason", None)
+            if reason is not None:  # RequestRejected: this request can never be served (e.g. too_many_blocks)
+                ctx.metrics.request_rejected.labels(reason=reason).inc()
+                raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param,
+                               reason) from None
+            if isinstance(exc, ValueError):  # the engine's own validation: "<field>: <why>"
+                field_name = str(exc).split(":", 1)[0]
+                raise APIError(400, str(exc), "invalid_request_error",
+                               field_name if field_name.isidentifier() else param, "invalid_value") from None
+            raise
         self.rec.prompt_tokens = sum(len(p) for p in self.prep.prompts[:: self.prep.request.n])
         ctx.metrics.prompt_tokens.inc(self.rec.prompt_tokens)
 

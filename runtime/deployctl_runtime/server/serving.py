@@ -11,6 +11,7 @@ max_tokens defaults to the remaining context, max_model_len - prompt.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from .state import ServerContext
 from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
+_SERIAL = itertools.count()
 
 
 @dataclass
@@ -106,6 +108,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     else:
         logprobs = req.logprobs
     all_prompts, params, sub_ids = [], [], []
+    serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id
     for i, (ids, mt) in enumerate(zip(prompts, max_tokens)):
         for j in range(req.n):
             sp = SamplingParams(
@@ -125,7 +128,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
                 raise invalid(str(exc), field_name) from None
             all_prompts.append(ids)
             params.append(sp)
-            sub_ids.append(f"{request_id}-{i * req.n + j}")
+            sub_ids.append(f"{request_id}#{serial}-{i * req.n + j}")
     return Prepared(req, chat, all_prompts, params, sub_ids)
 
 
