@@ -123,6 +123,7 @@ def bench(
     metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Scrape this /metrics before and after each level and report the server's histograms."),
     metrics_prefix: str = typer.Option("deployctl_runtime_", "--metrics-prefix", help="Metric name prefix (vLLM: 'vllm:')."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: true (vLLM extension) so outputs reach max_tokens."),
+    max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger error share (0-1) is past the knee."),
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),
 ) -> None:
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
@@ -144,6 +145,8 @@ def bench(
         _positive(name, value)
     if plot is not None and not plot.resolve().parent.is_dir():
         raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
+    if not 0 <= max_error_rate < 1:
+        raise UsageError(f"--max-error-rate {max_error_rate} is not a fraction", fix="e.g. --max-error-rate 0.01 (1%)")
     levels = _concurrencies(concurrency)
     key = _api_key(api_key_env)
     base = normalize_base_url(url)
@@ -166,7 +169,7 @@ def bench(
     else:
         pool = workload.synthetic(need, input_len, output_len, seed)
 
-    report = _run_with_progress(cfg, pool, loadgen_check)
+    report = _run_with_progress(cfg, pool, loadgen_check, max_error_rate)
     _table(report)
     if plot is not None:
         from deployctl.bench.plot import write_plot
@@ -184,7 +187,7 @@ def bench(
         raise CheckFailed(f"no request to {base} succeeded ({reasons})", fix="check that the server is up and the URL, model and API key are right")
 
 
-def _run_with_progress(cfg, pool, loadgen_check: bool):
+def _run_with_progress(cfg, pool, loadgen_check: bool, max_error_rate: float):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from deployctl.bench.report import run_bench
@@ -204,4 +207,4 @@ def _run_with_progress(cfg, pool, loadgen_check: bool):
                 info += f"  P99 TTFT {p.stats.ttft_ms['p99']:.0f} ms  P99 TPOT {p.stats.tpot_ms['p99'] or 0:.1f} ms"
             progress.update(tasks[p.index], completed=p.done, info=info)
 
-        return run_bench(cfg, pool, on_progress, measure_loadgen=loadgen_check)
+        return run_bench(cfg, pool, on_progress, measure_loadgen=loadgen_check, max_error_rate=max_error_rate)

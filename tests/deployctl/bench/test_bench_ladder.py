@@ -78,6 +78,12 @@ def test_429_500_timeouts_and_broken_streams_are_counted_per_reason(run_bench):
         assert "queue full" in level["error_examples"]["http_429"]
     assert doc["knee"]["concurrency"] is None  # 80% errors at the first level: no capacity to claim
     assert "http_429: 1" in err
+    with FakeServer(FakeConfig(ttft_s=0.1, tpot_s=0.01, pattern=(200,) * 9 + (429,))) as srv:
+        rc, doc, err = run_bench("--url", srv.url, "--concurrency", "1,2", "--requests", "10", "--output-len", "2",
+                                 "--no-loadgen-check", "--json", "--max-error-rate", "0.2")
+    assert rc == 0, err
+    assert [lv["errors"] for lv in doc["levels"]] == [{"http_429": 1}, {"http_429": 1}]
+    assert doc["knee"]["concurrency"] == 2 and doc["knee"]["max_error_rate"] == 0.2
 
 
 def test_server_down_is_counted_and_reported_not_a_crash(run_bench):
