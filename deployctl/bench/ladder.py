@@ -170,7 +170,10 @@ async def _server_window(client, cfg: LadderConfig, headers, before, stats: Leve
         after = await server_metrics.scrape_after(client, cfg.metrics_url, headers, before, cfg.metrics_prefix,
                                                   stats.num_ok)
         mine = {"ttft_ms": stats.raw_ttft_s, "tpot_ms": stats.raw_tpot_s, "e2e_ms": stats.raw_e2e_s}
-        return server_metrics.window(before, after, cfg.metrics_prefix, mine)
+        window = server_metrics.window(before, after, cfg.metrics_prefix, mine)
+        if not window:
+            return {"error": f"no {cfg.metrics_prefix}* latency histograms at {cfg.metrics_url}; check --metrics-prefix"}
+        return window
     except (httpx.HTTPError, ValueError) as err:
         return {"error": f"cannot scrape {cfg.metrics_url}: {type(err).__name__}: {err}"}
 

@@ -66,13 +66,15 @@ async def scrape_after(
     expected: int, settle_s: float = 2.0,
 ) -> list[promhist.Sample]:
     """Scrape until the E2E histogram has counted ``expected`` more requests than ``before`` (the server may
-    observe a request a moment after the client saw its last byte), or ``settle_s`` seconds passed."""
+    observe a request a moment after the client saw its last byte), or ``settle_s`` seconds passed, or at once
+    when the server has no such histogram."""
     name = prefix + HISTOGRAMS["e2e_ms"]
     base = promhist.histogram(before, name).count
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settle_s
     while True:
         after = await scrape(client, url, headers)
-        if promhist.histogram(after, name).count - base >= expected or loop.time() >= deadline:
+        h = promhist.histogram(after, name)
+        if not h.buckets or h.count - base >= expected or loop.time() >= deadline:
             return after
         await asyncio.sleep(0.05)

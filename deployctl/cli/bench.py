@@ -103,7 +103,7 @@ def _table(report) -> None:
 @handle_errors
 def bench(
     url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
-    concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies."),
+    concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies (run in increasing order)."),
     requests: int = typer.Option(64, "--requests", help="Requests per level (at least the level's concurrency)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write latency and throughput against concurrency to FILE.png."),

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 
 @dataclass
@@ -45,12 +46,21 @@ def _error(status: int, message: str, type_: str) -> JSONResponse:
 def build_app(cfg: FakeConfig) -> FastAPI:
     app = FastAPI()
     state = {"sem": None, "in_flight": 0}
+    registry = CollectorRegistry()  # vLLM-style names under the prefix "fake_"
+    ttft_hist = Histogram("fake_time_to_first_token_seconds", "TTFT", buckets=(0.05, 0.1, 0.2, 0.4, 0.8, 1.6),
+                          registry=registry)
+    e2e_hist = Histogram("fake_e2e_request_latency_seconds", "E2E", buckets=(0.1, 0.2, 0.4, 0.8, 1.6, 3.2),
+                         registry=registry)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
 
-    async def generate(body: dict, chat: bool):
+    async def generate(body: dict, chat: bool, arrival: float):
         n = int(body.get("max_tokens", 16))
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -67,11 +77,14 @@ def build_app(cfg: FakeConfig) -> FastAPI:
                     await asyncio.sleep(max(0.0, t0 + cfg.ttft_s + i * cfg.tpot_s - time.perf_counter()))
                     choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
                     choice["finish_reason"] = "length" if i == n - 1 else None
+                    if i == 0:
+                        ttft_hist.observe(time.perf_counter() - arrival)
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [choice]})}\n\n"
                 prompt = body.get("prompt") or " ".join(m.get("content", "") for m in body.get("messages", []))
                 usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n, "total_tokens": len(prompt.split()) + n}
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [], 'usage': usage})}\n\n"
+                e2e_hist.observe(time.perf_counter() - arrival)
                 yield "data: [DONE]\n\n"
             finally:
                 state["in_flight"] -= 1
@@ -102,7 +115,7 @@ def build_app(cfg: FakeConfig) -> FastAPI:
             return StreamingResponse(drop(), media_type="text/event-stream")
         if status == "hang":
             return StreamingResponse(hang(), media_type="text/event-stream")
-        return StreamingResponse(generate(body, chat), media_type="text/event-stream")
+        return StreamingResponse(generate(body, chat, cfg.arrivals[-1]), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

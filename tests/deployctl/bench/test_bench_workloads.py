@@ -72,3 +72,22 @@ def test_a_level_stops_sending_after_max_level_seconds():
         (level,) = run_ladder(ladder, workload.synthetic(50, "4", "2", seed=0))
     # each request takes ~0.11 s: about 5 fit in 0.5 s, and the ones sent all finish
     assert 2 <= level.num_requests <= 6 and level.num_ok == level.num_requests == cfg.num_arrived
+
+
+def test_server_histograms_are_scraped_around_each_level():
+    cfg = FakeConfig(ttft_s=0.15, tpot_s=0.01, max_concurrency=2)
+    with FakeServer(cfg) as srv:
+        base = dict(target=Target(srv.url, model=cfg.model), concurrencies=(1, 2), requests_per_level=3)
+        levels = run_ladder(LadderConfig(**base, metrics_url=srv.url + "/metrics", metrics_prefix="fake_"),
+                            workload.synthetic(3, "4", "3", seed=0))
+        (wrong,) = run_ladder(LadderConfig(**{**base, "concurrencies": (1,)}, metrics_url=srv.url + "/metrics"),
+                              workload.synthetic(3, "4", "3", seed=0))
+        (missing,) = run_ladder(LadderConfig(**{**base, "concurrencies": (1,)}, metrics_url=srv.url + "/nope"),
+                                workload.synthetic(3, "4", "3", seed=0))
+    for level in levels:  # each window holds exactly that level's requests
+        assert level.server["ttft_ms"]["count"] == level.server["ttft_ms"]["client_count"] == level.num_ok == 3
+        assert level.server["e2e_ms"]["count"] == 3
+        # all TTFTs are ~150 ms: in the (0.1, 0.2] bucket on both sides
+        assert 100 < level.server["ttft_ms"]["p50"] <= 200 and 100 < level.server["ttft_ms"]["client_p50"] <= 200
+    assert "no deployctl_runtime_* latency histograms" in wrong.server["error"]
+    assert "404" in missing.server["error"] and missing.num_ok == 3
