@@ -119,7 +119,7 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
         if not consume.done():  # the client is gone: stop generating now (C07)
             consume.cancel()
             await asyncio.gather(consume, return_exceptions=True)
-            rec.status_override = 499  # type: ignore[attr-defined]
+            rec.status_override = 499
             return Response(status_code=499)
         consume.result()
         gen.result()

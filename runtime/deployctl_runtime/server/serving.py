@@ -38,6 +38,7 @@ class RequestRecord:
     completion_tokens: int = 0
     first_token_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    status_override: int = 0  # 499 when the client went away before the response
 
 
 @dataclass

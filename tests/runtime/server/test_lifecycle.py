@@ -162,3 +162,23 @@ def test_request_timeout_then_sigterm_drain(tiny_model, start_server):
     assert json.loads(inflight[-2][6:])["choices"][0]["finish_reason"] == "length", inflight[-3:]
     assert srv.proc.wait(30) == 0
     assert "drain complete" in srv.log
+
+
+def test_drain_timeout_cuts_off_long_requests_and_exits_0(tiny_model, start_server):
+    srv = start_server(["--model", str(tiny_model), "--max-model-len", "2048", "--kv-cache-memory", "8MiB",
+                        "--drain-timeout-s", "1"], env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"})
+    lines: list = []
+    started = threading.Event()
+    t = threading.Thread(target=_stream_lines, args=(srv.url, {"prompt": "hi", "max_tokens": 1900, "stream": True,
+                                                               "ignore_eos": True}, lines, started), daemon=True)
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0
+    assert time.monotonic() - t0 < 1 + 3 + 5  # drain timeout + uvicorn's graceful close + slack
+    assert "drain timeout" in srv.log
+    t.join(10)
+    assert not t.is_alive()  # the client is not left hanging: its stream ends well-formed
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "abort"
