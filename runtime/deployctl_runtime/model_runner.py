@@ -14,8 +14,8 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 class ModelRunner:
-    """Loads the weights, owns the KV cache ([num_blocks, block_size, num_kv_heads, head_dim] per layer for K and
-    for V), turns a SchedulerOutput into one forward pass and samples one token per request that reached its end."""
+    """Loads the weights, owns the KV cache ([num_kv_heads, num_blocks * block_size, head_dim] per layer for K
+    and for V), turns a SchedulerOutput into one forward pass and samples one token per request that reached its end."""
 
     def __init__(self, cfg: ModelConfig, model_dir: str, device: str, dtype: str, block_size: int, seed: int = 0):
         self.cfg = cfg
@@ -40,7 +40,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.cfg
         self.num_blocks = num_blocks
-        self.kv_cache = torch.zeros(c.num_hidden_layers, 2, num_blocks, self.block_size, c.num_key_value_heads,
+        self.kv_cache = torch.zeros(c.num_hidden_layers, 2, c.num_key_value_heads, num_blocks * self.block_size,
                                     c.head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[i, 0]
@@ -114,9 +114,10 @@ class ModelRunner:
             width = max(len(t) for t in decode_tables)
             tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, device=dev)
+            meta.decode_slots = (tables.unsqueeze(2) * bs + torch.arange(bs, device=dev)).flatten()
+            meta.decode_len = width * bs
             valid = torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1)
-            mask = torch.zeros(valid.shape, dtype=torch.float32, device=dev).masked_fill_(~valid, float("-inf"))
-            meta.decode_block_tables, meta.decode_mask = tables, mask[:, None, None, :]
+            meta.decode_mask = valid[None, :, None, :]
         hidden = self.model(torch.tensor(token_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), meta)
         out = ModelRunnerOutput()
