@@ -1,5 +1,6 @@
 """Paged attention in plain torch: write this step's K/V into the block-paged cache, then attend over each
-request's blocks. Decodes (one query token each) run as one batched gather over their block tables; prefill
+request's blocks. Decodes (one query token each) run as batched gathers over their block tables, in groups of
+similar context length to limit padding; prefill
 chunks run per request with scaled_dot_product_attention.
 
 Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim] (head-major, so that a gather over slot
@@ -22,15 +23,23 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decodes [start, end) of the flat batch with similar context lengths, attended to in one batched call."""
+    start: int
+    end: int
+    slots: torch.Tensor  # [(end - start) * context_len] cache slots, each context padded with slot 0
+    context_len: int  # L: the group's longest context, rounded up to whole blocks
+    mask: torch.Tensor  # [1, end - start, 1, L] bool, True where the slot belongs to the context
+
+
+@dataclass
 class AttentionMetadata:
     """Built once per step by the model runner, shared by every layer.
 
     Flat batch order: the num_decodes decode tokens first, then the prefill chunks."""
     slot_mapping: torch.Tensor  # [T] cache slot of each token
     num_decodes: int = 0
-    decode_slots: torch.Tensor | None = None  # [D * L] slots of each decode's context, padded to L with slot 0
-    decode_len: int = 0  # L: the longest decode context, rounded up to whole blocks
-    decode_mask: torch.Tensor | None = None  # [1, D, 1, L] bool, True where the slot is part of the context
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -39,12 +48,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, KVH, D]; caches [KVH, num_slots, D]. Returns [T, H, D]."""
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-    d = meta.num_decodes
-    if d and not meta.prefills:
-        return _decode(q, k_cache, v_cache, meta, scale)
+    if len(meta.decode_groups) == 1 and not meta.prefills:
+        return _decode(q, k_cache, v_cache, meta.decode_groups[0], scale)
     out = torch.empty_like(q)
-    if d:
-        out[:d] = _decode(q[:d], k_cache, v_cache, meta, scale)
+    for group in meta.decode_groups:
+        out[group.start:group.end] = _decode(q[group.start:group.end], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
         qs = q[chunk.start:chunk.end].transpose(0, 1)  # [H, q, D]
         if chunk.slots is None:
@@ -62,14 +70,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     return out
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
             scale: float) -> torch.Tensor:
     """One query per request: gather each request's context [KVH, D, L, Dh] and attend with grouped heads."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     group = num_heads // num_kv_heads
-    ks = k_cache.index_select(1, meta.decode_slots).view(num_kv_heads, n, meta.decode_len, head_dim)
-    vs = v_cache.index_select(1, meta.decode_slots).view(num_kv_heads, n, meta.decode_len, head_dim)
+    ks = k_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
+    vs = v_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
     qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
-    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=meta.decode_mask, scale=scale)  # [KVH, D, G, Dh]
+    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=g.mask, scale=scale)  # [KVH, D, G, Dh]
     return o.transpose(0, 1).reshape(n, num_heads, head_dim)

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from deployctl_runtime.attention import AttentionMetadata, PrefillChunk
+from deployctl_runtime.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from deployctl_runtime.loader import load_weights
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.models import model_class
 from deployctl_runtime.sampler import Sampler
 from deployctl_runtime.scheduler import ModelRunnerOutput, SchedulerOutput
+
+DECODE_GROUP_SIZE = 16  # decodes sorted by context length are attended to in groups of this many
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,6 +34,7 @@ class ModelRunner:
         self.model = model.eval()
         self.sampler = Sampler(self.device, seed)
         self.num_blocks = 0
+        self.decode_group_size = DECODE_GROUP_SIZE
         self.kv_cache: torch.Tensor | None = None
 
     def weights_bytes(self) -> int:
@@ -78,7 +81,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         bs = self.block_size
-        items = sorted(sched.scheduled, key=lambda s: s.num_scheduled_tokens != 1)  # decodes first (stable)
+        # decodes first, shortest context first (so groups pad little), then prefill chunks
+        items = sorted(sched.scheduled, key=lambda s: (s.num_scheduled_tokens != 1,
+                                                       s.request.num_computed_tokens if s.num_scheduled_tokens == 1
+                                                       else 0))
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -110,14 +116,9 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
                                  num_decodes=len(decode_lens), prefills=prefills)
-        if decode_lens:
-            width = max(len(t) for t in decode_tables)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
-            lens = torch.tensor(decode_lens, device=dev)
-            meta.decode_slots = (tables.unsqueeze(2) * bs + torch.arange(bs, device=dev)).flatten()
-            meta.decode_len = width * bs
-            valid = torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1)
-            meta.decode_mask = valid[None, :, None, :]
+        size = self.decode_group_size
+        for g in range(0, len(decode_lens), size):
+            meta.decode_groups.append(self._decode_group(g, decode_tables[g:g + size], decode_lens[g:g + size]))
         hidden = self.model(torch.tensor(token_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), meta)
         out = ModelRunnerOutput()
@@ -127,3 +128,11 @@ class ModelRunner:
             for req, tok, lp in zip(sample_reqs, tokens, logprobs):
                 out.sampled[req.request_id] = (tok, lp)
         return out
+
+    def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev)
+        slots = (table.unsqueeze(2) * bs + torch.arange(bs, device=dev)).flatten()
+        valid = torch.arange(width * bs, device=dev).unsqueeze(0) < torch.tensor(lens, device=dev).unsqueeze(1)
+        return DecodeGroup(start, start + len(lens), slots, width * bs, valid[None, :, None, :])
