@@ -103,7 +103,9 @@ class ModelRunner:
                 decode_tables.append(table[:-(-end // bs)])
                 decode_lens.append(end)
             else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                for b in range(start // bs, (end - 1) // bs + 1):  # one range per block, not per token
+                    base = table[b] * bs - b * bs
+                    slots.extend(range(base + max(start, b * bs), base + min(end, (b + 1) * bs)))
                 ctx_slots = None
                 if start > 0:
                     nb = -(-end // bs)
