@@ -8,6 +8,9 @@ text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), r
 Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
 max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
 max_tokens defaults to the remaining context, max_model_len - prompt.
+
+Choices: a list of prompts times n gives choice index prompt_i * n + j; with a seed, choice j samples with
+seed + j (reproducible, yet distinct). Unsupported: echo (400), top_logprobs alternatives (lists come back empty).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class RequestRecord:
     completion_tokens: int = 0
     first_token_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    status_override: int = 0  # 499 when the client went away before the response
 
 
 @dataclass

@@ -330,3 +330,18 @@ def test_access_log_line_without_prompt_text(server):
     assert "ttft_ms=" in ok and "ttft_ms=-" not in ok and "total_ms=" in ok
     assert "status=400" in next(ln for ln in lines if "request_id=acc-log-2" in ln)
     assert "zebrafish" not in server.log
+
+
+def test_prompt_list_and_token_ids_with_n(server, tokenizer):
+    ids = tokenizer.encode("hello world").ids
+    r = post(server, "/v1/completions", {"prompt": ["hello world", "good night"], "n": 2, "max_tokens": 3,
+                                         "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert out["usage"]["completion_tokens"] == 12
+    texts = [c["text"] for c in out["choices"]]
+    assert texts[0] == texts[1]  # greedy: both choices of a prompt agree
+    by_ids = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert by_ids.json()["choices"][0]["text"] == texts[0]
+    assert by_ids.json()["usage"]["prompt_tokens"] == len(ids)
