@@ -29,6 +29,7 @@ from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
 _SERIAL = itertools.count()
+_MAX_TOP_K = 2**63 - 1  # any k >= vocab keeps every token; larger ones overflow the sampler's int64 tensor
 
 
 @dataclass
@@ -119,7 +120,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
                 max_tokens=mt, min_tokens=min(req.min_tokens, mt),
                 temperature=1.0 if req.temperature is None else float(req.temperature),
                 top_p=1.0 if req.top_p is None else float(req.top_p),
-                top_k=-1 if req.top_k in (None, 0) else req.top_k,
+                top_k=-1 if req.top_k in (None, 0) else min(req.top_k, _MAX_TOP_K),
                 seed=None if req.seed is None else (req.seed + j) % (2**63),
                 ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
