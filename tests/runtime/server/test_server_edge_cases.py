@@ -33,3 +33,18 @@ def test_top_k_beyond_int64_is_off_and_the_engine_survives(server):
     assert r.json()["choices"][0]["text"] == ref.json()["choices"][0]["text"]
     assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
     assert complete(server).status_code == 200
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 10, "max_tokens": 3}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                              "max_completion_tokens": 4}, "max_completion_tokens"),
+])
+def test_cross_field_rules_name_the_field_not_invalid_json(server, path, body, param):
+    # rules over two fields used to come back as code "invalid_json", param null, "request body is not a valid
+    # JSON object" although the body was valid JSON
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_value", param)
+    assert "JSON" not in err["message"] and param in err["message"]
