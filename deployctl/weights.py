@@ -35,6 +35,8 @@ MANIFEST_NAME = "manifest.sha256"
 CHUNK = 4 * 2**20
 LFS_PREFIX = b"version https://git-lfs.github.com/spec/"
 _SKIP_DIRS = {".git", ".cache", "__pycache__"}
+# the runtime's hash cache (deployctl_runtime/server/verify.py CACHE_NAME): rewritten at every start, not a model file
+_SKIP_FILES = {".deployctl-verify-cache.json"}
 ProgressFn = Callable[[int], None]  # called with the number of bytes just hashed (or found cached)
 
 
@@ -206,13 +208,14 @@ def read_manifest(path: Path) -> Dict[str, str]:
 
 
 def model_files(model_dir: Path, manifest_name: str = MANIFEST_NAME) -> List[str]:
-    """Relative paths of the regular files a manifest covers (no manifest, .git, *.incomplete)."""
+    """Relative paths of the regular files a manifest covers (no manifest, .git, *.incomplete, the runtime's cache)."""
     out = []
     for root, dirs, files in os.walk(model_dir):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
         for name in sorted(files):
             rel = os.path.relpath(os.path.join(root, name), model_dir)
-            if rel != manifest_name and not name.endswith(".incomplete") and not name.endswith(".lock"):
+            if (rel != manifest_name and name not in _SKIP_FILES and not name.endswith(".incomplete")
+                    and not name.endswith(".lock")):
                 out.append(rel)
     return out
 
