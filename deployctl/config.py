@@ -286,10 +286,13 @@ def load_config(path: str | Path) -> DeployConfig:
     """Read and validate deploy.yaml at ``path``. Raises ConfigError (exit 3)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file", fix="run `deployctl init MODEL_DIR` to write one, or pass -c PATH") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          fix="save the file as UTF-8") from None
     return parse_config(text, str(p))
 
