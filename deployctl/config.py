@@ -206,18 +206,28 @@ class DeployConfig(_Frozen):
 # Loading with file:line positions
 
 
-def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None) -> dict[tuple, int]:
-    """Map every key path (tuple of str/int) to its 1-based line in the YAML source."""
+def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None,
+                active: Optional[set] = None) -> dict[tuple, int]:
+    """Map every key path (tuple of str/int) to its 1-based line in the YAML source.
+
+    Raises ConfigError for an alias that refers to a node containing it (`&a [*a]`): the data would be infinite."""
     out = {} if out is None else out
+    active = set() if active is None else active
+    if id(node) in active:
+        raise ConfigError(f"line {node.start_mark.line + 1}: a YAML alias refers to the node that contains it "
+                          "(recursive data)", fix="use the anchor (&name) only on a node outside its alias (*name)")
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        active.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = prefix + (key_node.value,)
             out[path] = key_node.start_mark.line + 1
-            _line_index(value_node, path, out)
+            _line_index(value_node, path, out, active)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             out[prefix + (i,)] = item.start_mark.line + 1
-            _line_index(item, prefix + (i,), out)
+            _line_index(item, prefix + (i,), out, active)
+    active.discard(id(node))
     return out
 
 
@@ -273,7 +283,10 @@ def parse_config(text: str, source: str = "deploy.yaml") -> DeployConfig:
         raise ConfigError(f"{pos}: YAML syntax error: {problem}", fix="fix the indentation or quoting there") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with service, model, engine, server, hosts; got {type(data).__name__}")
-    lines = _line_index(node) if node is not None else {}
+    try:
+        lines = _line_index(node) if node is not None else {}
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc.message}", fix=exc.fix) from None
     try:
         return DeployConfig.model_validate(data)
     except ValidationError as exc:

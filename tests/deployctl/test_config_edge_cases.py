@@ -30,3 +30,20 @@ def test_non_utf8_file_is_a_config_error(tmp_path):
     bad = tmp_path / "deploy.yaml"
     bad.write_bytes(b"service: {name: x}\n\xff\xfe garbage\n")
     assert_config_error(plan(bad), str(bad), "UTF-8")
+
+
+def test_self_referencing_alias_is_a_config_error(tmp_path):
+    # `&a [*a]` makes PyYAML build a list that contains itself; indexing lines recursed until RecursionError
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("service: {name: x}\nloop: &a [*a, *a]\n")
+    assert_config_error(plan(bad), str(bad))
+
+
+def test_anchors_and_merge_keys_still_work(tmp_path):
+    ok = tmp_path / "deploy.yaml"
+    ok.write_text("service: {name: x}\nmodel: {path: /nonexistent/m}\n"
+                  "hosts:\n  - &h {name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}\n"
+                  "  - {<<: *h, name: b}\n")
+    proc = plan(ok)  # the config loads (both hosts); the plan then stops at the missing model directory
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert "/nonexistent/m" in proc.stderr and str(ok) not in proc.stderr, proc.stderr
