@@ -210,7 +210,7 @@ def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None,
                 active: Optional[set] = None) -> dict[tuple, int]:
     """Map every key path (tuple of str/int) to its 1-based line in the YAML source.
 
-    Raises ConfigError for an alias that refers to a node containing it (`&a [*a]`): the data would be infinite."""
+    Raises ConfigError for a duplicate key, and for an alias that refers to a node containing it (`&a [*a]`)."""
     out = {} if out is None else out
     active = set() if active is None else active
     if id(node) in active:
@@ -221,6 +221,10 @@ def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None,
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = prefix + (key_node.value,)
+            if path in out and key_node.value != "<<":
+                dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
+                raise ConfigError(f"duplicate key {dotted!r} on lines {out[path]} and {key_node.start_mark.line + 1}",
+                                  fix="keep one of them (YAML would silently use the last)")
             out[path] = key_node.start_mark.line + 1
             _line_index(value_node, path, out, active)
     elif isinstance(node, yaml.SequenceNode):

@@ -47,3 +47,14 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
     proc = plan(ok)  # the config loads (both hosts); the plan then stops at the missing model directory
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert "/nonexistent/m" in proc.stderr and str(ok) not in proc.stderr, proc.stderr
+
+
+def test_duplicate_key_is_a_config_error_naming_both_lines(tmp_path):
+    # YAML forbids duplicate keys; PyYAML silently kept the last one, so a second `engine:` block quietly
+    # replaced the first (here: max_model_len 8192 would have been dropped without a word)
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("service: {name: x}\nmodel: {path: /nonexistent/m}\nengine:\n  max_model_len: 8192\n"
+                   "engine:\n  max_num_seqs: 8\n"
+                   "hosts: [{name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}]\n")
+    err = assert_config_error(plan(bad), str(bad), "duplicate key", "engine")
+    assert "3" in err and "5" in err
