@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, escape, handle_errors, out_console, print_json
 
 CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
@@ -111,4 +111,4 @@ def _print_plan(sized, status: str, message: str) -> None:
     table.add_row("largest max_num_seqs", f"{p.max_feasible_num_seqs}", "at max_model_len")
     out_console.print(table)
     color = {"pass": "green", "warn": "yellow", "fail": "red"}[status]
-    out_console.print(f"[{color}]{'fits' if p.fits else 'does not fit'}[/]: {message}")
+    out_console.print(f"[{color}]{'fits' if p.fits else 'does not fit'}[/]: {escape(message)}")

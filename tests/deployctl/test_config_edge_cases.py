@@ -58,3 +58,28 @@ def test_duplicate_key_is_a_config_error_naming_both_lines(tmp_path):
                    "hosts: [{name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}]\n")
     err = assert_config_error(plan(bad), str(bad), "duplicate key", "engine")
     assert "3" in err and "5" in err
+
+
+def test_error_text_in_square_brackets_is_printed_verbatim(tmp_path):
+    # the one-line error went through rich markup: "[a-z0-9]" in a pattern, or "[bold]" in a user's path,
+    # vanished from the message
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("service: {name: Bad_Name}\nmodel: {path: /nonexistent/m}\n"
+                   "hosts: [{name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}]\n")
+    assert_config_error(plan(bad), "^[a-z0-9][a-z0-9-]{0,62}$", "Bad_Name")
+    path = tmp_path / "[bold]models"
+    bad.write_text(f"service: {{name: x}}\nmodel: {{path: '{path}'}}\n"
+                   "hosts: [{name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}]\n")
+    assert_config_error(plan(bad), str(path))
+
+
+def test_preflight_table_shows_bracketed_paths_verbatim(tmp_path):
+    model = tmp_path / "[red]weights"
+    model.mkdir()
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text(f"service: {{name: x}}\nmodel: {{path: '{model}'}}\nengine: {{device: cpu}}\n"
+                   f"hosts: [{{name: a, address: local, deploy_root: '{tmp_path / 'root'}', python: '{sys.executable}'}}]\n")
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "preflight", "-c", str(cfg)], env={**ENV, "COLUMNS": "400"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "[red]weights" in proc.stdout, proc.stdout
