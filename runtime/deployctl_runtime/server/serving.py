@@ -7,7 +7,8 @@ text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), r
 
 Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
 max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
-max_tokens defaults to the remaining context, max_model_len - prompt.
+max_tokens defaults to the remaining context, max_model_len - prompt. A text so long that it cannot fit whatever the
+tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
 Choices: a list of prompts times n gives choice index prompt_i * n + j; with a seed, choice j samples with
 seed + j (reproducible, yet distinct). Unsupported: echo (400), top_logprobs alternatives (lists come back empty).
@@ -58,18 +59,40 @@ def new_request_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
+def _check_text_bound(ctx: ServerContext, text: str, param: str) -> None:
+    """Reject, before tokenizing, a text that has at least max_model_len tokens whatever the tokenizer does.
+
+    No token covers more than ctx.max_token_chars characters of the normalized text, and pre-tokenizers may drop
+    whitespace, so tokens >= non-whitespace characters / max_token_chars. Tokenizing megabytes holds the GIL for
+    seconds to minutes (BPE is superlinear on a long word), stalling every other request and /healthz."""
+    bound = ctx.max_model_len * max(ctx.max_token_chars, 1)
+    if len(text) < bound:
+        return
+    norm = ctx.tokenizer.normalizer.normalize_str(text) if ctx.tokenizer.normalizer is not None else text
+    visible = len(norm) - sum(norm.count(c) for c in " \t\n\r")
+    if visible >= bound:
+        raise invalid(f"This model's maximum context length is {ctx.max_model_len} tokens. However, your {param} has "
+                      f"{len(text)} characters, at least {visible // max(ctx.max_token_chars, 1)} tokens; shorten it "
+                      f"to under {ctx.max_model_len} tokens.", param, "context_length_exceeded")
+
+
 def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool) -> list[list[int]]:
     tok = ctx.tokenizer
     if chat:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
         text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        _check_text_bound(ctx, text, "messages")
         return [tok.encode(text, add_special_tokens=False).ids]
     p = req.prompt
     if isinstance(p, str):
+        _check_text_bound(ctx, p, "prompt")
         return [tok.encode(p).ids]
     if all(isinstance(x, int) for x in p):
         return [list(p)]
+    for x in p:
+        if isinstance(x, str):
+            _check_text_bound(ctx, x, "prompt")
     return [tok.encode(x).ids if isinstance(x, str) else list(x) for x in p]
 
 

@@ -48,3 +48,34 @@ def test_cross_field_rules_name_the_field_not_invalid_json(server, path, body, p
     err = r.json()["error"]
     assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_value", param)
     assert "JSON" not in err["message"] and param in err["message"]
+
+
+def test_megabyte_prompt_is_rejected_without_stalling_the_server(server):
+    # tokenizing a 20 MB one-word prompt holds the GIL for minutes (BPE is superlinear on one long word; 5 MB took
+    # 14 s here): /healthz and every other request stalled behind it. A text that cannot fit max_model_len whatever
+    # the tokenizer does is rejected before tokenizing.
+    import threading
+
+    result: dict = {}
+
+    def send():
+        try:
+            result["r"] = httpx.post(server.url + "/v1/completions", json={"prompt": "a" * 20_000_000, "max_tokens": 1},
+                                     timeout=60)
+        except httpx.HTTPError as exc:  # pragma: no cover - reported by the assertion below
+            result["r"] = exc
+
+    t = threading.Thread(target=send)
+    t.start()
+    health = httpx.get(server.url + "/healthz", timeout=30)  # answered, not stuck behind the tokenizer
+    t.join(30)
+    assert health.status_code == 200
+    assert not t.is_alive(), "the oversized request hung"
+    r = result["r"]
+    assert isinstance(r, httpx.Response) and r.status_code == 400, r
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
+    assert "256" in err["message"]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "user", "content": "b" * 20_000_000}], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
