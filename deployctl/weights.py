@@ -43,7 +43,7 @@ ProgressFn = Callable[[int], None]  # called with the number of bytes just hashe
 @dataclass(frozen=True)
 class FileIssue:
     """One problem with one file. kind: missing, missing_shard, git_lfs_pointer, size_mismatch,
-    bad_header, sha256_mismatch, incomplete_leftover, no_manifest, bad_manifest, unlisted."""
+    bad_header, sha256_mismatch, incomplete_leftover, no_manifest, bad_manifest, unlisted, bad_name."""
 
     file: str
     kind: str
@@ -335,7 +335,13 @@ def write_manifest(model_dir: Path, *, manifest: str = MANIFEST_NAME, cache: Opt
                         f"{p.relative_to(model_dir)}: leftover of an interrupted download")
               for p in sorted(model_dir.rglob("*.incomplete"))]
     for rel in rels:
-        issues.extend(sanity_issues(model_dir / rel, rel))
+        if "\n" in rel or "\r" in rel:
+            issues.append(FileIssue(rel, "bad_name", f"{rel!r}: a file name with a line break cannot be listed in "
+                                    "a sha256sum manifest; rename or remove it"))
+        elif not (model_dir / rel).is_file():  # a dangling or looping symlink
+            issues.append(FileIssue(rel, "missing", f"{rel}: broken symlink (its target does not exist)"))
+        else:
+            issues.extend(sanity_issues(model_dir / rel, rel))
     if issues:
         return None, issues
     hashes = hash_files([model_dir / r for r in rels], cache=cache, progress=progress)

@@ -110,7 +110,7 @@ def manifest(
 
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such directory", fix="pass the model directory (with config.json and *.safetensors)")
-    total = sum((model_dir / r).stat().st_size for r in model_files(model_dir, name))
+    total = sum((model_dir / r).stat().st_size for r in model_files(model_dir, name) if (model_dir / r).is_file())
     with Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err_console,
                   transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("hash", total=total)

@@ -38,3 +38,22 @@ def test_manifest_after_a_runtime_start_leaves_the_runtime_cache_out(tmp_path):
         assert r.returncode == 0, r.stderr
     rep = verify(model, cache=None)
     assert rep.ok and rep.issues == [], [i.message for i in rep.issues]
+
+
+def test_manifest_refuses_broken_symlinks_and_line_breaks_in_names_in_one_line(tmp_path):
+    # a dangling symlink (common in pruned HF caches) crashed `deployctl manifest` with an OSError traceback;
+    # a name with a line break was written raw, splitting its manifest line in two
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00002-of-00002.safetensors").symlink_to(tmp_path / "blobs" / "gone")
+    r = run("-m", "deployctl", "manifest", str(model))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "model-00002-of-00002.safetensors" in r.stderr and "broken symlink" in r.stderr
+    assert not (model / "manifest.sha256").exists()
+
+    (model / "model-00002-of-00002.safetensors").unlink()
+    (model / "notes\nmore.txt").write_text("x")
+    r = run("-m", "deployctl", "manifest", str(model))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "line break" in r.stderr, r.stderr
+    assert not (model / "manifest.sha256").exists()
