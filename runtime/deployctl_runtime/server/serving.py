@@ -121,6 +121,19 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
     return out
 
 
+def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
+    """400 when prompts x n engine requests exceed what the server ever holds (running + queued): a 429 would make
+    the client retry a request that can never be admitted."""
+    p = None if chat else req.prompt
+    num_prompts = len(p) if isinstance(p, list) and not all(isinstance(x, int) for x in p) else 1
+    capacity = ctx.cfg.max_num_seqs + ctx.cfg.max_queued_requests
+    if num_prompts * req.n > capacity:
+        raise invalid(f"this request asks for {num_prompts * req.n} choices ({num_prompts} prompt(s) x n {req.n}); "
+                      f"the server holds at most {capacity} at once (--max-num-seqs {ctx.cfg.max_num_seqs} + "
+                      f"--max-queued-requests {ctx.cfg.max_queued_requests}); send fewer prompts or a smaller n",
+                      "n" if req.n > 1 else "prompt", "too_many_choices")
+
+
 async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) -> Prepared:
     """Validate everything that can be validated before generation. Raises APIError."""
     from deployctl_runtime.sampling_params import SamplingParams
@@ -129,6 +142,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     if req.model is not None and req.model != ctx.served_name:
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
                        "(see /v1/models)", "not_found_error", "model", "model_not_found")
+    _check_num_choices(ctx, req, chat)
     prompts = _tokenize_prompts(ctx, req, chat)
     max_tokens = _check_lengths(ctx, req, prompts, chat)
     if chat:

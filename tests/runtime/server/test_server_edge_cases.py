@@ -79,3 +79,17 @@ def test_megabyte_prompt_is_rejected_without_stalling_the_server(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
                    json={"messages": [{"role": "user", "content": "b" * 20_000_000}], "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_request_too_big_for_the_queue_even_alone_is_400_not_429(server):
+    # 10,000 token-id prompts are 10,000 engine requests: more than --max-num-seqs (64) + --max-queued-requests
+    # (256) can ever hold. It was answered 429 "retry after a short wait", which a client retries forever.
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [[1, 2]] * 10_000, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "retry-after" not in r.headers
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == "prompt"
+    assert "10000" in err["message"] and "320" in err["message"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": ["hi"] * 6, "n": 64, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert complete(server).status_code == 200
