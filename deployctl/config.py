@@ -60,7 +60,7 @@ class EngineConfig(_Frozen):
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if v & (v - 1):
-            raise ValueError(f"block_size must be a power of two (8, 16, 32, …), got {v}")
+            raise ValueError("block_size must be a power of two (8, 16, 32, …)")  # the caller adds "(got V)"
         return v
 
 

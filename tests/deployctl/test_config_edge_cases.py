@@ -83,3 +83,11 @@ def test_preflight_table_shows_bracketed_paths_verbatim(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "[red]weights" in proc.stdout, proc.stdout
+
+
+def test_value_is_shown_once(tmp_path):
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("service: {name: x}\nmodel: {path: /nonexistent/m}\nengine: {block_size: 12}\n"
+                   "hosts: [{name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}]\n")
+    err = assert_config_error(plan(bad), "power of two")
+    assert err.count("12") == 1, err  # was "..., got 12 (got 12)"
