@@ -27,3 +27,15 @@ def test_unusable_host_python_is_named_with_a_fix(tmp_path, python):
     assert check["name"] == "reach" and check["status"] == "fail"
     assert python in check["message"] and "base64" not in check["message"], check
     assert check["fix"] and "hosts[].python" in check["fix"], check
+
+
+def test_repeated_host_flag_probes_the_host_once(tmp_path):
+    # `--host a --host a` probed and reported host a twice, in parallel (two weight verifications racing on one
+    # hash cache)
+    (tmp_path / "m").mkdir()
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text(f"service: {{name: x}}\nmodel: {{path: '{tmp_path / 'm'}'}}\nengine: {{device: cpu}}\n"
+                   f"hosts: [{{name: a, address: local, deploy_root: '{tmp_path / 'root'}', python: '{sys.executable}'}}]\n")
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "preflight", "-c", str(cfg), "--host", "a", "--host", "a",
+                           "--json", "--skip-weights"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert [h["host"] for h in json.loads(proc.stdout)["hosts"]] == ["a"], proc.stderr
