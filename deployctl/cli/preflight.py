@@ -26,7 +26,7 @@ def preflight(
     from deployctl.preflight import run_preflight
 
     cfg = load_config(config)
-    names = list(host) if host else None
+    names = list(dict.fromkeys(host)) if host else None  # a repeated --host is probed once
     if names:
         for n in names:
             cfg.host(n)  # ConfigError naming the known hosts
