@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
+from deployctl.cli import runbook as _runbook  # noqa: F401  (registers runbook list, show, run)
 
 
 def main() -> None:

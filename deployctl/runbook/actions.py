@@ -1,0 +1,110 @@
+"""What a failed runbook step does. ``describe`` says it in one line (dry-run, confirmation prompt);
+``perform`` does it and returns one line saying what happened. Both raise DeployctlError subclasses.
+
+restart / start / stop: the runtime on the host (service.py; the rollout launcher once it is in this build).
+free_port: stop the process holding server.port (observed by a ``port`` check): the runtime's group when it is
+ours, else SIGTERM then SIGKILL to the holder. adjust: set deploy.yaml keys, re-render the host's runtime.yaml,
+restart. rollback / abort / drain: deployctl.rollout. escalate: nothing changes; the message is the result.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from deployctl.errors import ConfigError, DeployctlError
+from deployctl.runbook import service
+from deployctl.runbook.checks import Observation, Target
+from deployctl.runbook.model import Action
+
+
+def _settings(action: Action, t: Target) -> dict[str, Any]:
+    out = {}
+    for key, value in action.set.items():
+        if isinstance(value, str):
+            value = t.fill(value)
+            value = _coerce(value)
+        out[key] = value
+    return out
+
+
+def _coerce(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def describe(action: Action, obs: Observation, t: Target) -> str:
+    """One line: what ``perform`` would do on ``t``."""
+    name = t.host_cfg.name
+    a = action.action
+    if a == "escalate":
+        return f"escalate: {t.fill(action.message)}"
+    if a == "free_port":
+        who = "the runtime" if obs.value == "runtime" else f"pid {obs.fields.get('pid')} ({obs.fields.get('process')})"
+        return f"free port {t.variables['port']} on {name}: stop {who}"
+    if a == "adjust":
+        changes = ", ".join(f"{k} = {v!r}" for k, v in _settings(action, t).items())
+        return f"adjust {changes} in {t.config_path or 'deploy.yaml'}, re-render runtime.yaml on {name}, restart the runtime"
+    return f"{a} the runtime on {name}" if a in ("restart", "start", "stop") else f"{a} ({name})"
+
+
+def perform(action: Action, obs: Observation, t: Target) -> str:
+    """Do ``action`` on ``t``; returns what happened. Raises DeployctlError when it cannot."""
+    a = action.action
+    if a == "escalate":
+        return f"escalated: {t.fill(action.message)}"
+    if a == "start":
+        return service.start(t)
+    if a == "stop":
+        return service.stop(t)
+    if a == "restart":
+        return service.stop(t) + "; " + service.start(t)
+    if a == "free_port":
+        return _free_port(obs, t)
+    if a == "adjust":
+        return _adjust(action, t)
+    return _rollout(a, t)
+
+
+def _free_port(obs: Observation, t: Target) -> str:
+    if obs.value == "runtime":
+        return service.stop(t)
+    pid = obs.fields.get("pid")
+    if not pid:
+        return f"port {t.variables['port']} was already free"
+    how = service.kill(t, int(pid))
+    return f"stopped pid {pid} ({obs.fields.get('process')}) holding port {t.variables['port']}" + (" with SIGKILL" if how == "KILL" else "")
+
+
+def _adjust(action: Action, t: Target) -> str:
+    from pathlib import Path
+
+    from deployctl.config import parse_config
+    from deployctl.runbook.context import host_variables
+    from deployctl.runbook.render_bridge import rerender_runtime_yaml
+    from deployctl.runbook.yamledit import set_key
+
+    if not t.config_path:
+        raise ConfigError("action adjust needs the deploy.yaml it changes", fix="pass -c deploy.yaml")
+    path = Path(t.config_path)
+    text = path.read_text()
+    changes = _settings(action, t)
+    for key, value in changes.items():
+        try:
+            text = set_key(text, key, value)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: cannot set {key}: {exc}") from None
+    new_cfg = parse_config(text, str(path))  # refuses values deploy.yaml would refuse, before anything changes
+    path.write_text(text)
+    t.cfg = new_cfg
+    t.variables = host_variables(new_cfg, t.host_cfg)
+    where = rerender_runtime_yaml(t, list(changes))
+    done = ", ".join(f"{k} = {v!r}" for k, v in changes.items())
+    return f"set {done} in {path}; re-rendered {where}; " + service.stop(t) + "; " + service.start(t)
+
+
+def _rollout(name: str, t: Target) -> str:
+    raise DeployctlError(f"action {name}: deployctl.rollout is not part of this build yet",
+                         fix=f"run `deployctl {name}` by hand")
