@@ -1,5 +1,6 @@
 """The audit trail: one JSON line per runbook step appended to ``<deploy_root>/state/audit.jsonl`` on the host,
-through the Host layer, as the step finishes (a run cut short still leaves what it did).
+through the Host layer: after a changing action at once (before anything else happens), the rest when the host's
+run ends, however it ends (error, Ctrl-C included), so a run cut short still leaves what it did.
 
 Keys: ts (UTC ISO 8601), run_id, user (who ran it, ``user@machine``), runbook, host, step, check, observed,
 expected, ok, detail, recorded (the step's ``record:`` fields), action, result, outcome, dry_run.
@@ -34,11 +35,14 @@ def record(result: Any, *, run_id: str, runbook: str, user: str, dry_run: bool) 
             "runbook": runbook, **data, "dry_run": dry_run}
 
 
-def append(host: Any, state_dir: str, rec: dict[str, Any]) -> None:
-    """Append ``rec`` as one line to ``state_dir/audit.jsonl`` on ``host``. Raises RemoteError."""
-    line = json.dumps(rec, default=str, separators=(",", ":")) + "\n"
+def append(host: Any, state_dir: str, records: list[dict[str, Any]]) -> None:
+    """Append ``records``, one line each, to ``state_dir/audit.jsonl`` on ``host``. Raises RemoteError."""
+    if not records:
+        return
+    lines = [shlex.quote(json.dumps(r, default=str, separators=(",", ":"))) for r in records]
     q = shlex.quote(state_dir)
-    host.run(f"mkdir -p {q} && cat >> {q}/{AUDIT_FILE}", input=line, timeout=30)
+    # the lines travel on the command line (printf), not stdin: one exec, no wait for an EOF on the channel
+    host.run(f"mkdir -p {q} && printf '%s\\n' {' '.join(lines)} >> {q}/{AUDIT_FILE}", timeout=30)
 
 
 def read(host: Any, state_dir: str) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ class Target:
     variables: dict[str, Any]
     observed: dict[str, Observation] = field(default_factory=dict)
     config_path: Optional[str] = None
+    pending_audit: list[dict[str, Any]] = field(default_factory=list)
 
     def fill(self, text: str, *, quote: bool = False) -> str:
         return fill(text, self.variables, self.observed, quote=quote)

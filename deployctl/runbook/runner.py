@@ -1,6 +1,6 @@
 """Run a runbook on hosts, step by step: check → expected → on a pass ``on_pass``; on a failure a branch or an
 action (confirmation unless ``yes``; a "no" changes nothing and ends the run on that host). Dry-run executes every
-check and only describes actions. After a changing action the step's check runs again (polling up to the action's
+check once (no polling: nothing it would wait for is being done) and only describes actions. After a changing action the step's check runs again (polling up to the action's
 timeout_s) and the step is "fixed" or "not fixed".
 
 A host's run succeeds when its last executed step passed or was fixed; its outcome is then "healthy" (no check
@@ -40,6 +40,7 @@ class StepResult:
     action: Optional[str] = None
     result: Optional[str] = None
     outcome: str = "ok"  # ok | failed | fixed | not fixed | declined | would act | escalated | error
+    duration_s: float = 0.0
 
 
 @dataclass
@@ -67,7 +68,7 @@ class RunReport:
         """0 when every host succeeded; an error's own code (4 for SSH); else 1."""
         errors = [h.error for h in self.hosts if h.error is not None]
         if errors:
-            return errors[0].exit_code
+            return type(errors[0]).exit_code  # HostError keeps the remote command's exit code on the instance
         return EXIT_OK if all(h.succeeded for h in self.hosts) else EXIT_CHECK_FAILED
 
 
@@ -90,13 +91,19 @@ def run_runbook(rb: Runbook, cfg: DeployConfig, hosts: list[HostConfig], opts: R
         hr = HostReport(hc.name)
         report.hosts.append(hr)
         host = Host.from_config(hc)
+        t = Target(cfg, hc, host, host_variables(cfg, hc), config_path=opts.config_path)
         try:
-            t = Target(cfg, hc, host, host_variables(cfg, hc), config_path=opts.config_path)
             _run_host(rb, t, hr, report, opts)
         except DeployctlError as err:
             hr.outcome, hr.error = "error", err
         finally:
-            host.close()
+            try:
+                _flush(t, report)
+            except DeployctlError as err:  # the host went away: the report still says what happened
+                hr.error = hr.error or err
+                hr.outcome = "error"
+            finally:
+                host.close()
     return report
 
 
@@ -118,7 +125,8 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
         if i >= len(rb.steps):
             break
         step = rb.steps[i]
-        obs, ok = _observe(t, step, step.timeout_s, opts.poll_s, step.wait)
+        started = time.monotonic()
+        obs, ok = _observe(t, step, step.timeout_s, opts.poll_s, step.wait and not opts.dry_run)
         t.observed[step.id] = obs
         res = StepResult(t.host_cfg.name, step.id, step.title, step.check.kind, obs.value, step.expect, ok, obs.detail,
                          {k: obs.fields.get(k) for k in step.record}, outcome="ok" if ok else "failed")
@@ -134,6 +142,7 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
                 hr.outcome, hr.error = "error", err
                 return
             fixed_any = fixed_any or res.outcome == "fixed"
+        res.duration_s = round(time.monotonic() - started, 3)
         _finish(res, t, hr, report, opts)
         if flow == "stop":
             break
@@ -167,6 +176,13 @@ def _act(step: Step, action: Action, obs: Observation, t: Target, res: StepResul
 
 def _finish(res: StepResult, t: Target, hr: HostReport, report: RunReport, opts: RunOptions) -> None:
     hr.steps.append(res)
-    audit.append(t.host, t.variables["state_dir"],
-                 audit.record(res, run_id=report.run_id, runbook=report.runbook, user=report.user, dry_run=report.dry_run))
+    t.pending_audit.append(audit.record(res, run_id=report.run_id, runbook=report.runbook, user=report.user,
+                                        dry_run=report.dry_run))
+    if res.outcome in ("fixed", "not fixed", "error"):  # something changed: on record before the next step
+        _flush(t, report)
     opts.on_step(res)
+
+
+def _flush(t: Target, report: RunReport) -> None:
+    records, t.pending_audit = t.pending_audit, []
+    audit.append(t.host, t.variables["state_dir"], records)

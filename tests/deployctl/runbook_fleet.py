@@ -1,0 +1,126 @@
+"""Helpers for the runbook tests: a deploy.yaml for fleet hosts, a release on a host, the CLI, the audit log.
+
+A "stand-in" release serves /healthz and /readyz as static files with Python's http.server (a real process on a
+real port, started through the runbook's own start action); the runtime-heavy tests use the real runtime.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_deploy_yaml(path: Path, hosts: list[dict], *, port: int, model_path: str, engine: dict | None = None,
+                      server: dict | None = None) -> Path:
+    doc = {
+        "service": {"name": "tiny"},
+        "model": {"path": model_path, "served_name": "tiny"},
+        "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 256,
+                   **(engine or {})},
+        "server": {"bind": "127.0.0.1", "port": port, **(server or {})},
+        "hosts": hosts,
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def install_standin_release(deploy_root: str, port: int, release: str = "r1") -> Path:
+    """A release whose launch.sh serves static healthz/readyz files on ``port`` (http.server)."""
+    rel = Path(deploy_root) / "releases" / release
+    rel.mkdir(parents=True, exist_ok=True)
+    for name in ("healthz", "readyz"):
+        (rel / name).write_text("ok\n")
+    (rel / "launch.sh").write_text(f"exec {sys.executable} -m http.server {port} --bind 127.0.0.1\n")
+    cur = Path(deploy_root) / "current"
+    if cur.is_symlink():
+        cur.unlink()
+    cur.symlink_to(rel)
+    return rel
+
+
+def cli(*args: str, input: str | None = None, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "runtime"), full_env.get("PYTHONPATH", "")])
+    full_env["COLUMNS"] = "200"
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "deployctl", *args], input=input if input is not None else "",
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=str(ROOT))
+
+
+def audit_records(deploy_root: str) -> list[dict]:
+    path = Path(deploy_root) / "state" / "audit.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pidfile_pid(deploy_root: str) -> int | None:
+    p = Path(deploy_root) / "shared" / "run" / "runtime.pid"
+    try:
+        return int(p.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_group(pid: int | None, sig: int = signal.SIGKILL) -> None:
+    """Kill ``pid``'s process group (the runtime started with setsid) and wait until it is gone."""
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return
+    wait_until(lambda: not alive(pid), 10)
+
+
+def wait_until(pred, timeout: float, interval: float = 0.1) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
+
+
+def http_status(port: int, path: str, timeout: float = 5) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
