@@ -19,10 +19,11 @@ import shlex
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import hostkeys
@@ -31,6 +32,16 @@ from deployctl.hosts import (AuthFailed, CommandTimeout, HostError, HostKeyChang
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
+
+
+def fabric_connection(cfg, **kwargs) -> Connection:
+    """A Fabric Connection for ``cfg`` (not yet open). ssh_config is honoured: $DEPLOYCTL_SSH_CONFIG
+    (like ``ssh -F``) if set, else ~/.ssh/config and /etc/ssh/ssh_config; port and user from
+    deploy.yaml win only when given there."""
+    path = os.environ.get("DEPLOYCTL_SSH_CONFIG")
+    config = Config(runtime_ssh_path=os.path.expanduser(path)) if path else None
+    port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
+    return Connection(host=cfg.address, user=cfg.user, port=port, config=config, **kwargs)
 
 
 class SSHTransport:
@@ -54,9 +65,7 @@ class SSHTransport:
                 raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
                                  host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
             kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
-        port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
-        conn = Connection(host=cfg.address, user=cfg.user, port=port,
-                          connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
         user_files = conn.ssh_config.get("userknownhostsfile")
         if isinstance(user_files, str):
             user_files = user_files.split()
@@ -129,8 +138,7 @@ class SSHTransport:
                                command=command)
 
     def login_user(self) -> str:
-        return self._conn.user if self._conn else Connection(
-            host=self.cfg.address, user=self.cfg.user).user
+        return self._conn.user if self._conn else fabric_connection(self.cfg).user
 
     def close(self) -> None:
         with self._lock:
@@ -157,9 +165,10 @@ class SSHTransport:
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
         duration = time.monotonic() - start
-        if res.exited in (124, 137) and duration >= timeout - 0.05:
+        # 124: timeout's TERM worked; 137 or -1 (killed by a signal, no exit status): its group SIGKILL
+        if res.exited in (124, 137, -1) and duration >= timeout - 0.05:
             raise self._timeout(command, timeout, res.stderr)
-        if res.exited == -1 or not conn.is_connected:
+        if res.exited == -1 and not conn.is_connected:
             raise self._lost(EOFError("channel closed without an exit status"), command)
         return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
 
@@ -278,3 +287,43 @@ def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
         sftp.remove(path)
     except Exception:  # the temp file may not exist; the original error matters
         pass
+
+
+@dataclass(frozen=True)
+class HostKeyProbe:
+    """What a host offers versus what known_hosts holds. ``status``: "trusted", "unknown" or "changed"."""
+
+    host: str
+    known_hosts_name: str
+    hostname: str
+    port: int
+    key_type: str
+    fingerprint: str
+    status: str
+    expected_fingerprint: str | None
+    key: paramiko.PKey
+
+
+def probe_host_key(cfg, *, known_hosts: Path | None = None) -> HostKeyProbe:
+    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
+    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
+    conn = fabric_connection(cfg)
+    user_files = conn.ssh_config.get("userknownhostsfile")
+    if isinstance(user_files, str):
+        user_files = user_files.split()
+    known = hostkeys.lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
+    try:
+        key = hostkeys.fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        transport = SSHTransport(cfg, known_hosts=known_hosts)
+        raise transport._connect_error(conn, exc) from None
+    fp = hostkeys.fingerprint(key)
+    if any(k.asbytes() == key.asbytes() for k in known.values()):
+        status, expected = "trusted", fp
+    elif known:
+        old = known.get(key.get_name()) or next(iter(known.values()))
+        status, expected = "changed", hostkeys.fingerprint(old)
+    else:
+        status, expected = "unknown", None
+    return HostKeyProbe(cfg.name, hostkeys.known_hosts_name(conn.host, conn.port), conn.host, conn.port,
+                        key.get_name(), fp, status, expected, key)

@@ -74,12 +74,18 @@ def secure_client(client: paramiko.SSHClient, *, user_files: list[str] | None = 
     client.set_missing_host_key_policy(RejectUnknownPolicy())
 
 
-def fetch_host_key(hostname: str, port: int, *, timeout: float = 10) -> paramiko.PKey:
+def fetch_host_key(hostname: str, port: int, *, timeout: float = 10,
+                   prefer: list[str] | None = None) -> paramiko.PKey:
     """Connect to ``hostname:port``, run the SSH key exchange only (no authentication) and return the
-    server's host key. Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
+    server's host key, asking for the ``prefer`` key types first (as paramiko's client does for types
+    already in known_hosts). Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
     sock = socket.create_connection((hostname, port), timeout=timeout)
     transport = paramiko.Transport(sock)
     transport.banner_timeout = timeout
+    if prefer:
+        options = transport.get_security_options()
+        first = [t for t in prefer if t in options.key_types]
+        options.key_types = tuple(first + [t for t in options.key_types if t not in first])
     try:
         transport.start_client(timeout=timeout)
         return transport.get_remote_server_key()

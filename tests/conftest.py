@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
+from fleet_nginx import *  # noqa: F401,F403  (nginx_server: real nginx, own prefix and port)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
@@ -45,3 +46,5 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+from nginx_fixture import *  # noqa: E402,F401,F403  (nginx_router: a real nginx under its own prefix)
