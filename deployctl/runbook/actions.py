@@ -100,7 +100,7 @@ def _adjust(action: Action, t: Target) -> str:
     path.write_text(text)
     t.cfg = new_cfg
     t.variables = host_variables(new_cfg, t.host_cfg)
-    where = rerender_runtime_yaml(t, list(changes))
+    where = rerender_runtime_yaml(t)
     done = ", ".join(f"{k} = {v!r}" for k, v in changes.items())
     return f"set {done} in {path}; re-rendered {where}; " + service.stop(t) + "; " + service.start(t)
 

@@ -2,8 +2,9 @@
 
 Variables come from deploy.yaml and the host (``VARIABLES`` lists them); ``{obs.STEP}`` is the value a
 previous step observed and ``{obs.STEP.FIELD}`` one of its recorded fields (``None`` until that step ran).
-Paths follow the release layout of /work/INTERFACES.md: ``<deploy_root>/current``, ``shared/logs/runtime.log``,
-``shared/run/runtime.pid``, ``state/audit.jsonl``.
+Paths follow the release layout of /work/INTERFACES.md and the rendered launch.sh: ``<deploy_root>/current``,
+``shared/logs/runtime.log``, ``shared/run/runtime.pid`` (the launcher), ``shared/run/runtime.child.pid`` (the
+runtime), ``state/audit.jsonl``. ``port`` is the host's ``server_port`` or ``server.port`` (as render.host_port).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ VARIABLES = (
     "host", "address", "deploy_root", "python", "gpu", "service", "bind", "port", "model_path", "manifest",
     "served_name", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "block_size", "enable_chunked_prefill", "max_queued_requests", "current", "runtime_yaml", "log_file",
-    "pid_file", "state_dir",
+    "pid_file", "child_pid_file", "state_dir", "slo_ttft_p99_s", "slo_tpot_p99_s", "slo_max_kv_cache_usage",
+    "request_timeout_s",
 )
 
 
@@ -33,7 +35,7 @@ def host_variables(cfg: DeployConfig, host: HostConfig) -> dict[str, Any]:
     e = cfg.engine
     return {
         "host": host.name, "address": host.address, "deploy_root": root, "python": host.python, "gpu": host.gpu,
-        "service": cfg.service.name, "bind": probe_address(cfg), "port": cfg.server.port,
+        "service": cfg.service.name, "bind": probe_address(cfg), "port": host.server_port or cfg.server.port,
         "model_path": cfg.model.path, "manifest": cfg.model.manifest, "served_name": cfg.model.name,
         "device": e.device, "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens, "gpu_memory_utilization": e.gpu_memory_utilization,
@@ -41,7 +43,9 @@ def host_variables(cfg: DeployConfig, host: HostConfig) -> dict[str, Any]:
         "max_queued_requests": cfg.server.max_queued_requests,
         "current": f"{root}/current", "runtime_yaml": f"{root}/current/runtime.yaml",
         "log_file": f"{root}/shared/logs/runtime.log", "pid_file": f"{root}/shared/run/runtime.pid",
-        "state_dir": f"{root}/state",
+        "child_pid_file": f"{root}/shared/run/runtime.child.pid", "state_dir": f"{root}/state",
+        "slo_ttft_p99_s": cfg.slo.ttft_p99_s, "slo_tpot_p99_s": cfg.slo.tpot_p99_s,
+        "slo_max_kv_cache_usage": cfg.slo.max_kv_cache_usage, "request_timeout_s": cfg.server.request_timeout_s,
     }
 
 

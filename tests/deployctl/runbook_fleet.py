@@ -124,3 +124,38 @@ def http_status(port: int, path: str, timeout: float = 5) -> int:
         return e.code
     except OSError:
         return 0
+
+
+def make_tiny_model(path: Path) -> Path:
+    """The runtime's tiny checkpoint (seeded random weights) at ``path``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-m", "deployctl_runtime", "tiny-model", str(path)], check=True,
+                   capture_output=True, env=env, timeout=120)
+    return path
+
+
+def install_release(cfg_path: Path, host_name: str, release: str = "r1", *, fault: str | None = None) -> Path:
+    """Render the release for ``host_name`` from ``cfg_path`` (deployctl.render) and install it by hand under the
+    host's deploy_root (what the rollout's install does): releases/<release>/ and the ``current`` link.
+    ``fault``: DEPLOYCTL_RUNTIME_FAULT for the runtime (test-only fault injection), appended to runtime.env."""
+    from deployctl.config import load_config
+    from deployctl.render import render_release
+
+    cfg = load_config(cfg_path)
+    host = cfg.host(host_name)
+    rel = Path(host.deploy_root) / "releases" / release
+    rel.mkdir(parents=True, exist_ok=True)
+    for f in render_release(cfg, host, release, api_key=None):
+        p = rel / f.path
+        text = f.content
+        if f.path == "runtime.env":
+            text += f"PYTHONPATH={ROOT / 'runtime'}\nDEPLOYCTL_LAUNCH_BACKOFF_S=0.5\n"
+            if fault:
+                text += f"DEPLOYCTL_RUNTIME_FAULT={fault}\n"
+        p.write_text(text)
+        p.chmod(f.mode)
+    cur = Path(host.deploy_root) / "current"
+    if cur.is_symlink():
+        cur.unlink()
+    cur.symlink_to(rel)
+    return rel
