@@ -80,9 +80,11 @@ def run(
             err_console.print("no answer: taken as no")
             return False
 
+    from rich.markup import escape
+
     def on_step(res) -> None:
         style = OUTCOME_STYLE.get(res.outcome, "white")
-        line = f"[{style}]{res.outcome:>9}[/] {res.host} {res.step}: {res.detail}"
+        line = f"[{style}]{res.outcome:>9}[/] {res.host} {res.step}: {escape(res.detail)}"
         err_console.print(line, markup=True, highlight=False, soft_wrap=True)
         if res.action:
             err_console.print(f"{'':>9}   action: {res.action} → {res.result}", markup=False, soft_wrap=True)
@@ -111,6 +113,7 @@ def _report_json(report) -> dict:
 
 
 def _print_summary(report) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"runbook {report.runbook} (run {report.run_id}{', dry-run' if report.dry_run else ''})")
@@ -120,7 +123,8 @@ def _print_summary(report) -> None:
         for s in h.steps:
             style = OUTCOME_STYLE.get(s.outcome, "white")
             action = f"{s.action} → {s.result}" if s.action else ""
-            table.add_row(h.host, s.step, _short(s.observed), s.expected, f"[{style}]{s.outcome}[/]", action)
+            table.add_row(h.host, s.step, escape(_short(s.observed)), escape(s.expected), f"[{style}]{s.outcome}[/]",
+                          escape(action))
     out_console.print(table)
     for h in report.hosts:
         style = OUTCOME_STYLE.get(h.outcome, "white")

@@ -88,6 +88,15 @@ class PreflightCheck(_M):
     """One preflight check by name; the value is its status: pass, warn or fail."""
     name: str
 
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from deployctl.runbook.preflight_bridge import PREFLIGHT_CHECKS
+
+        if v not in PREFLIGHT_CHECKS:
+            raise ValueError(f"no preflight check named {v!r}; known: {', '.join(PREFLIGHT_CHECKS)}")
+        return v
+
 
 class SettingCheck(_M):
     """A key of the runtime.yaml the host's current release runs with."""

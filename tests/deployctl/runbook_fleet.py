@@ -31,6 +31,7 @@ def write_deploy_yaml(path: Path, hosts: list[dict], *, port: int, model_path: s
         "service": {"name": "tiny"},
         "model": {"path": model_path, "served_name": "tiny"},
         "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 256,
+                   "kv_cache_memory": "4MiB",
                    **(engine or {})},
         "server": {"bind": "127.0.0.1", "port": port, **(server or {})},
         "hosts": hosts,
