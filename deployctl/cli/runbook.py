@@ -12,7 +12,7 @@ runbook_app = typer.Typer(help="Scripted on-call runbooks: check, decide, act, l
                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(runbook_app, name="runbook")
 
-OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "failed": "red", "not fixed": "red",
+OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "green", "failed": "red", "not fixed": "red",
                  "error": "red", "escalated": "yellow", "declined": "yellow", "would act": "yellow"}
 
 

@@ -61,10 +61,31 @@ class Target:
 
 def _http(t: Target, step: Step) -> Observation:
     spec = step.check.http
-    r = t.http(t.fill(spec.path), method=spec.method, body=spec.json_body, timeout=step.timeout_s)
+    r = t.http(t.fill(spec.path), method=spec.method, body=_fill_json(t, spec.json_body), timeout=step.timeout_s)
     detail = f"{spec.method} {spec.path}: " + (f"HTTP {r['status']}" if r["status"] else (r["error"] or "no answer"))
     fields = {"status": r["status"], "elapsed_s": round(r["elapsed_s"], 4), "error": r["error"], "body": r["body"][:500]}
     return Observation(fields[spec.field], fields, detail)
+
+
+def _fill_json(t: Target, value: Any) -> Any:
+    """Fill {variables} in the strings of a JSON body; a string that is one placeholder keeps the value's type."""
+    if isinstance(value, str):
+        filled = t.fill(value)
+        if value.startswith("{") and value.endswith("}") and value.count("{") == 1:
+            return _typed(filled)
+        return filled
+    if isinstance(value, dict):
+        return {k: _fill_json(t, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill_json(t, v) for v in value]
+    return value
+
+
+def _typed(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _metric(t: Target, step: Step) -> Observation:
@@ -107,10 +128,20 @@ def _metric(t: Target, step: Step) -> Observation:
         return Observation(hist.count, fields, f"{spec.name}: {hist.count:g} observations")
     if not hist.count:
         return Observation(None, fields, f"{spec.name}: no observations yet")
-    value = hist.sum / hist.count if spec.stat == "mean" else hist.quantile(spec.q)
-    value = None if value is None or math.isnan(value) else round(value, 6)
-    label = "mean" if spec.stat == "mean" else f"P{spec.q * 100:g}"
-    return Observation(value, fields, f"{spec.name} {label} = {value} s over {hist.count:g} requests")
+    mean = hist.sum / hist.count
+    fields["mean"] = round(mean, 6)
+    if spec.q is not None:
+        fields["quantile"] = round(hist.quantile(spec.q), 6)
+    if spec.stat == "mean":
+        value, label = mean, "mean"
+    elif spec.stat == "quantile":
+        value, label = hist.quantile(spec.q), f"P{spec.q * 100:g}"
+    else:
+        value, label = (hist.quantile(spec.q) / mean if mean > 0 else math.nan), f"P{spec.q * 100:g} / mean"
+    value = None if math.isnan(value) else round(value, 6)
+    unit = "" if spec.stat == "tail_ratio" else " s"
+    extra = f" (P{spec.q * 100:g} {fields['quantile']:.4g} s, mean {mean:.4g} s)" if spec.stat == "tail_ratio" else ""
+    return Observation(value, fields, f"{spec.name} {label} = {value}{unit}{extra} over {hist.count:g} requests")
 
 
 def _log(t: Target, step: Step) -> Observation:

@@ -55,17 +55,18 @@ class HttpCheck(_M):
 
 class MetricCheck(_M):
     """One value from the runtime's /metrics. stat: value (sum over matching series), present (bool),
-    quantile (histogram, q), mean (histogram sum/count), count (histogram count), increase (counter)."""
+    quantile (histogram, q), mean (histogram sum/count), tail_ratio (histogram quantile q / mean: how far the
+    tail is from the average), count (histogram count), increase (counter, over window_s)."""
     name: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
     labels: dict[str, str] = Field(default_factory=dict)
-    stat: Literal["value", "present", "quantile", "mean", "count", "increase"] = "value"
+    stat: Literal["value", "present", "quantile", "mean", "tail_ratio", "count", "increase"] = "value"
     q: Optional[float] = Field(None, gt=0, le=1)
     window_s: float = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _q(self) -> "MetricCheck":
-        if self.stat == "quantile" and self.q is None:
-            raise ValueError("stat quantile needs q, e.g. q: 0.99")
+        if self.stat in ("quantile", "tail_ratio") and self.q is None:
+            raise ValueError(f"stat {self.stat} needs q, e.g. q: 0.99")
         if self.stat == "increase" and not self.window_s:
             raise ValueError("stat increase needs window_s, e.g. window_s: 5")
         return self
@@ -142,13 +143,15 @@ class Check(_M):
 
 class Action(_M):
     """What a failed step does. ``confirm`` defaults to true for changing actions (false for escalate);
-    after a changing action the step's check runs again (polling up to ``timeout_s``) to tell fixed from not."""
+    after a changing action the step's check runs again (polling up to ``timeout_s``) to tell fixed from not,
+    unless ``verify`` is false (the outcome is then "done")."""
     action: Literal[ACTIONS]  # type: ignore[valid-type]
     message: Optional[str] = None
     set: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
     confirm: Optional[bool] = None
     then: str = "stop"
     timeout_s: float = Field(60, gt=0)
+    verify: bool = True  # false: the step's check says nothing about this action (abort moves traffic only)
 
     @model_validator(mode="after")
     def _fields(self) -> "Action":
@@ -215,9 +218,17 @@ def _templates(step: Step) -> list[tuple[tuple, str]]:
     """(location, text) of every string in the step that may hold {variables}."""
     out: list[tuple[tuple, str]] = [(("expect",), step.expect)]
     spec = step.check.spec
-    for name, value in spec.model_dump(by_alias=True).items():
+    def strings(loc: tuple, value: Any) -> None:
         if isinstance(value, str):
-            out.append((("check", step.check.kind, name), value))
+            out.append((loc, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                strings(loc + (k,), v)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                strings(loc + (i,), v)
+
+    strings(("check", step.check.kind), spec.model_dump(by_alias=True))
     if isinstance(step.on_fail, Action):
         if step.on_fail.message:
             out.append((("on_fail", "message"), step.on_fail.message))

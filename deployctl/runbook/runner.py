@@ -39,7 +39,7 @@ class StepResult:
     recorded: dict[str, Any] = field(default_factory=dict)
     action: Optional[str] = None
     result: Optional[str] = None
-    outcome: str = "ok"  # ok | failed | fixed | not fixed | declined | would act | escalated | error
+    outcome: str = "ok"  # ok | failed | fixed | done | not fixed | declined | would act | escalated | error
     duration_s: float = 0.0
 
 
@@ -141,14 +141,14 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
                 _finish(res, t, hr, report, opts)
                 hr.outcome, hr.error = "error", err
                 return
-            fixed_any = fixed_any or res.outcome == "fixed"
+            fixed_any = fixed_any or res.outcome in ("fixed", "done")
         res.duration_s = round(time.monotonic() - started, 3)
         _finish(res, t, hr, report, opts)
         if flow == "stop":
             break
         i = i + 1 if flow == "next" else rb.step_index(flow)
     last = hr.steps[-1].outcome if hr.steps else "ok"
-    if last in ("ok", "fixed"):
+    if last in ("ok", "fixed", "done"):
         hr.outcome = "fixed" if fixed_any else ("ok" if failed_any else "healthy")
     else:
         hr.outcome = last
@@ -167,6 +167,9 @@ def _act(step: Step, action: Action, obs: Observation, t: Target, res: StepResul
         res.result, res.outcome = "declined: nothing changed", "declined"
         return "stop"
     res.result = actions.perform(action, obs, t)
+    if not action.verify:
+        res.outcome = "done"
+        return action.then
     after, ok = _observe(t, step, action.timeout_s, opts.poll_s, wait=True)
     t.observed[step.id] = after
     res.result += f"; then: {after.detail}"
@@ -178,7 +181,7 @@ def _finish(res: StepResult, t: Target, hr: HostReport, report: RunReport, opts:
     hr.steps.append(res)
     t.pending_audit.append(audit.record(res, run_id=report.run_id, runbook=report.runbook, user=report.user,
                                         dry_run=report.dry_run))
-    if res.outcome in ("fixed", "not fixed", "error"):  # something changed: on record before the next step
+    if res.outcome in ("fixed", "done", "not fixed", "error"):  # something changed: on record before the next step
         _flush(t, report)
     opts.on_step(res)
 

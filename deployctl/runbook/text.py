@@ -4,10 +4,18 @@ from __future__ import annotations
 from deployctl.runbook.model import Action, Runbook
 
 
+ACTION_TEXT = {
+    "restart": "restart the runtime", "start": "start the runtime", "stop": "stop the runtime",
+    "free_port": "free server.port (stop the process holding it)", "rollback": "roll back to the previous release",
+    "abort": "abort the rollout (all traffic back to stable)", "drain": "drain this host (no new traffic)",
+    "adjust": "set in deploy.yaml, re-render runtime.yaml and restart:",
+}
+
+
 def _flow(flow) -> str:
     if isinstance(flow, Action):
         ask = "asks first" if flow.needs_confirmation else "no confirmation"
-        what = f"escalate: {flow.message}" if flow.action == "escalate" else flow.action
+        what = f"escalate: {flow.message}" if flow.action == "escalate" else ACTION_TEXT[flow.action]
         if flow.set:
             what += " " + ", ".join(f"{k} = {v}" for k, v in flow.set.items())
         then = {"next": "then the next step", "stop": "then stop"}.get(flow.then, f"then step {flow.then}")
