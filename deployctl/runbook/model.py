@@ -242,7 +242,7 @@ def _cross_check(rb: Runbook, source: str, lines: dict[tuple, int]) -> None:
     ids = [s.id for s in rb.steps]
     for i, step in enumerate(rb.steps):
         at = lambda *loc: _where(source, lines, ("steps", i) + loc)  # noqa: E731
-        if ids.count(step.id) > 1:
+        if step.id in ids[:i]:
             raise ConfigError(f"{at('id')}: step id {step.id!r} is used twice; give every step its own id")
         flows = [("on_pass", step.on_pass)]
         flows.append(("on_fail", step.on_fail) if isinstance(step.on_fail, str) else (("on_fail", "then"), step.on_fail.then))
@@ -276,12 +276,13 @@ def parse_runbook(text: str, source: str, name: str) -> Runbook:
         raise ConfigError(f"{pos}: YAML syntax error: {getattr(exc, 'problem', None) or exc}; fix the indentation or quoting") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: a runbook is a mapping with title, when and steps; got {type(data).__name__}")
-    lines = _line_index(node)
+    lines = {(): 1, **_line_index(node)}
     try:
         rb = Runbook.model_validate({**data, "name": name, "path": source})
     except ValidationError as exc:
         # a union (on_fail: str | Action) reports one error per member: the deepest one is the useful one
-        err = max(exc.errors(), key=lambda e: len(e["loc"]))
+        # (a type mismatch with the other member, e.g. "not a string" for a mapping, is the least useful)
+        err = max(exc.errors(), key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p in _TYPE_TAGS or p[:1].isupper() or "[" in p)))
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
