@@ -152,7 +152,7 @@ def _log(t: Target, step: Step) -> Observation:
     out = t.host.run(cmd, timeout=step.timeout_s).stdout.splitlines()
     if out == ["MISSING"]:
         return Observation(0, {"last_match": None, "log_present": False}, f"{path}: no such file")
-    last = out[-1][-300:] if out else None
+    last = out[-1][:400] if out else None
     return Observation(len(out), {"last_match": last, "log_present": True},
                        f"{len(out)} lines match {spec.pattern!r}" + (f"; last: {last}" if last else ""))
 

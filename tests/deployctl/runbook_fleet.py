@@ -26,7 +26,7 @@ def free_port() -> int:
 
 
 def write_deploy_yaml(path: Path, hosts: list[dict], *, port: int, model_path: str, engine: dict | None = None,
-                      server: dict | None = None) -> Path:
+                      server: dict | None = None, slo: dict | None = None) -> Path:
     doc = {
         "service": {"name": "tiny"},
         "model": {"path": model_path, "served_name": "tiny"},
@@ -35,6 +35,8 @@ def write_deploy_yaml(path: Path, hosts: list[dict], *, port: int, model_path: s
                    **(engine or {})},
         "server": {"bind": "127.0.0.1", "port": port, **(server or {})},
         "hosts": hosts,
+        # lenient objectives: a shared 2-core machine must not look like a fault (fault tests set strict ones)
+        "slo": {"ttft_p99_s": 5.0, "tpot_p99_s": 0.5, **(slo or {})},
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -160,3 +162,60 @@ def install_release(cfg_path: Path, host_name: str, release: str = "r1", *, faul
         cur.unlink()
     cur.symlink_to(rel)
     return rel
+
+
+def launch(deploy_root: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``current/launch.sh start|stop|status`` on this machine (the rendered process launcher)."""
+    return subprocess.run(["bash", f"{deploy_root}/current/launch.sh", command], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_runtime(deploy_root: str, port: int, timeout: float = 90) -> int:
+    """Start the installed release with launch.sh and wait for /readyz 200; returns the supervisor pid."""
+    r = launch(deploy_root, "start")
+    assert r.returncode == 0, r.stderr
+    assert wait_until(lambda: http_status(port, "/readyz") == 200, timeout, 0.2), log_tail(deploy_root)
+    return pidfile_pid(deploy_root)
+
+
+def stop_runtime(deploy_root: str) -> None:
+    pid = pidfile_pid(deploy_root)
+    if pid and alive(pid):
+        launch(deploy_root, "stop")
+    kill_group(pidfile_pid(deploy_root))
+
+
+def log_tail(deploy_root: str, n: int = 30) -> str:
+    p = Path(deploy_root) / "shared" / "logs" / "runtime.log"
+    return "\n".join(p.read_text().splitlines()[-n:]) if p.exists() else "(no log)"
+
+
+def hold_port(port: int) -> subprocess.Popen:
+    """A foreign process listening on ``port`` (the fault "port held")."""
+    code = ("import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(('127.0.0.1', {port})); s.listen(); print('ok', flush=True); time.sleep(3600)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def complete(port: int, *, prompt: str = "Hello", max_tokens: int = 8, timeout: float = 120, **extra) -> int:
+    """One /v1/completions request; returns the HTTP status (0: no answer)."""
+    import httpx
+
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=timeout,
+                       json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, **extra})
+        return r.status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def run_inproc(name: str, cfg_path: Path, **opts):
+    """Run a shipped runbook in this process (the engine without the CLI): a RunReport."""
+    from deployctl.config import load_config
+    from deployctl.runbook.library import load_library
+    from deployctl.runbook.runner import RunOptions, run_runbook
+
+    cfg = load_config(cfg_path)
+    return run_runbook(load_library().get(name), cfg, list(cfg.hosts), RunOptions(config_path=str(cfg_path), **opts))
