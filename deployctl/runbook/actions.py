@@ -56,16 +56,33 @@ def perform(action: Action, obs: Observation, t: Target) -> str:
     if a == "escalate":
         return f"escalated: {t.fill(action.message)}"
     if a == "start":
-        return service.start(t)
+        return service.start(t) + "; " + _wait_ready(t, action.timeout_s)
     if a == "stop":
         return service.stop(t)
     if a == "restart":
-        return service.stop(t) + "; " + service.start(t)
+        return service.stop(t) + "; " + service.start(t) + "; " + _wait_ready(t, action.timeout_s)
     if a == "free_port":
         return _free_port(obs, t)
     if a == "adjust":
-        return _adjust(action, t)
+        return _adjust(action, t) + "; " + _wait_ready(t, action.timeout_s)
     return _rollout(a, t)
+
+
+def _wait_ready(t: Target, timeout: float) -> str:
+    """Poll /readyz until 200: a (re)start is done when the runtime serves. Raises HealthError (exit 5)."""
+    import time
+
+    from deployctl.errors import HealthError
+
+    start = time.monotonic()
+    while True:
+        r = t.http("/readyz", timeout=5)
+        if r["status"] == 200:
+            return f"ready after {time.monotonic() - start:.1f} s"
+        if time.monotonic() - start > timeout:
+            raise HealthError(f"the runtime on {t.host_cfg.name} is not ready {timeout:g} s after the start "
+                              f"(/readyz: {r['status'] or r['error']})", fix=f"read {t.variables['log_file']}")
+        time.sleep(0.5)
 
 
 def _free_port(obs: Observation, t: Target) -> str:

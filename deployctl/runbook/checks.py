@@ -30,6 +30,7 @@ class Observation:
     value: Any
     fields: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
+    no_data: bool = False  # the metric exists but has nothing to judge yet (a histogram without observations)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def _metric(t: Target, step: Step) -> Observation:
     if spec.stat == "count":
         return Observation(hist.count, fields, f"{spec.name}: {hist.count:g} observations")
     if not hist.count:
-        return Observation(None, fields, f"{spec.name}: no observations yet")
+        return Observation(None, fields, f"{spec.name}: no observations yet (nothing to judge)", no_data=True)
     mean = hist.sum / hist.count
     fields["mean"] = round(mean, 6)
     if spec.q is not None:

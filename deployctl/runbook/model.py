@@ -62,6 +62,7 @@ class MetricCheck(_M):
     stat: Literal["value", "present", "quantile", "mean", "tail_ratio", "count", "increase"] = "value"
     q: Optional[float] = Field(None, gt=0, le=1)
     window_s: float = Field(0, ge=0)
+    no_data: Literal["pass", "fail"] = "pass"  # a histogram without observations (no requests yet) is nothing to judge
 
     @model_validator(mode="after")
     def _q(self) -> "MetricCheck":

@@ -3,9 +3,9 @@ action (confirmation unless ``yes``; a "no" changes nothing and ends the run on 
 check once (no polling: nothing it would wait for is being done) and only describes actions. After a changing action the step's check runs again (polling up to the action's
 timeout_s) and the step is "fixed" or "not fixed".
 
-A host's run succeeds when its last executed step passed or was fixed; its outcome is then "healthy" (no check
-failed), "fixed" (an action fixed something) or "ok". Otherwise the outcome is the last step's: "failed",
-"escalated", "declined", "would act" (dry-run), "not fixed" or "error".
+A host's run succeeds when no step escalated and its last executed step passed or was fixed; its outcome is then
+"healthy" (no check failed), "fixed" (an action fixed something) or "ok". Otherwise the outcome is "escalated" (a
+finding for a person) or the last step's: "failed", "declined", "would act" (dry-run), "not fixed" or "error".
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def _observe(t: Target, step: Step, timeout: float, poll_s: float, wait: bool) -
     deadline = time.monotonic() + timeout
     while True:
         obs = observe(t, step)
-        ok = expect.holds(obs.value, t.fill)
+        ok = (getattr(step.check.spec, "no_data", "fail") == "pass") if obs.no_data else expect.holds(obs.value, t.fill)
         if ok or not wait or time.monotonic() + poll_s > deadline:
             return obs, ok
         time.sleep(poll_s)
@@ -148,7 +148,9 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
             break
         i = i + 1 if flow == "next" else rb.step_index(flow)
     last = hr.steps[-1].outcome if hr.steps else "ok"
-    if last in ("ok", "fixed", "done"):
+    if any(s.outcome == "escalated" for s in hr.steps):
+        hr.outcome = "escalated"  # a finding for a person, even when the run went on to other steps
+    elif last in ("ok", "fixed", "done"):
         hr.outcome = "fixed" if fixed_any else ("ok" if failed_any else "healthy")
     else:
         hr.outcome = last
