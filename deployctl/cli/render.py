@@ -44,6 +44,8 @@ def render(
             err_console.print(f"{mark} {r.tool} {r.path}", markup=True, highlight=False)
             if not r.ok:
                 err_console.print(r.output, markup=False, highlight=False)
+            for note in r.notes:
+                err_console.print(f"  note: {note}", markup=False, highlight=False)
         err_console.print(f"release {release}: {len(paths)} files in {out} ({target})")
     if failed:
         err_console.print(f"[bold red]error:[/] {len(failed)} rendered file(s) failed validation: "

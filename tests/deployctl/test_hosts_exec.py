@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import threading
 import time
 from pathlib import Path
@@ -153,3 +154,26 @@ def test_parallel_runs_take_about_the_slowest_host(ssh_fleet):
     assert hosts[1].run(["true"]).exit_code == 0  # reconnects once the host is back
     for h in hosts:
         h.close()
+
+
+def test_never_hangs_on_a_silent_port_or_a_dropped_connection(ssh_fleet):
+    fleet = ssh_fleet(1, users="deploy")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts TCP, never speaks SSH
+    try:
+        cfg = fleet.host_configs(connect_timeout_s=1)[0].model_copy(update={"port": silent.getsockname()[1]})
+        start = time.monotonic()
+        with pytest.raises(HostUnreachable, match=r"cannot reach gpu-a at 127\.0\.0\.1:\d+"):
+            Host.from_config(cfg).run(["true"])
+        assert time.monotonic() - start < 1 + 2
+    finally:
+        silent.close()
+
+    host = Host.from_config(fleet.host_configs()[0])
+    host.run(["true"])
+    threading.Timer(0.5, fleet.stop, args=("gpu-a",)).start()
+    start = time.monotonic()
+    with pytest.raises(HostUnreachable, match="lost the SSH connection to gpu-a during `sleep 20`"):
+        host.run(["sleep", "20"], timeout=30)
+    assert time.monotonic() - start < 5

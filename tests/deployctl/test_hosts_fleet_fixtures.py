@@ -9,7 +9,7 @@ from deployctl.hosts import Host, HostUnreachable
 
 
 def test_ssh_fleet_hosts_and_stop_start(ssh_fleet):
-    fleet = ssh_fleet(2)
+    fleet = ssh_fleet(2, users=[None, "deploy"])
     assert [h.name for h in fleet.hosts] == ["gpu-a", "gpu-b"] and len({h.port for h in fleet.hosts}) == 2
     assert all(h.host_key_fingerprint.startswith("SHA256:") for h in fleet.hosts)
     entries = fleet.known_hosts.read_text().splitlines()

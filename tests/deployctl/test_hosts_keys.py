@@ -65,7 +65,7 @@ def test_reject_policy_in_force_and_unknown_key_refused_with_fingerprint(ssh_fle
 
 
 def test_changed_key_always_refused(ssh_fleet, tmp_path):
-    fleet = ssh_fleet(1)
+    fleet = ssh_fleet(1, users="deploy")
     (cfg,) = fleet.host_configs()
     old = fleet.hosts[0].host_key_fingerprint
     host = Host.from_config(cfg)
@@ -79,7 +79,7 @@ def test_changed_key_always_refused(ssh_fleet, tmp_path):
     assert info.value.fingerprint == new and info.value.expected == old and new in str(info.value)
     # `hosts trust` refuses a changed key without --replace, exit 4
     conf = write_deploy_yaml(tmp_path / "deploy.yaml", fleet.host_yaml())
-    res = deployctl("hosts", "trust", "gpu-a", "-c", conf, "--yes")
+    res = cli("hosts", "trust", "gpu-a", "-c", conf, "--yes")
     assert res.returncode == 4 and "host key changed for gpu-a" in res.stderr, res.stderr
     res = cli("hosts", "trust", "gpu-a", "-c", conf, "--yes", "--replace")
     assert res.returncode == 0, res.stderr

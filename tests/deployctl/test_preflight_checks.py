@@ -227,3 +227,16 @@ hosts:
                  "holders": [{"address": "127.0.0.1:9001", "pid": 5, "name": "nginx", "cmdline": "nginx: worker"}]}
     c = {c.name: c for c in check_facts(cfg, [(cfg.hosts[0], f)], {}).hosts[0].checks}["port"]
     assert c.status == "fail" and c.message.startswith("port 9001 on 127.0.0.1 on gpu-a is held by pid 5 (nginx")
+
+
+def test_cli_unknown_host_is_a_config_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text("service: {name: s}\nmodel: {path: /m}\nhosts:\n  - {name: gpu-a, address: local, deploy_root: /tmp/x}\n")
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "preflight", "-c", str(cfg), "--host", "gpu-z"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 3 and "no host named 'gpu-z'" in proc.stderr and "gpu-a" in proc.stderr

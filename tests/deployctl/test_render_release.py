@@ -141,8 +141,8 @@ def test_undefined_template_variable_fails_with_exit_3(tmp_path):
     override = tmp_path / "tpl"
     override.mkdir()
     text = (REPO / "templates" / "launch.sh.j2").read_text()
-    (override / "launch.sh.j2").write_text(text.replace("STOP_TIMEOUT_S={{ timeout_stop_s }}",
-                                                        "STOP_TIMEOUT_S={{ timeout_stop_seconds }}"))
+    assert "{{ timeout_stop_s }}" in text and "{{ host.python | sh }}" in text
+    (override / "launch.sh.j2").write_text(text.replace("{{ timeout_stop_s }}", "{{ timeout_stop_seconds }}"))
     cfg = write_config(tmp_path / "deploy.yaml")
     done = _cli(["render", "--out", str(tmp_path / "out"), "-c", str(cfg), "--release-id", "r1"],
                 {"DEPLOYCTL_TEMPLATES": str(override)})

@@ -53,6 +53,7 @@ run() {
       log "SIGTERM: draining runtime pid $child (up to ${STOP_TIMEOUT_S}s)"
       kill -TERM "$child" 2>/dev/null
       ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; sleep "$STOP_TIMEOUT_S" & s=$!; wait "$s"
+        trap '' TERM  # from here on, finish even though the supervisor is told the runtime is gone
         log "runtime pid $child still running after ${STOP_TIMEOUT_S}s: SIGKILL"; kill -KILL "$child" 2>/dev/null
         if [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ]; then  # the runtime's leftovers in our group
           for p in $(pgrep -g "$$"); do [ "$p" = "$$" ] || [ "$p" = "$BASHPID" ] || kill -KILL "$p" 2>/dev/null; done
@@ -76,7 +77,7 @@ run() {
     child=0
     rm -f "$CHILD_PID_FILE"
     if [ "$stopping" = 1 ]; then
-      [ -n "${killer:-}" ] && kill "$killer" 2>/dev/null
+      [ -n "${killer:-}" ] && { kill "$killer" 2>/dev/null; wait "$killer" 2>/dev/null; }
       log "runtime stopped (exit $rc)"; break
     fi
     if [ "$rc" = 0 ]; then log "runtime exited cleanly"; break; fi
