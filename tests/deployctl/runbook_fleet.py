@@ -43,12 +43,23 @@ def write_deploy_yaml(path: Path, hosts: list[dict], *, port: int, model_path: s
 
 
 def install_standin_release(deploy_root: str, port: int, release: str = "r1") -> Path:
-    """A release whose launch.sh serves static healthz/readyz files on ``port`` (http.server)."""
+    """A release whose launch.sh (start|stop, the rendered launcher's pidfile and log) serves static healthz and
+    readyz files on ``port`` with http.server."""
     rel = Path(deploy_root) / "releases" / release
     rel.mkdir(parents=True, exist_ok=True)
     for name in ("healthz", "readyz"):
         (rel / name).write_text("ok\n")
-    (rel / "launch.sh").write_text(f"exec {sys.executable} -m http.server {port} --bind 127.0.0.1\n")
+    run = Path(deploy_root) / "shared" / "run"
+    logs = Path(deploy_root) / "shared" / "logs"
+    (rel / "launch.sh").write_text(f"""#!/usr/bin/env bash
+mkdir -p {run} {logs}
+case "$1" in
+  start) cd {rel}
+         setsid {sys.executable} -m http.server {port} --bind 127.0.0.1 </dev/null >>{logs}/runtime.log 2>&1 &
+         echo $! > {run}/runtime.pid; echo $! ;;
+  stop) pid=$(cat {run}/runtime.pid 2>/dev/null) && kill -TERM -- "-$pid" 2>/dev/null; rm -f {run}/runtime.pid ;;
+esac
+""")
     cur = Path(deploy_root) / "current"
     if cur.is_symlink():
         cur.unlink()
