@@ -79,7 +79,7 @@ def test_p99_with_concurrency_full_queue_max_num_seqs_from_the_plan(rt):
     # each decode step slowed by 40 ms so that the queue is still there when the runbook looks
     cfg = rt.start(kv_cache_memory="256KiB", max_num_seqs=8, fault="token_delay_ms=40")
     prompt = " ".join(["hello"] * 30)  # 90 tokens; + 150 = 240 <= max_model_len 256
-    threads = _load(rt.port, 8, prompt=prompt, max_tokens=150, ignore_eos=True)
+    threads = _load(rt.port, 16, prompt=prompt, max_tokens=150, ignore_eos=True)
     assert wait_until(lambda: _metric(rt.port, "deployctl_runtime_num_requests_waiting") > 0, 30)
 
     r = cli("runbook", "run", "p99-concurrency", "-c", str(cfg), "--yes")
