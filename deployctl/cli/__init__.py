@@ -12,6 +12,7 @@ from deployctl.cli import runbook as _runbook  # noqa: F401  (registers runbook 
 from deployctl.cli import hosts as _hosts  # noqa: F401  (registers hosts trust, hosts check)
 from deployctl.cli import render as _render  # noqa: F401  (registers render)
 from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)
+from deployctl.cli import bench as _bench  # noqa: F401  (registers bench)
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ class ServerProcess:
     """`python -m deployctl_runtime serve ... --port 0` in a subprocess; stderr is collected in `log`."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, key: str | None = None):
-        full_env = {**os.environ, **(env or {})}
+        # one intra-op thread: on a shared 2-core CI box, torch's spinning OpenMP threads cost 10-20x CPU per step
+        full_env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RUNTIME_DIR), full_env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "deployctl_runtime", "serve", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)

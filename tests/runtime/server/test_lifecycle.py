@@ -28,7 +28,6 @@ def test_c10_port_answers_at_once_and_ready_only_after_warm_up(tiny_model, start
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         while time.monotonic() < deadline and len(after_ready) < 5:
             health, ready, models = c.get("/healthz"), c.get("/readyz"), c.get("/v1/models")
-            log_before = srv.log
             comp = c.post("/v1/completions", json=ONE_TOKEN)
             assert health.status_code == 200  # liveness from the first moment the port answers
             if ready.status_code == 503 and ready_at is None:
@@ -42,14 +41,15 @@ def test_c10_port_answers_at_once_and_ready_only_after_warm_up(tiny_model, start
                 assert ready.status_code == 200 and ready.json()["status"] == "ready"
                 if ready_at is None:
                     ready_at = time.monotonic()
-                    assert "warm-up" in log_before  # the first 200 comes after the warm-up log line
                 after_ready.append(comp)
             time.sleep(0.2)
     assert seen_loading >= 5, "the port should answer during the (injected) 3 s load"
     assert ready_at is not None, srv.log
     assert [r.status_code for r in after_ready] == [200] * 5  # no inference fails after ready
     assert all(r.json()["usage"]["completion_tokens"] == 1 for r in after_ready)
-    assert "KV cache" in srv.log and "max concurrency" in srv.log
+    log = srv.log  # the engine logs the KV pool and the warm-up before the server declares itself ready
+    assert log.index("KV cache") < log.index("warm-up") < log.index("ready: serving model")
+    assert "max concurrency" in log
 
 
 def test_fail_start_exits_non_zero_with_a_clear_line(tiny_model, start_server):
@@ -128,14 +128,17 @@ def _stream_lines(url: str, body: dict, out: list, started: threading.Event) -> 
 
 
 def test_request_timeout_then_sigterm_drain(tiny_model, start_server):
-    srv = start_server(["--model", str(tiny_model), "--max-model-len", "512", "--kv-cache-memory", "8MiB",
-                        "--request-timeout-s", "3", "--drain-timeout-s", "20"],
+    srv = start_server(["--model", str(tiny_model), "--max-model-len", "2048", "--kv-cache-memory", "8MiB",
+                        "--request-timeout-s", "5", "--drain-timeout-s", "20"],
                        env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"})
-    long = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True}
-    r = httpx.post(srv.url + "/v1/completions", json=long, timeout=30)
-    assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+    long = {"prompt": "hello", "max_tokens": 1000, "ignore_eos": True}
     lines: list = []
-    _stream_lines(srv.url, {**long, "stream": True}, lines, threading.Event())
+    stream = threading.Thread(target=_stream_lines, args=(srv.url, {**long, "stream": True}, lines,
+                                                          threading.Event()))
+    stream.start()  # streaming and non-streaming time out side by side
+    r = httpx.post(srv.url + "/v1/completions", json=long, timeout=30)
+    stream.join(30)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
     assert lines[0] == 200 and lines[-1] == "data: [DONE]"
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "error"
     assert json.loads(lines[-2][6:])["error"]["code"] == "request_timeout"
@@ -147,13 +150,16 @@ def test_request_timeout_then_sigterm_drain(tiny_model, start_server):
     # SIGTERM with a request in flight: readyz 503 at once, new requests 503, the in-flight one finishes, exit 0
     inflight: list = []
     started = threading.Event()
-    t = threading.Thread(target=_stream_lines, args=(srv.url, {"prompt": "hi", "max_tokens": 20, "stream": True,
+    t = threading.Thread(target=_stream_lines, args=(srv.url, {"prompt": "hi", "max_tokens": 60, "stream": True,
                                                                "ignore_eos": True}, inflight, started))
     t.start()
     assert started.wait(30)
     srv.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 2
     ready = httpx.get(srv.url + "/readyz", timeout=5)
+    while ready.status_code == 200 and time.monotonic() < deadline:  # until the signal has been handled
+        time.sleep(0.02)
+        ready = httpx.get(srv.url + "/readyz", timeout=5)
     assert ready.status_code == 503 and ready.json()["status"] == "draining"
     new = httpx.post(srv.url + "/v1/completions", json=ONE_TOKEN, timeout=5)
     assert new.status_code == 503 and new.headers["retry-after"] and new.json()["error"]["code"] == "draining"
@@ -162,3 +168,23 @@ def test_request_timeout_then_sigterm_drain(tiny_model, start_server):
     assert json.loads(inflight[-2][6:])["choices"][0]["finish_reason"] == "length", inflight[-3:]
     assert srv.proc.wait(30) == 0
     assert "drain complete" in srv.log
+
+
+def test_drain_timeout_cuts_off_long_requests_and_exits_0(tiny_model, start_server):
+    srv = start_server(["--model", str(tiny_model), "--max-model-len", "2048", "--kv-cache-memory", "8MiB",
+                        "--drain-timeout-s", "1"], env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"})
+    lines: list = []
+    started = threading.Event()
+    t = threading.Thread(target=_stream_lines, args=(srv.url, {"prompt": "hi", "max_tokens": 1900, "stream": True,
+                                                               "ignore_eos": True}, lines, started), daemon=True)
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0
+    assert time.monotonic() - t0 < 1 + 3 + 5  # drain timeout + uvicorn's graceful close + slack
+    assert "drain timeout" in srv.log
+    t.join(10)
+    assert not t.is_alive()  # the client is not left hanging: its stream ends well-formed
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "abort"
