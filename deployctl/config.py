@@ -93,6 +93,8 @@ class HostConfig(_Frozen):
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0)
+    # The runtime's port on this host when it differs from server.port (several hosts on one machine).
+    server_port: Optional[int] = Field(None, ge=1, le=65535)
 
     @property
     def is_local(self) -> bool:
@@ -115,6 +117,9 @@ class AnalysisConfig(_Frozen):
     max_error_rate: float = Field(0.01, ge=0, le=1)
     max_p99_ttft_ratio: float = Field(2.0, gt=0)
     max_p99_tpot_ratio: float = Field(2.0, gt=0)
+    # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
+    # the difference is bucket resolution and noise).
+    min_p99_delta_s: float = Field(0.01, ge=0)
 
 
 class RolloutConfig(_Frozen):

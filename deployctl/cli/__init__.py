@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
+from deployctl.cli import rollout as _rollout  # noqa: F401  (deploy, promote, abort, rollback, status, history)
 
 
 def main() -> None:

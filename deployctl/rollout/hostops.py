@@ -1,0 +1,49 @@
+"""Operations on one host that deploy, abort and rollback share, and running them on several hosts at once."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+from deployctl.config import DeployConfig
+from deployctl.rollout import launcher, release
+from deployctl.rollout.verify import Verified, verify
+
+VERIFY_TIMEOUT_S = float(os.environ.get("DEPLOYCTL_VERIFY_TIMEOUT_S", 300))
+
+
+def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
+             on_switch: Optional[Callable[[str], None]] = None) -> Verified:
+    """Make ``release_id`` run on ``host``: switch ``current``, install its wheel, stop the old runtime (drain),
+    start the new one, verify (ready + sample inference, release header checked). Raises RemoteError (4) or
+    HealthError (5); ``should_stop`` may raise to interrupt the wait for readiness."""
+    release.switch_current(host, release_id)
+    if on_switch:
+        on_switch(host.name)
+    release.install(host, release_id)
+    launcher.stop(host, cfg)
+    launcher.start(host, cfg)
+    return verify(host, cfg, timeout=VERIFY_TIMEOUT_S, expect_release=release_id, should_stop=should_stop)
+
+
+def on_hosts(hosts: list, fn) -> tuple[dict, dict]:
+    """Run ``fn(host)`` on every host in parallel. Returns ({name: value}, {name: error})."""
+    from deployctl.hosts import run_on_hosts
+
+    if not hosts:
+        return {}, {}
+    outcomes = run_on_hosts(hosts, fn)
+    ok = {o.host: o.value for o in outcomes if o.error is None}
+    bad = {o.host: o.error for o in outcomes if o.error is not None}
+    return ok, bad
+
+
+def sleep_checking(seconds: float, check: Callable[[], None], tick: float = 0.25) -> None:
+    """Sleep ``seconds`` while calling ``check()`` every ``tick`` seconds (it raises to interrupt)."""
+    end = time.monotonic() + seconds
+    while True:
+        check()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(tick, left))
