@@ -103,7 +103,10 @@ class HostConfig(_Frozen):
 
 class RouterConfig(_Frozen):
     kind: Literal["nginx"] = "nginx"
-    host: str = "local"  # a host name from hosts:, or "local"
+    host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
+    user: Optional[str] = None  # SSH settings when host is an address, not a name from hosts:
+    port: int = Field(22, ge=1, le=65535)
+    ssh_key: Optional[str] = None
     listen: int = Field(80, ge=1, le=65535)
     upstream_conf: str
     nginx_conf: Optional[str] = None  # main nginx.conf for `nginx -t -c`; default: nginx's own
@@ -152,14 +155,24 @@ class DeployConfig(_Frozen):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"hosts: duplicate host name {dup[0]!r}; give every host a unique name")
-        if self.router and self.router.host != "local" and self.router.host not in names:
-            raise ValueError(f"router.host {self.router.host!r} is not a host name ({', '.join(names)}) nor 'local'")
         if not self.server.is_loopback and not self.server.api_key_env:
             raise ValueError(
                 f"server.bind {self.server.bind} is not loopback and server.api_key_env is not set; "
                 "set server.api_key_env or bind 127.0.0.1"
             )
         return self
+
+    def router_host(self) -> Optional[HostConfig]:
+        """The host nginx runs on, as a HostConfig (a hosts: entry, local, or the router's own address)."""
+        if self.router is None:
+            return None
+        for h in self.hosts:
+            if h.name == self.router.host:
+                return h
+        address = "local" if self.router.host == "local" else self.router.host
+        return HostConfig(name=f"router-{self.router.host}" if address != "local" else "router", address=address,
+                          user=self.router.user, port=self.router.port, ssh_key=self.router.ssh_key,
+                          deploy_root=self.hosts[0].deploy_root)
 
     def host(self, name: str) -> HostConfig:
         for h in self.hosts:

@@ -56,13 +56,8 @@ def plan(
     from deployctl.sizing import override_engine, size_plan
     from deployctl.units import parse_bytes
 
-    if model_config is None or config.exists():
-        if model_config is not None and not config.exists():
-            cfg = None
-        else:
-            cfg = load_config(config)
-    else:
-        cfg = None
+    # --model-config alone plans without deploy.yaml; with both, deploy.yaml's engine settings apply.
+    cfg = load_config(config) if (model_config is None or config.exists()) else None
     engine = cfg.engine if cfg else EngineConfig()
     engine = override_engine(engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
@@ -73,7 +68,10 @@ def plan(
         raise ConfigError(f"--gpu-memory: {exc}") from None
     if gpu_bytes is not None and gpu_bytes <= 0:
         raise ConfigError(f"--gpu-memory must be positive, got {gpu_memory!r}")
-    model_dir = Path(cfg.model.path) if cfg else None
+    if model_config is not None:
+        model_dir = model_config if model_config.is_dir() else model_config.parent
+    else:
+        model_dir = Path(cfg.model.path)
     sized = size_plan(engine, model_dir, model_config=model_config, dtype=dtype or (cfg.model.dtype if cfg else "auto"),
                       gpu_memory=gpu_bytes)
     p = sized.plan
