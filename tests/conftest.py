@@ -1,6 +1,6 @@
 """Suite-wide fixtures and the `gpu` marker's skip rule.
 
-Fleet fixtures (real sshd, real nginx) live in tests/fleet.py and are imported here so that every
+Fleet fixtures (real sshd, real nginx) live in tests/fleet_*.py and are imported here so that every
 test directory can use them.
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"

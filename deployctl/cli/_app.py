@@ -49,7 +49,9 @@ def print_json(document: Any) -> None:
 def fail(err: DeployctlError) -> typer.Exit:
     """Print ``err`` as one line on stderr and return the typer.Exit carrying its code."""
     err_console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
-    return typer.Exit(err.exit_code)
+    # The class attribute: host errors (deployctl.hosts) use the instance's .exit_code for the remote
+    # command's exit status, as INTERFACES.md says; the process exit code is the class's.
+    return typer.Exit(type(err).exit_code)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

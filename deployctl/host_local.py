@@ -1,0 +1,121 @@
+"""The transport for ``address: local``: bash in a new process group via subprocess, files via os.
+
+A command that outlives its timeout gets SIGTERM on its whole process group, then SIGKILL 0.5 s later.
+env values go in the child's environment (never on its command line).
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from deployctl.hosts import CommandTimeout, RemoteCommandError, RunResult, short_command, tail
+
+KILL_GRACE_S = 0.5
+
+
+class LocalTransport:
+    """Runs on this machine. ``host`` is the deploy.yaml name used in results and errors."""
+
+    def __init__(self, host: str):
+        self.host = host
+
+    def login_user(self) -> str:
+        return "root" if os.geteuid() == 0 else getpass.getuser()
+
+    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None) -> RunResult:
+        child_env = dict(os.environ, **env) if env else None
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            ["/bin/bash", "-c", command], stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, start_new_session=True)
+        try:
+            out, err = proc.communicate(input.encode() if input is not None else None, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = self._kill_group(proc)
+            raise CommandTimeout(
+                f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and was killed",
+                host=self.host, command=command, exit_code=None, stderr_tail=tail(err),
+                fix="raise the step's timeout or find out why it hangs") from None
+        return RunResult(self.host, command, proc.returncode, out.decode(errors="replace"),
+                         err.decode(errors="replace"), time.monotonic() - start)
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen) -> tuple[str, str]:
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 1.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                out, err = proc.communicate(timeout=grace)
+                return out.decode(errors="replace"), err.decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                continue
+        # A descendant that left the group still holds our pipes: stop waiting for them.
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+        proc.wait(timeout=1)
+        return "", ""
+
+    # -- files ------------------------------------------------------------------------------------
+    def write_bytes(self, remote: str, data: bytes, *, mode: int | None, timeout: float) -> None:
+        target = Path(remote)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # 0600
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.chmod(tmp, 0o644 if mode is None else mode)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise self._file_error("write", remote, exc) from None
+
+    def put_file(self, local: Path, remote: str, *, mode: int | None, timeout: float) -> None:
+        target = Path(remote)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            os.close(fd)
+            try:
+                shutil.copyfile(local, tmp)
+                os.chmod(tmp, (local.stat().st_mode & 0o777) if mode is None else mode)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise self._file_error("put", remote, exc) from None
+
+    def get_file(self, remote: str, local: Path, *, timeout: float) -> None:
+        try:
+            shutil.copyfile(remote, local)
+        except OSError as exc:
+            raise self._file_error("get", remote, exc) from None
+
+    def read_bytes(self, remote: str, *, timeout: float) -> bytes:
+        try:
+            return Path(remote).read_bytes()
+        except OSError as exc:
+            raise self._file_error("read", remote, exc) from None
+
+    def exists(self, remote: str, *, timeout: float) -> bool:
+        return os.path.exists(remote)
+
+    def close(self) -> None:
+        pass
+
+    def _file_error(self, verb: str, path: str, exc: OSError) -> RemoteCommandError:
+        return RemoteCommandError(f"cannot {verb} {path} on {self.host}: {exc.strerror or exc}",
+                                  host=self.host, command=f"{verb} {path}", stderr_tail=str(exc))
+

@@ -1,0 +1,280 @@
+"""The SSH transport: Fabric's Connection with host keys enforced, commands bounded on both ends.
+
+- Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
+  first connect (deployctl/hostkeys.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or
+  HostKeyChanged, each one line naming the host.
+- Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
+  T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
+- env values are written over SFTP to a 0600 temp file that the command sources and deletes.
+- Files move over SFTP, atomically (temp name in the same directory, then posix rename).
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import posixpath
+import secrets
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+from invoke.exceptions import CommandTimedOut, ThreadException
+
+from deployctl import hostkeys
+from deployctl.hosts import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
+                             HostUnreachable, RemoteCommandError, RunResult, short_command, tail)
+
+REMOTE_KILL_AFTER_S = 1.0
+CLIENT_GRACE_S = 1.5
+
+
+class SSHTransport:
+    """One host over SSH. Opens lazily, reopens after the connection drops."""
+
+    def __init__(self, cfg, *, known_hosts: Path | None = None):
+        self.cfg = cfg
+        self.host = cfg.name
+        self._extra_known_hosts = known_hosts
+        self._conn: Connection | None = None
+        self._lock = threading.RLock()
+
+    # -- connection -------------------------------------------------------------------------------
+    def _new_connection(self) -> Connection:
+        cfg = self.cfg
+        t = float(cfg.connect_timeout_s)
+        kwargs = {"banner_timeout": t, "auth_timeout": t, "channel_timeout": t}
+        if cfg.ssh_key:
+            key = os.path.expanduser(cfg.ssh_key)
+            if not os.path.isfile(key):
+                raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
+                                 host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
+            kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
+        port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
+        conn = Connection(host=cfg.address, user=cfg.user, port=port,
+                          connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        user_files = conn.ssh_config.get("userknownhostsfile")
+        if isinstance(user_files, str):
+            user_files = user_files.split()
+        hostkeys.secure_client(conn.client, user_files=user_files, extra=self._extra_known_hosts)
+        return conn
+
+    def connection(self) -> Connection:
+        """The open Connection; connects first if needed. Raises the connect errors of the module doc."""
+        with self._lock:
+            if self._conn is not None and self._conn.is_connected:
+                return self._conn
+            self._drop()
+            conn = self._new_connection()
+            try:
+                conn.open()
+            except Exception as exc:
+                conn.close()
+                raise self._connect_error(conn, exc) from None
+            self._conn = conn
+            return conn
+
+    def _connect_error(self, conn: Connection, exc: Exception) -> HostError:
+        name, where = self.host, f"{conn.host}:{conn.port}"
+        if isinstance(exc, HostError):
+            return exc
+        if isinstance(exc, hostkeys.UnknownHostKeyRejected):
+            fp = hostkeys.fingerprint(exc.key)
+            return HostKeyUnknown(
+                f"host key of {name} ({exc.hostname}) is not trusted: {exc.key.get_name()} {fp}",
+                host=name, fingerprint=fp,
+                fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`")
+        if isinstance(exc, paramiko.BadHostKeyException):
+            fp, old = hostkeys.fingerprint(exc.key), hostkeys.fingerprint(exc.expected_key)
+            kh = hostkeys.known_hosts_name(conn.host, conn.port)
+            return HostKeyChanged(
+                f"host key changed for {name} ({kh}): offered {fp}, known_hosts has {old}",
+                host=name, fingerprint=fp, expected=old,
+                fix=f"refusing to connect; if {name} was reinstalled, verify the new key and run "
+                    f"`deployctl hosts trust {name} --replace`")
+        if isinstance(exc, paramiko.AuthenticationException):
+            key = self.cfg.ssh_key or "ssh agent / ~/.ssh keys"
+            return AuthFailed(
+                f"{name} ({where}) refused login as user {conn.user!r} with key {key}",
+                host=name, fix="check hosts[].user and hosts[].ssh_key, and that the key is in that "
+                               "user's authorized_keys")
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+            reason = "connection refused"
+        elif isinstance(exc, socket.gaierror):
+            reason = f"cannot resolve {conn.host!r}"
+        elif isinstance(exc, (socket.timeout, TimeoutError)):
+            reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
+        else:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+        return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=name,
+                               fix="check that the host is up, sshd runs, and hosts[].address/port are right")
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # closing a dead connection must not mask the real error
+                pass
+            self._conn = None
+
+    def _lost(self, exc: BaseException, command: str) -> HostUnreachable:
+        with self._lock:
+            self._drop()
+        return HostUnreachable(f"lost the SSH connection to {self.host} during `{short_command(command)}`: "
+                               f"{' '.join(str(exc).split()) or type(exc).__name__}", host=self.host,
+                               command=command)
+
+    def login_user(self) -> str:
+        return self._conn.user if self._conn else Connection(
+            host=self.cfg.address, user=self.cfg.user).user
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- commands ---------------------------------------------------------------------------------
+    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None) -> RunResult:
+        conn = self.connection()
+        script = command
+        if env:
+            env_path = f"/tmp/.deployctl-env-{secrets.token_hex(8)}"
+            body = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
+            self.write_bytes(env_path, body.encode(), mode=0o600, timeout=timeout)
+            q = shlex.quote(env_path)
+            script = f". {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{command}"
+        wrapped = (f"exec timeout -k {REMOTE_KILL_AFTER_S:g} {max(timeout, 0.001):.3f}s "
+                   f"/bin/bash -c {shlex.quote(script)}")
+        start = time.monotonic()
+        try:
+            res = conn.run(wrapped, hide=True, warn=True, pty=False, echo=False,
+                           in_stream=io.StringIO(input or ""), timeout=timeout + CLIENT_GRACE_S)
+        except CommandTimedOut as exc:
+            raise self._timeout(command, timeout, exc.result.stderr) from None
+        except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
+            raise self._lost(exc, command) from None
+        duration = time.monotonic() - start
+        if res.exited in (124, 137) and duration >= timeout - 0.05:
+            raise self._timeout(command, timeout, res.stderr)
+        if res.exited == -1 or not conn.is_connected:
+            raise self._lost(EOFError("channel closed without an exit status"), command)
+        return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
+
+    def _timeout(self, command: str, timeout: float, stderr: str) -> CommandTimeout:
+        return CommandTimeout(f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and "
+                              "was killed", host=self.host, command=command, stderr_tail=tail(stderr),
+                              fix="raise the step's timeout or find out why it hangs")
+
+    # -- files ------------------------------------------------------------------------------------
+    def _sftp(self, timeout: float) -> paramiko.SFTPClient:
+        sftp = self.connection().sftp()
+        sftp.get_channel().settimeout(timeout)
+        return sftp
+
+    def _file_op(self, verb: str, path: str, timeout: float, fn):
+        with self._lock:
+            try:
+                return fn(self._sftp(timeout))
+            except HostError:
+                raise
+            except (socket.timeout, TimeoutError):
+                raise CommandTimeout(f"{verb} {path} on {self.host} timed out after {timeout:g} s",
+                                     host=self.host, command=f"{verb} {path}") from None
+            except OSError as exc:
+                if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError)):
+                    raise self._lost(exc, f"{verb} {path}") from None
+                raise RemoteCommandError(f"cannot {verb} {path} on {self.host}: {exc.strerror or exc}",
+                                         host=self.host, command=f"{verb} {path}", stderr_tail=str(exc)) from None
+            except (EOFError, paramiko.SSHException) as exc:
+                raise self._lost(exc, f"{verb} {path}") from None
+
+    def _mkdirs(self, sftp: paramiko.SFTPClient, path: str) -> None:
+        if path in ("", "/", "."):
+            return
+        try:
+            sftp.stat(path)
+            return
+        except FileNotFoundError:
+            pass
+        self._mkdirs(sftp, posixpath.dirname(path))
+        try:
+            sftp.mkdir(path)
+        except OSError:
+            sftp.stat(path)  # created meanwhile is fine; anything else raises
+
+    def write_bytes(self, remote: str, data: bytes, *, mode: int | None, timeout: float) -> None:
+        def op(sftp):
+            parent, base = posixpath.split(remote)
+            self._mkdirs(sftp, parent)
+            tmp = posixpath.join(parent, f".{base}.tmp-{secrets.token_hex(4)}")
+            try:
+                with sftp.open(tmp, "wb") as fh:
+                    sftp.chmod(tmp, 0o600)  # before any byte is written
+                    fh.write(data)
+                sftp.chmod(tmp, 0o644 if mode is None else mode)
+                sftp.posix_rename(tmp, remote)
+            except BaseException:
+                _quiet_remove(sftp, tmp)
+                raise
+
+        self._file_op("write", remote, timeout, op)
+
+    def put_file(self, local: Path, remote: str, *, mode: int | None, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+
+        def progress(_done: int, _total: int) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"put took longer than {timeout:g} s")
+
+        def op(sftp):
+            parent, base = posixpath.split(remote)
+            self._mkdirs(sftp, parent)
+            tmp = posixpath.join(parent, f".{base}.tmp-{secrets.token_hex(4)}")
+            try:
+                with sftp.open(tmp, "wb"):
+                    sftp.chmod(tmp, 0o600)
+                sftp.put(str(local), tmp, callback=progress, confirm=True)
+                sftp.chmod(tmp, (local.stat().st_mode & 0o777) if mode is None else mode)
+                sftp.posix_rename(tmp, remote)
+            except BaseException:
+                _quiet_remove(sftp, tmp)
+                raise
+
+        self._file_op("put", remote, timeout, op)
+
+    def get_file(self, remote: str, local: Path, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+
+        def progress(_done: int, _total: int) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"get took longer than {timeout:g} s")
+
+        self._file_op("get", remote, timeout, lambda sftp: sftp.get(remote, str(local), callback=progress))
+
+    def read_bytes(self, remote: str, *, timeout: float) -> bytes:
+        def op(sftp):
+            with sftp.open(remote, "rb") as fh:
+                fh.prefetch()
+                return fh.read()
+
+        return self._file_op("read", remote, timeout, op)
+
+    def exists(self, remote: str, *, timeout: float) -> bool:
+        def op(sftp):
+            try:
+                sftp.stat(remote)
+                return True
+            except FileNotFoundError:
+                return False
+
+        return self._file_op("stat", remote, timeout, op)
+
+
+def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except Exception:  # the temp file may not exist; the original error matters
+        pass

@@ -1,0 +1,125 @@
+"""SSH host-key trust: known_hosts files, a reject policy, fingerprints, and recording a trusted key.
+
+Fabric 3's ``Connection`` sets paramiko's ``AutoAddPolicy`` and loads no known_hosts (fabric/fabric#2071,
+case C19). ``secure_client`` undoes that: it loads the system, user and deployctl-managed known_hosts files
+and installs ``RejectUnknownPolicy`` (a paramiko ``RejectPolicy`` that keeps the offered key, so the error
+can show its SHA256 fingerprint). A changed key is refused by paramiko itself (``BadHostKeyException``).
+Non-standard ports are looked up as ``[host]:port``, as OpenSSH writes them.
+
+Only this module and deployctl/hosts.py (with its transports) import paramiko.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+from pathlib import Path
+
+import paramiko
+
+from deployctl.hosts import known_hosts_path
+
+SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key: "SHA256:" + unpadded base64 of sha256(key blob)."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    """The name a host is filed under in known_hosts: ``host`` on port 22, else ``[host]:port``."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+class UnknownHostKeyRejected(paramiko.SSHException):
+    """Raised by RejectUnknownPolicy; carries the known_hosts name and the offered key."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.key = key
+
+
+class RejectUnknownPolicy(paramiko.RejectPolicy):
+    """paramiko's RejectPolicy, raising an exception that keeps the offered key for the message."""
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 (paramiko's signature)
+        raise UnknownHostKeyRejected(hostname, key)
+
+
+def known_hosts_files(user_files: list[str] | None = None) -> list[Path]:
+    """Files read, in order: system, user (ssh_config's UserKnownHostsFile if given), deployctl-managed."""
+    users = user_files if user_files else list(USER_KNOWN_HOSTS)
+    paths = [Path(p) for p in SYSTEM_KNOWN_HOSTS] + [Path(p).expanduser() for p in users]
+    paths.append(known_hosts_path())
+    return paths
+
+
+def secure_client(client: paramiko.SSHClient, *, user_files: list[str] | None = None,
+                  extra: Path | None = None) -> None:
+    """Load known_hosts into ``client`` and set RejectUnknownPolicy. Unreadable files are skipped."""
+    files = known_hosts_files(user_files)
+    if extra is not None:
+        files.append(Path(extra))
+    for path in files:
+        if path.is_file():
+            try:
+                client.load_system_host_keys(str(path))
+            except (OSError, paramiko.SSHException):
+                continue
+    client.set_missing_host_key_policy(RejectUnknownPolicy())
+
+
+def fetch_host_key(hostname: str, port: int, *, timeout: float = 10) -> paramiko.PKey:
+    """Connect to ``hostname:port``, run the SSH key exchange only (no authentication) and return the
+    server's host key. Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
+    sock = socket.create_connection((hostname, port), timeout=timeout)
+    transport = paramiko.Transport(sock)
+    transport.banner_timeout = timeout
+    try:
+        transport.start_client(timeout=timeout)
+        return transport.get_remote_server_key()
+    finally:
+        transport.close()
+
+
+def lookup(hostname: str, port: int, *, user_files: list[str] | None = None,
+           extra: Path | None = None) -> dict[str, paramiko.PKey]:
+    """Keys already trusted for ``hostname:port`` across all known_hosts files (key type -> key)."""
+    keys = paramiko.HostKeys()
+    files = known_hosts_files(user_files) + ([Path(extra)] if extra else [])
+    for path in files:
+        if path.is_file():
+            try:
+                keys.load(str(path))
+            except (OSError, paramiko.SSHException):
+                continue
+    found = keys.lookup(known_hosts_name(hostname, port))
+    return {name: found[name] for name in (found.keys() if found else [])}
+
+
+def record_host_key(hostname: str, port: int, key: paramiko.PKey, *, path: Path | None = None,
+                    replace: bool = False) -> Path:
+    """Append ``key`` for ``hostname:port`` to the deployctl-managed known_hosts (mode 0600).
+    With ``replace``, earlier entries for that name in that file are dropped first. Returns the path."""
+    target = Path(path) if path else known_hosts_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    name = known_hosts_name(hostname, port)
+    lines: list[str] = []
+    if target.exists():
+        for line in target.read_text().splitlines():
+            names = line.split(" ", 1)[0].split(",") if line and not line.startswith("#") else []
+            if replace and name in names:
+                continue
+            lines.append(line)
+    lines.append(f"{name} {key.get_name()} {key.get_base64()}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,297 @@
+"""Run commands and move files on a host, locally (``address: local``) or over SSH with Fabric.
+
+Every operation has a timeout and either returns a dataclass or raises a ``RemoteError`` subclass (exit 4)
+that names the host and carries the command, exit code and the tail of stderr. Guarantees (cases C18, C19):
+- commands given as argv lists are shlex-quoted; a string is a command line the caller already quoted;
+- a command that outlives its timeout is killed with its process group (on the remote side as well) and
+  reported as ``CommandTimeout`` within timeout + 2 s;
+- env values never appear on a command line: locally they go in the child's environment, over SSH in a
+  0600 temp file that the command sources and deletes;
+- ``sudo`` runs ``sudo -n`` unless ``sudo_password_env`` names a password source (sent on stdin);
+- SSH host keys: unknown keys are refused with their SHA256 fingerprint, changed keys always
+  (deployctl/hostkeys.py);
+- ``start_background`` detaches fully (setsid, stdin from /dev/null, output appended to a log file).
+
+Transports: deployctl/host_local.py (subprocess) and deployctl/host_ssh.py (the only fabric import).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar, Union
+
+from deployctl.errors import RemoteError
+
+if TYPE_CHECKING:
+    from deployctl.config import HostConfig
+
+T = TypeVar("T")
+Argv = Union[list, str]
+TAIL_CHARS = 800
+
+
+def known_hosts_path() -> Path:
+    """The deployctl-managed known_hosts file: $DEPLOYCTL_KNOWN_HOSTS or ~/.config/deployctl/known_hosts."""
+    env = os.environ.get("DEPLOYCTL_KNOWN_HOSTS")
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.config/deployctl/known_hosts").expanduser()
+
+
+def tail(text: str, limit: int = TAIL_CHARS) -> str:
+    """The last ``limit`` characters of ``text``, stripped."""
+    text = (text or "").strip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def command_line(argv: Argv) -> str:
+    """A shell command line: a list is shlex-quoted word by word; a string is taken as already quoted."""
+    if isinstance(argv, str):
+        return argv
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished command. ``duration_s`` is wall-clock seconds as seen by deployctl."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+class HostError(RemoteError):
+    """Base of every host error: carries host, command, exit_code (None if it never ran) and stderr_tail."""
+
+    def __init__(self, message: str, *, host: str, command: str | None = None, exit_code: int | None = None,
+                 stderr_tail: str = "", fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.host = host
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+
+
+class RemoteCommandError(HostError):
+    """A command exited non-zero with check=True."""
+
+
+class CommandTimeout(HostError):
+    """A command outlived its timeout and was killed."""
+
+
+class HostUnreachable(HostError):
+    """The host could not be reached: connection refused, DNS, timeout, or the connection was lost."""
+
+
+class AuthFailed(HostError):
+    """SSH authentication failed: wrong user or wrong key."""
+
+
+class HostKeyUnknown(HostError):
+    """The host offered a key that no known_hosts file holds. ``fingerprint`` is "SHA256:..."."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str, **kw):
+        super().__init__(message, host=host, **kw)
+        self.fingerprint = fingerprint
+
+
+class HostKeyChanged(HostError):
+    """The host offered a key different from the one in known_hosts; never accepted mid-rollout."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str, expected: str, **kw):
+        super().__init__(message, host=host, **kw)
+        self.fingerprint = fingerprint
+        self.expected = expected
+
+
+class SudoPasswordRequired(HostError):
+    """sudo asked for a password and no password source is configured (or it was refused)."""
+
+
+class Host:
+    """One host from deploy.yaml. Thread-safe enough for one thread per host (run_on_hosts); the SSH
+    connection opens on first use and reopens after it drops."""
+
+    def __init__(self, config: "HostConfig", transport):
+        self.config = config
+        self.name: str = config.name
+        self.is_local: bool = config.address == "local"
+        self._transport = transport
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cfg: "HostConfig", *, known_hosts: Path | None = None) -> "Host":
+        """A Host for ``cfg``. ``known_hosts``: an extra known_hosts file read after the usual ones."""
+        if cfg.address == "local":
+            from deployctl.host_local import LocalTransport
+
+            return cls(cfg, LocalTransport(cfg.name))
+        from deployctl.host_ssh import SSHTransport
+
+        return cls(cfg, SSHTransport(cfg, known_hosts=known_hosts))
+
+    def __repr__(self) -> str:
+        return f"Host({self.name!r}, {'local' if self.is_local else self.config.address})"
+
+    # -- commands ---------------------------------------------------------------------------------
+    def run(self, argv: Argv, *, timeout: float = 60, check: bool = True, input: str | None = None,
+            env: dict[str, str] | None = None) -> RunResult:
+        """Run ``argv`` (list: quoted; str: a command line) with ``timeout`` seconds. Raises
+        CommandTimeout, RemoteCommandError (non-zero exit and check), HostUnreachable, AuthFailed,
+        HostKeyUnknown, HostKeyChanged."""
+        cmd = command_line(argv)
+        if env:
+            for key in env:
+                if not key.isidentifier():
+                    raise RemoteCommandError(f"env name {key!r} for {self.name} is not a shell identifier",
+                                             host=self.name, command=cmd)
+        result = self._transport.exec(cmd, timeout=timeout, input=input, env=env)
+        if check and result.exit_code != 0:
+            raise RemoteCommandError(
+                f"`{short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
+                f"{_one_line(result.stderr or result.stdout)}",
+                host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(result.stderr))
+        return result
+
+    def sudo(self, argv: Argv, *, timeout: float = 60, check: bool = True) -> RunResult:
+        """Run as root: directly when already root, else ``sudo -n``, or ``sudo -S`` with the password
+        read from $``sudo_password_env`` and sent on stdin. Raises SudoPasswordRequired when sudo wants
+        a password that is not configured or was refused."""
+        cmd = command_line(argv)
+        if self._transport.login_user() == "root":
+            return self.run(cmd, timeout=timeout, check=check)
+        inner = shlex.quote(cmd) if isinstance(argv, str) else None
+        target = f"/bin/sh -c {inner}" if inner else cmd
+        env_name = self.config.sudo_password_env
+        password: Optional[str] = None
+        if env_name:
+            password = os.environ.get(env_name)
+            if password is None:
+                raise SudoPasswordRequired(
+                    f"sudo on {self.name} requires a password, and ${env_name} (hosts[].sudo_password_env) "
+                    "is not set", host=self.name, command=cmd, fix=f"export {env_name} before running deployctl")
+            full = f"LC_ALL=C sudo -S -p '' -- {target}"
+        else:
+            full = f"LC_ALL=C sudo -n -- {target}"
+        result = self._transport.exec(full, timeout=timeout, input=(password + "\n") if password else None,
+                                      env=None)
+        err = result.stderr
+        if result.exit_code != 0 and ("a password is required" in err or "incorrect password" in err
+                                      or "no password was provided" in err or "Sorry, try again" in err):
+            how = f"${env_name} was refused" if password else "no password source is configured"
+            raise SudoPasswordRequired(
+                f"sudo on {self.name} requires a password ({how})", host=self.name, command=cmd,
+                exit_code=result.exit_code, stderr_tail=tail(err),
+                fix="set hosts[].sudo_password_env, or allow the command with NOPASSWD in sudoers")
+        if check and result.exit_code != 0:
+            raise RemoteCommandError(
+                f"`sudo {short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
+                f"{_one_line(err or result.stdout)}",
+                host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(err))
+        return result
+
+    def start_background(self, argv: list[str], *, log_file: str, pid_file: str | None = None,
+                         env_file: str | None = None, cwd: str | None = None, timeout: float = 30) -> int:
+        """Start ``argv`` detached (new session via setsid, stdin from /dev/null, stdout and stderr
+        appended to ``log_file``) and return its pid at once. ``env_file`` (KEY=value lines, e.g. a
+        0600 runtime.env) is sourced with ``set -a``; ``pid_file`` gets the pid."""
+        q = shlex.quote
+        lines = ["set -e"]
+        if cwd:
+            lines.append(f"cd -- {q(cwd)}")
+        lines.append(f"mkdir -p -- {q(os.path.dirname(log_file) or '.')}")
+        if env_file:
+            lines.append(f"set -a; . {q(env_file)}; set +a")
+        lines.append(f"setsid {command_line(argv)} </dev/null >>{q(log_file)} 2>&1 &")
+        lines.append("pid=$!")
+        if pid_file:
+            lines.append(f"mkdir -p -- {q(os.path.dirname(pid_file) or '.')}")
+            lines.append(f"echo \"$pid\" > {q(pid_file)}.tmp && mv -f -- {q(pid_file)}.tmp {q(pid_file)}")
+        lines.append('echo "$pid"')
+        result = self.run("\n".join(lines), timeout=timeout)
+        try:
+            return int(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteCommandError(f"starting `{short_command(command_line(argv))}` on {self.name} printed no pid",
+                                     host=self.name, command=result.command, stderr_tail=tail(result.stderr))
+
+    # -- files ------------------------------------------------------------------------------------
+    def put(self, local: Path, remote: str, *, mode: int | None = None, timeout: float = 300) -> None:
+        """Copy local file ``local`` to ``remote`` atomically (temp file + rename); parents created."""
+        self._transport.put_file(Path(local), remote, mode=mode, timeout=timeout)
+
+    def put_text(self, text: str, remote: str, *, mode: int | None = None, timeout: float = 60) -> None:
+        """Write ``text`` to ``remote`` atomically; the temp file is 0600 from creation, then ``mode``."""
+        self._transport.write_bytes(remote, text.encode(), mode=mode, timeout=timeout)
+
+    def get(self, remote: str, local: Path, *, timeout: float = 300) -> None:
+        """Copy ``remote`` to local file ``local``."""
+        self._transport.get_file(remote, Path(local), timeout=timeout)
+
+    def read_text(self, remote: str, *, timeout: float = 30) -> str:
+        """The content of ``remote`` as UTF-8. Raises RemoteCommandError if it cannot be read."""
+        return self._transport.read_bytes(remote, timeout=timeout).decode("utf-8", errors="replace")
+
+    def exists(self, remote: str, *, timeout: float = 30) -> bool:
+        """Whether ``remote`` exists (file, directory or symlink target)."""
+        return self._transport.exists(remote, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the SSH connection, if any. The Host reconnects on next use."""
+        self._transport.close()
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class HostOutcome(Generic[T]):
+    """One host's result in a group operation: ``value`` on success, else ``error``."""
+
+    host: str
+    value: Optional[T]
+    error: Optional[Exception]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int = 8) -> list[HostOutcome[T]]:
+    """Call ``fn(host)`` for every host in a bounded thread pool; one outcome per host, in input order.
+    Every host's error is kept (not only the first); BaseExceptions such as KeyboardInterrupt propagate."""
+    if not hosts:
+        return []
+
+    def one(host: Host) -> HostOutcome[T]:
+        try:
+            return HostOutcome(host.name, fn(host), None)
+        except Exception as exc:  # every host's outcome is reported, not only the first failure
+            return HostOutcome(host.name, None, exc)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts))),
+                            thread_name_prefix="deployctl-host") as pool:
+        return list(pool.map(one, hosts))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines else "(no output)"
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
+def short_command(cmd: str, limit: int = 120) -> str:
+    """``cmd`` on one line, cut to ``limit`` characters (for messages)."""
+    one = " ".join(cmd.split())
+    return one if len(one) <= limit else one[:limit] + "…"
