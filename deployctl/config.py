@@ -71,6 +71,9 @@ class ServerConfig(_Frozen):
     request_timeout_s: float = Field(120, gt=0)
     max_queued_requests: int = Field(256, gt=0)
     drain_timeout_s: float = Field(30, gt=0)
+    # Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s
+    # startup probe budget and the container healthcheck's start period.
+    startup_timeout_s: float = Field(600, gt=0)
     log_prompts: bool = False
 
     @property
@@ -93,8 +96,7 @@ class HostConfig(_Frozen):
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0)
-    # The runtime's port on this host when it differs from server.port (several hosts on one machine).
-    server_port: Optional[int] = Field(None, ge=1, le=65535)
+    server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
 
     @property
     def is_local(self) -> bool:
@@ -108,6 +110,7 @@ class RouterConfig(_Frozen):
     port: int = Field(22, ge=1, le=65535)
     ssh_key: Optional[str] = None
     listen: int = Field(80, ge=1, le=65535)
+    listen_address: Optional[str] = None  # e.g. 127.0.0.1; default: every address
     upstream_conf: str
     nginx_conf: Optional[str] = None  # main nginx.conf for `nginx -t -c`; default: nginx's own
     nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
@@ -123,6 +126,25 @@ class AnalysisConfig(_Frozen):
     # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
     # the difference is bucket resolution and noise).
     min_p99_delta_s: float = Field(0.01, ge=0)
+
+
+class SloConfig(_Frozen):
+    """Service-level objectives behind the rendered Prometheus alert rules (seconds, shares 0–1)."""
+
+    ttft_p99_s: float = Field(2.0, gt=0)  # P99 time to first token
+    tpot_p99_s: float = Field(0.1, gt=0)  # P99 time per output token after the first
+    max_error_rate: float = Field(0.01, gt=0, le=1)
+    max_kv_cache_usage: float = Field(0.85, gt=0, le=1)
+    max_rejected_length_share: float = Field(0.001, gt=0, le=1)
+    prometheus_job: Optional[str] = None  # the scrape job of the runtimes; default: service.name
+
+
+class ContainerConfig(_Frozen):
+    """Container and Kubernetes targets."""
+
+    image: Optional[str] = None  # default: deployctl/<service>:<release_id>
+    base_image: Optional[str] = None  # default: a CUDA runtime image on cuda, python slim on cpu
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class RolloutConfig(_Frozen):
@@ -148,6 +170,8 @@ class DeployConfig(_Frozen):
     hosts: list[HostConfig] = Field(min_length=1)
     router: Optional[RouterConfig] = None
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    slo: SloConfig = Field(default_factory=SloConfig)
+    container: ContainerConfig = Field(default_factory=ContainerConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "DeployConfig":

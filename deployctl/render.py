@@ -1,0 +1,289 @@
+"""Rendering of release files, router config and the other targets from templates/ (the only jinja2 import).
+
+Templates render with ``StrictUndefined``: a template that uses a name the context lacks fails with a
+``ConfigError`` (exit 3) naming the template, its line and the variable. Output is a pure function of the
+inputs (no clock, no host facts), so the same deploy.yaml and release id give the same bytes.
+
+``DEPLOYCTL_TEMPLATES`` may name a directory whose files override the shipped templates of the same name.
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import math
+import os
+import re
+import shlex
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from deployctl.errors import ConfigError
+
+if TYPE_CHECKING:  # pydantic models are imported lazily by callers
+    from deployctl.config import DeployConfig, HostConfig
+
+RESTART_SEC = 5  # systemd RestartSec / first launcher backoff: the old process must free the port and GPU memory
+START_LIMIT_BURST = 5  # starts within START_LIMIT_INTERVAL_S before systemd (and launch.sh) give up
+START_LIMIT_INTERVAL_S = 600
+GPU_WAIT_S = 120  # bounded wait for the GPU before start (cuda only)
+STOP_MARGIN_S = 15  # TimeoutStopSec = drain_timeout_s + this
+READ_TIMEOUT_MARGIN_S = 30  # nginx proxy_read_timeout = request_timeout_s + this
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:,=-]+$")  # interpolated unquoted into systemd and sh
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9._~+/=:,-]+$")
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """One rendered file: ``path`` relative to its target directory, text ``content``, POSIX ``mode``."""
+
+    path: str
+    content: str
+    mode: int = 0o644
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+def _environment():
+    import jinja2
+
+    from deployctl.resources import templates_dir
+
+    search = [str(templates_dir())]
+    override = os.environ.get("DEPLOYCTL_TEMPLATES")
+    if override:
+        search.insert(0, override)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # a YAML/JSON scalar
+    env.filters["sh"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def render_template(name: str, context: Mapping[str, Any]) -> str:
+    """Render templates/``name`` with ``context``. Raises ConfigError (exit 3) naming template, line and variable."""
+    import jinja2
+
+    try:
+        return _environment().get_template(name).render(**context)
+    except jinja2.UndefinedError as exc:
+        where, line = _template_frame(exc, name)
+        m = re.search(r"has no attribute '([^']+)'", str(exc)) or re.search(r"'([^']+)' is undefined", str(exc))
+        var = m.group(1) if m else str(exc)
+        raise ConfigError(
+            f"template {where}{f' line {line}' if line else ''}: undefined variable {var!r} ({exc})",
+            fix="fix the template or give the variable a value in deployctl/render.py",
+        ) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"template {exc.name or name} line {exc.lineno}: syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise ConfigError(f"template {exc.name} not found", fix="reinstall deployctl or fix DEPLOYCTL_TEMPLATES") from None
+
+
+def _template_frame(exc: BaseException, default: str) -> tuple[str, int | None]:
+    """The innermost template file and line in ``exc``'s traceback (jinja2 maps frames to template lines)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename.endswith(".j2"):
+            return Path(frame.filename).name, frame.lineno
+    return default, None
+
+
+def _safe_path(value: str, what: str) -> str:
+    if not _SAFE_PATH.match(value):
+        raise ConfigError(
+            f"{what} {value!r} has characters deployctl will not put in a unit file or shell script",
+            fix="use letters, digits and . _ / + @ : , = - only",
+        )
+    return value
+
+
+def release_dir(host: HostConfig, release_id: str) -> str:
+    """``<deploy_root>/releases/<release_id>`` on ``host``."""
+    return f"{host.deploy_root.rstrip('/')}/releases/{release_id}"
+
+
+def host_port(cfg: DeployConfig, host: HostConfig) -> int:
+    """The runtime's port on ``host``: host.server_port, else server.port."""
+    return host.server_port or cfg.server.port
+
+
+def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Mapping[str, Any] | None = None) -> dict:
+    """The runtime.yaml mapping: serve flags (dashes as underscores) plus release_id; ``extra`` adds or overrides."""
+    e = cfg.engine
+    args: dict[str, Any] = {
+        "model": cfg.model.path, "served_model_name": cfg.model.name, "host": cfg.server.bind,
+        "port": host_port(cfg, host), "device": e.device, "dtype": cfg.model.dtype,
+        "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens, "block_size": e.block_size,
+        "gpu_memory_utilization": e.gpu_memory_utilization, "enable_prefix_caching": e.enable_prefix_caching,
+        "enable_chunked_prefill": e.enable_chunked_prefill, "max_queued_requests": cfg.server.max_queued_requests,
+    }
+    if e.num_gpu_blocks_override is not None:
+        args["num_gpu_blocks_override"] = e.num_gpu_blocks_override
+    if e.kv_cache_memory is not None:
+        args["kv_cache_memory"] = e.kv_cache_memory
+    args["release_id"] = release_id
+    for key, value in (extra or {}).items():
+        if not re.match(r"^[a-z][a-z0-9_]*$", key):
+            raise ConfigError(f"runtime argument {key!r} is not a serve flag name", fix="use lower_snake_case names")
+        args[key] = value
+    return args
+
+
+def _check_api_key(api_key: str | None) -> None:
+    if api_key is not None and (not api_key or not _SAFE_KEY.match(api_key)):
+        # Never echo the key itself.
+        raise ConfigError(
+            f"the API key ({len(api_key)} characters) is empty or has characters outside letters, digits and ._~+/=:,-",
+            fix="generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        )
+
+
+def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dict[str, Any]:
+    """Names shared by the per-host templates (unit, launcher, container files)."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", release_id):
+        raise ConfigError(f"release id {release_id!r} is not a valid name", fix="use letters, digits and . _ -")
+    _safe_path(host.deploy_root, f"hosts[{host.name}].deploy_root")
+    _safe_path(host.python, f"hosts[{host.name}].python")
+    _safe_path(cfg.model.path, "model.path")
+    root = host.deploy_root.rstrip("/")
+    is_cuda = cfg.engine.device == "cuda"
+    return {
+        "service": cfg.service, "model": cfg.model, "engine": cfg.engine, "server": cfg.server, "host": host,
+        "release_id": release_id, "release_dir": release_dir(host, release_id), "is_cuda": is_cuda,
+        "log_file": f"{root}/shared/logs/runtime.log", "pid_file": f"{root}/shared/run/runtime.pid",
+        "child_pid_file": f"{root}/shared/run/runtime.child.pid",
+        "run_user": host.user if host.user and host.user != "root" else None,
+        "restart_sec": RESTART_SEC, "max_backoff_s": 60, "stable_after_s": 60,
+        "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,
+        "gpu_wait_s": GPU_WAIT_S,
+        "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
+        "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
+        "port": host_port(cfg, host),
+    }
+
+
+def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_key: str | None,
+                   extra_runtime_args: dict | None = None) -> list[RenderedFile]:
+    """The files of ``<deploy_root>/releases/<release_id>/`` for ``host``: runtime.yaml, ``<service>.service``,
+    runtime.env (0600, the only file holding the API key), launch.sh (0755), release.json and manifest.sha256
+    (sha256sum format over the others except runtime.env). Raises ConfigError (exit 3)."""
+    _check_api_key(api_key)
+    ctx = release_context(cfg, host, release_id)
+    ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
+    ctx["api_key"] = api_key
+    info = {"release_id": release_id, "service": cfg.service.name, "host": host.name, "launcher": host.launcher,
+            "model_path": cfg.model.path, "model_manifest": cfg.model.manifest, "served_model_name": cfg.model.name,
+            "device": cfg.engine.device, "port": host_port(cfg, host)}
+    files = [
+        RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx)),
+        RenderedFile(f"{cfg.service.name}.service", render_template("runtime.service.j2", ctx)),
+        RenderedFile("runtime.env", render_template("runtime.env.j2", ctx), 0o600),
+        RenderedFile("launch.sh", render_template("launch.sh.j2", ctx), 0o755),
+        RenderedFile("release.json", json.dumps(info, indent=2, sort_keys=True) + "\n"),
+    ]
+    return files + [release_manifest(files)]
+
+
+def release_manifest(files: Iterable[RenderedFile], extra: Mapping[str, str] | None = None) -> RenderedFile:
+    """manifest.sha256 in ``sha256sum`` format over ``files`` (runtime.env excluded: it holds the secret) and
+    ``extra`` ({relative path: sha256 hex}, e.g. the runtime wheel), sorted by path."""
+    sums = {f.path: f.sha256 for f in files if f.path not in ("runtime.env", "manifest.sha256")}
+    sums.update(extra or {})
+    return RenderedFile("manifest.sha256", "".join(f"{sums[p]}  {p}\n" for p in sorted(sums)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Router
+
+
+def split_weights(canary_weight: int, num_stable: int, num_canary: int) -> tuple[int, int]:
+    """(stable server weight, canary server weight) so that the canary share of requests is ``canary_weight``%.
+
+    Each canary server gets pct × num_stable, each stable server (100 − pct) × num_canary, both divided by
+    their gcd; 0 means the group takes no traffic (rendered ``down``: nginx rejects weight=0). A group with no
+    live server gives all traffic to the other group."""
+    if not 0 <= canary_weight <= 100:
+        raise ConfigError(f"canary weight {canary_weight} is outside 0..100", fix="use a percentage")
+    if num_canary == 0:
+        return (1 if num_stable else 0), 0
+    if num_stable == 0:
+        return 0, 1
+    stable, canary = (100 - canary_weight) * num_canary, canary_weight * num_stable
+    g = math.gcd(stable, canary)
+    return stable // g, canary // g
+
+
+def _upstream_address(host: HostConfig) -> str:
+    address = "127.0.0.1" if host.is_local else host.address
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]"
+    except ValueError:
+        pass
+    return address
+
+
+def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
+                 drained: set[str] = frozenset()) -> str:
+    """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
+    SSE-safe server. ``drained`` host names are rendered ``down``. Raises ConfigError (exit 3)."""
+    names = [h.name for h in stable] + [h.name for h in canary]
+    if not names:
+        raise ConfigError("the router needs at least one stable or canary host", fix="list hosts in deploy.yaml")
+    both = sorted({n for n in names if names.count(n) > 1})
+    if both:
+        raise ConfigError(f"host {both[0]!r} is both stable and canary (or listed twice)", fix="give each host one role")
+    unknown = sorted(set(drained) - set(names))
+    if unknown:
+        raise ConfigError(f"drained host {unknown[0]!r} is not routed", fix=f"use one of: {', '.join(names)}")
+    w_stable, w_canary = split_weights(canary_weight, sum(h.name not in drained for h in stable),
+                                       sum(h.name not in drained for h in canary))
+    servers = []
+    for role, group, weight in (("stable", stable, w_stable), ("canary", canary, w_canary)):
+        for h in group:
+            params = " down" if h.name in drained or weight == 0 else ("" if weight == 1 else f" weight={weight}")
+            servers.append({"host": h.name, "role": role + (", drained" if h.name in drained else ""),
+                            "address": _upstream_address(h), "port": host_port(cfg, h), "params": params})
+    router = cfg.router
+    listen_port = router.listen if router else 80
+    listen_addr = router.listen_address if router else None
+    if listen_addr and ":" in listen_addr:
+        listen_addr = f"[{listen_addr}]"
+    access_log = (router.access_log if router else None) or f"/var/log/nginx/{cfg.service.name}.access.json"
+    _safe_path(access_log, "router.access_log")
+    base = cfg.service.name.replace("-", "_")
+    ctx = {"service": cfg.service, "server": cfg.server, "servers": servers, "stable": stable, "canary": canary,
+           "canary_weight": canary_weight, "upstream_name": f"deployctl_{base}",
+           "log_format_name": f"deployctl_{base}_json", "keepalive": min(max(16, cfg.engine.max_num_seqs), 128),
+           "listen": f"{listen_addr}:{listen_port}" if listen_addr else str(listen_port), "access_log": access_log,
+           "client_max_body_size": "16m",
+           "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}
+    return render_template("nginx-upstream.conf.j2", ctx)
+
+
+def render_nginx_main(cfg: DeployConfig, *, prefix: str, include_path: str, user: str | None = None) -> str:
+    """A standalone nginx.conf for ``nginx -p PREFIX -c CONF``: pid, error log and the five temp paths under
+    ``prefix``, and ``include include_path`` inside http {}. ``user`` sets the worker user (when run as root)."""
+    _safe_path(str(prefix), "nginx prefix")
+    _safe_path(str(include_path), "nginx include path")
+    ctx = {"service": cfg.service, "prefix": str(prefix).rstrip("/"), "include_path": str(include_path), "user": user}
+    return render_template("nginx-main.conf.j2", ctx)
+
+
+def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
+               env: Mapping[str, str] | None = None) -> list[Path]:
+    """Write every file of ``target`` for every host under ``out_dir``; see deployctl.render_targets."""
+    from deployctl.render_targets import render_all as _render_all
+
+    return _render_all(cfg, out_dir, target=target, release_id=release_id, env=os.environ if env is None else env)
