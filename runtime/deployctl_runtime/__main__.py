@@ -1,0 +1,5 @@
+import sys
+
+from deployctl_runtime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""LLMEngine: the single-threaded core loop (schedule -> execute -> update) behind the server and the offline LLM."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from deployctl_runtime import kv_sizing
+from deployctl_runtime.engine_args import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from deployctl_runtime.kv_cache_manager import KVCacheManager
+from deployctl_runtime.model_config import ModelConfig
+from deployctl_runtime.request import Request, RequestStatus
+from deployctl_runtime.sampling_params import SamplingParams
+from deployctl_runtime.scheduler import Scheduler
+from deployctl_runtime.tokenizer import load_tokenizer
+
+
+class RequestRejected(Exception):
+    """add_request refuses a request that can never be served. reason: "context_length_exceeded" (prompt leaves no
+    room for one output token within max_model_len) or "too_many_blocks" (more blocks than the pool has)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float] | None
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_gpu_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float
+    num_preemptions_total: int
+    prefix_cache_queries_total: int  # in tokens, as vLLM counts
+    prefix_cache_hits_total: int  # in tokens
+
+
+def _resolve_dtype(args: EngineArgs, cfg: ModelConfig) -> str:
+    if args.dtype != "auto":
+        return args.dtype
+    if args.device == "cuda" and cfg.torch_dtype in kv_sizing.DTYPE_BYTES:
+        return cfg.torch_dtype
+    return "float32"
+
+
+class LLMEngine:
+    """Owns the scheduler, the KV cache manager and the model runner. Not thread-safe: one thread calls
+    add_request, abort_request and step."""
+
+    def __init__(self, args: EngineArgs, log: Callable[[str], None] | None = None):
+        args.validate()
+        log = log or (lambda msg: None)
+        self.args = args
+        model_dir = Path(args.model)
+        cfg = ModelConfig.from_dir(model_dir)
+        self.model_config = cfg
+        self.model_name = model_dir.resolve().name
+        tok = load_tokenizer(model_dir, cfg.eos_token_ids)
+        self.tokenizer = tok.tokenizer
+        self.eos_token_ids = tok.eos_token_ids
+        self.chat_template, self.bos_token, self.eos_token = tok.chat_template, tok.bos_token, tok.eos_token
+        self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 2048)
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                             f"{cfg.max_position_embeddings}; lower --max-model-len")
+        if not args.enable_chunked_prefill and args.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens {args.max_num_batched_tokens} is smaller than max_model_len "
+                             f"{self.max_model_len} with chunked prefill off; raise it or enable chunked prefill")
+        self.dtype = _resolve_dtype(args, cfg)
+        from deployctl_runtime.model_runner import ModelRunner  # torch from here on
+
+        self.runner = ModelRunner(cfg, str(model_dir), args.device, self.dtype, args.block_size, args.seed)
+        per_token = kv_sizing.kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                                                 kv_sizing.DTYPE_BYTES[self.dtype])
+        budget = self._kv_budget_bytes(log) if args.num_gpu_blocks_override is None else 0
+        num_blocks = kv_sizing.num_blocks_for(budget, args.block_size, per_token, args.num_gpu_blocks_override)
+        self.kv_plan = kv_sizing.KVPlan(num_blocks, args.block_size, per_token, self.max_model_len, args.max_num_seqs)
+        self.kv_plan.check_fits()
+        self.runner.allocate_kv_cache(num_blocks)
+        log(self.kv_plan.summary())
+        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
+                                   args.enable_chunked_prefill)
+        self.runner.warmup()
+        log("warm-up forward pass done")
+        self._arrivals = 0
+        self._pending_outputs: list[RequestOutput] = []
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, log: Callable[[str], None] | None = None) -> "LLMEngine":
+        return cls(args, log)
+
+    def _kv_budget_bytes(self, log) -> int:
+        if self.args.device == "cpu":
+            return self.args.kv_cache_memory if self.args.kv_cache_memory is not None else DEFAULT_CPU_KV_CACHE_MEMORY
+        import torch
+
+        total = torch.cuda.get_device_properties(self.runner.device).total_memory
+        weights = self.runner.weights_bytes()
+        peak = self.runner.profile_activation_peak(self.args.max_num_batched_tokens)
+        log(f"memory: total {total} bytes x {self.args.gpu_memory_utilization} - weights {weights} - "
+            f"activation peak {peak}")
+        return kv_sizing.cuda_budget_bytes(total, self.args.gpu_memory_utilization, weights, peak)
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises ValueError for bad params or a duplicate id, RequestRejected when it can never
+        be served (C02: prompt_len + 1 > max_model_len, or more blocks than the pool)."""
+        params.validate()
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt: must contain at least one token")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if n + 1 > self.max_model_len:
+            raise RequestRejected("context_length_exceeded",
+                                  f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
+                                  f"has {n} tokens and needs {n + 1} with one output token")
+        pool = self.kv_plan.pool_tokens
+        needed = min(n + params.max_tokens, self.max_model_len)
+        if needed > pool:
+            raise RequestRejected("too_many_blocks", f"the request needs {needed} tokens of KV cache but the pool "
+                                  f"holds only {pool} tokens ({self.kv_plan.num_blocks} blocks)")
+        self._arrivals += 1
+        req = Request(request_id, prompt_token_ids, params, frozenset(self.eos_token_ids), self._arrivals)
+        self.scheduler.add_request(req)
+
+    def abort_request(self, request_ids: Iterable[str]) -> None:
+        """Finish the requests with reason "abort" and free their blocks now; the next step() reports them."""
+        for rid in request_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            self.scheduler.finish(req, "abort")
+            self._pending_outputs.append(self._output(req, [], None))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass, sample, update. Returns one output per request that got a token or
+        finished (aborted requests included once)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        result = self.runner.execute(sched)
+        for req in self.scheduler.update_from_output(sched, result):
+            lp = [req.output_logprobs[-1]] if req.params.logprobs is not None else None
+            outputs.append(self._output(req, [req.output_token_ids[-1]], lp))
+        return outputs
+
+    @staticmethod
+    def _output(req: Request, new_ids: list[int], new_logprobs) -> RequestOutput:
+        return RequestOutput(req.request_id, new_ids, new_logprobs, req.status == RequestStatus.FINISHED,
+                             req.finish_reason, req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_gpu_blocks=self.kv.pool.num_blocks, num_free_blocks=self.kv.num_free_blocks,
+            kv_cache_usage=self.kv.usage, num_preemptions_total=self.scheduler.num_preemptions_total,
+            prefix_cache_queries_total=self.kv.prefix_cache_queries, prefix_cache_hits_total=self.kv.prefix_cache_hits)

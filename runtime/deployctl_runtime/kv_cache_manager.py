@@ -1,0 +1,95 @@
+"""Which blocks each request holds; prefix-cache lookups; allocation for the next step. No torch."""
+from __future__ import annotations
+
+from deployctl_runtime.block_pool import BlockPool, KVCacheBlock
+from deployctl_runtime.request import Request
+
+
+class KVCacheManager:
+    """Owns the block table of every running request (request_id -> blocks in order).
+
+    Invariant: a request holding blocks has exactly ceil(tokens with slots / block_size) of them; each block it
+    holds has ref_cnt >= 1; free blocks (ref_cnt 0) are in the pool's free queue and in no block table.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # request_id -> leading blocks already offered to the cache
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        n = self.pool.num_blocks
+        return 0.0 if n == 0 else 1.0 - self.pool.num_free_blocks / n
+
+    def _update_block_hashes(self, request: Request) -> None:
+        """Extend the request's hash chain over its full blocks: key = (hash(parent key), token ids)."""
+        bs, hashes, tokens = self.block_size, request.block_hashes, request.all_token_ids
+        parent = hash(hashes[-1]) if hashes else None
+        for i in range(len(hashes), len(tokens) // bs):
+            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            hashes.append(key)
+            parent = hash(key)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached full blocks matching the request's prefix, and the tokens they cover.
+
+        At least one token is always left to compute (its logits are needed to sample)."""
+        if not self.enable_caching:
+            return [], 0
+        self._update_block_hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for key in request.block_hashes[:max_hit_blocks]:
+            block = self.pool.get_cached_block(key)
+            if block is None:
+                break
+            hits.append(block)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens after the computed ones (including `new_computed_blocks`,
+        prefix-cache hits just found). Returns the newly allocated blocks, or None (and changes nothing) when the
+        pool cannot supply them. Full blocks are cached as soon as their token ids are known."""
+        new_computed_blocks = new_computed_blocks or []
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_needed = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_new_blocks = num_needed - len(blocks) - len(new_computed_blocks)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            return None
+        if new_computed_blocks:
+            self.pool.touch(new_computed_blocks)
+        blocks = self.req_to_blocks.setdefault(request.request_id, blocks)
+        blocks.extend(new_computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        blocks.extend(new_blocks)
+        if self.enable_caching:
+            self._update_block_hashes(request)
+            num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
+            for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
+                self.pool.cache_full_block(blocks[i], request.block_hashes[i])
+            self.num_cached_blocks[request.request_id] = max(num_full, self.num_cached_blocks.get(request.request_id, 0))
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so its last blocks are evicted before its shared prefix."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

@@ -1,0 +1,78 @@
+"""Offline API: LLM(model_dir, **engine_args).generate(prompts, sampling_params)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from deployctl_runtime.engine import LLMEngine
+from deployctl_runtime.engine_args import EngineArgs
+from deployctl_runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[float] | None = None
+    num_cached_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _apply_stop_strings(text: str, stops: list[str]) -> tuple[str, bool]:
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+class LLM:
+    """Run a batch of prompts to completion with continuous batching. engine_args use the serve flags' names."""
+
+    def __init__(self, model: str, log: Callable[[str], None] | None = None, **engine_args):
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=str(model), **engine_args), log)
+        self.tokenizer = self.engine.tokenizer
+        self._next_id = 0
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[CompletionOutput]:
+        """prompts: a string, a list of strings, or a list of token-id lists. Returns outputs in prompt order.
+        Stop strings cut the text (and the token ids after the stop) and finish with "stop"."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts")
+        ids = []
+        order = {}
+        for prompt, p in zip(prompts, params):
+            token_ids = self.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
+            rid = f"offline-{self._next_id}"
+            self._next_id += 1
+            self.engine.add_request(rid, token_ids, p)
+            order[rid] = len(ids)
+            ids.append((rid, token_ids, p))
+        tokens: dict[str, list[int]] = {rid: [] for rid, _, _ in ids}
+        logprobs: dict[str, list[float]] = {rid: [] for rid, _, _ in ids}
+        finished: dict[str, tuple[str | None, int]] = {}
+        while len(finished) < len(ids):
+            for out in self.engine.step():
+                tokens[out.request_id] += out.new_token_ids
+                if out.new_logprobs:
+                    logprobs[out.request_id] += out.new_logprobs
+                if out.finished:
+                    finished[out.request_id] = (out.finish_reason, out.num_cached_tokens)
+        results = []
+        for rid, prompt_ids, p in ids:
+            reason, cached = finished[rid]
+            toks = tokens[rid]
+            text = self.tokenizer.decode(toks)
+            if p.stop:
+                text, hit = _apply_stop_strings(text, p.stop)
+                if hit:
+                    reason = "stop"
+            results.append(CompletionOutput(rid, prompt_ids, toks, text, reason,
+                                            logprobs[rid] if p.logprobs is not None else None, cached))
+        return results

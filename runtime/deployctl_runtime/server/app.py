@@ -1,0 +1,163 @@
+"""The FastAPI app: routes, error handlers, middleware. See CONTRACTS.md "Runtime HTTP" for the contract."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .auth import APIKeyMiddleware
+from .errors import APIError, error_body, invalid
+from .generation import Generation
+from .middleware import RequestContextMiddleware
+from .responses import DONE, ResponseBuilder, error_event
+from .serving import RequestRecord, prepare
+from .sse import SSEResponse
+from .state import RETRY_AFTER_LOADING_S, ServerContext
+
+log = logging.getLogger("deployctl_runtime.server")
+
+
+def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAPI:
+    app = FastAPI(title="deployctl-runtime", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.ctx = ctx
+
+    @app.exception_handler(APIError)
+    async def _api_error(_req: Request, exc: APIError):
+        if exc.status == 400 and exc.code == "context_length_exceeded":
+            ctx.metrics.request_rejected.labels(reason="context_length_exceeded").inc()
+        elif exc.status in (400, 404):
+            ctx.metrics.request_rejected.labels(reason="invalid_request").inc()
+        return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(req: Request, exc: RequestValidationError):
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"] if p != "body") or None
+        return await _api_error(req, invalid(f"'{param}': {err['msg']}", param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind, None, None), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(req: Request, exc: Exception):
+        log.exception("internal error on %s", req.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error", None, None), 500)
+
+    @app.get("/healthz")
+    async def healthz():
+        if ctx.engine is not None and not ctx.engine.is_alive:
+            return JSONResponse({"status": "unhealthy", "detail": ctx.engine.error}, 503)
+        return {"status": "ok", "phase": ctx.phase}
+
+    @app.get("/readyz")
+    async def readyz():
+        body = ctx.readiness()
+        if ctx.phase == "ready" and ctx.engine.is_alive:
+            return body
+        return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_LOADING_S)})
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        ctx.check_serving()
+        return {"object": "list", "data": [{"id": ctx.served_name, "object": "model", "created": int(ctx.started_at),
+                                            "owned_by": "deployctl", "max_model_len": ctx.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _inference(ctx, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _inference(ctx, request, chat=True)
+
+    inner = APIKeyMiddleware(app, api_keys, ctx.cfg.metrics_public)
+    return RequestContextMiddleware(inner, ctx.cfg.release_id)  # type: ignore[return-value]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _inference(ctx: ServerContext, request: Request, chat: bool):
+    rec: RequestRecord = request.state.record
+    ctx.check_serving()
+    if ctx.faults.should_fail_request():
+        raise APIError(500, "injected fault (DEPLOYCTL_RUNTIME_FAULT error_rate)", "internal_error", None,
+                       "injected_fault")
+    prep = await prepare(ctx, await request.body(), chat, rec.request_id)
+    if ctx.cfg.log_requests:
+        log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
+    gen = Generation(ctx, prep, rec)
+    await gen.start()
+    ctx.http_started()
+    builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.tokenizer)
+    if prep.request.stream:
+        return _stream_response(ctx, gen, builder, rec)
+    events = gen.events()
+    try:
+        consume = asyncio.ensure_future(_drain(events))
+        watch = asyncio.ensure_future(_wait_disconnect(request))
+        await asyncio.wait({consume, watch}, return_when=asyncio.FIRST_COMPLETED)
+        watch.cancel()
+        if not consume.done():  # the client is gone: stop generating now (C07)
+            consume.cancel()
+            await asyncio.gather(consume, return_exceptions=True)
+            rec.status_override = 499  # type: ignore[attr-defined]
+            return Response(status_code=499)
+        consume.result()
+        gen.result()
+        ctx.metrics.e2e.observe(time.monotonic() - rec.arrival)
+        if ctx.cfg.log_requests:
+            log.info("request %s: output %r", rec.request_id, [c.text for c in gen.choices])
+        return JSONResponse(builder.full(gen.choices, rec))
+    finally:
+        await events.aclose()
+        ctx.http_finished()
+
+
+async def _drain(events) -> None:
+    async for _ in events:
+        pass
+
+
+def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuilder, rec: RequestRecord):
+    events = gen.events()
+    closed = False
+
+    async def body():
+        async for batch in events:
+            for chunk in builder.chunks(batch):
+                yield chunk
+        if gen.engine_error or gen.timed_out:
+            try:
+                gen.result()
+            except APIError as exc:
+                yield error_event(exc.body())
+        else:
+            ctx.metrics.e2e.observe(time.monotonic() - rec.arrival)
+        if prep_usage:
+            yield builder.usage_chunk(rec)
+        yield DONE
+
+    async def on_close() -> None:
+        nonlocal closed
+        if not closed:
+            closed = True
+            await events.aclose()
+            ctx.http_finished()
+
+    prep_usage = builder.prep.request.include_usage
+    return SSEResponse(body(), on_close=on_close)

@@ -1,0 +1,182 @@
+"""The engine's step loop on its own thread, and the asyncio side the HTTP layer talks to.
+
+The engine is single-threaded, so only the loop thread touches it: `add` and `abort` are queued as commands and
+applied between steps. Each step's outputs are handed to the event loop in one `call_soon_threadsafe` and put on
+the per-request `asyncio.Queue` given at `add` (several engine requests, e.g. the n choices of one HTTP request,
+may share one queue). `stats` is refreshed after every step and every command batch, so /metrics shows freed
+blocks right after an abort even when the engine is idle.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+log = logging.getLogger("deployctl_runtime.server")
+
+
+@dataclass
+class _Add:
+    request_ids: list[str]
+    prompts: list[list[int]]
+    params: list[Any]
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+@dataclass
+class EngineDead:
+    """Put on every open queue when the step loop crashed; the request ends with an error finish."""
+
+    message: str
+
+
+@dataclass
+class AsyncEngine:
+    """Owns the step loop thread. `engine` must follow the LLMEngine interface (add_request/abort_request/step/stats)."""
+
+    engine: Any
+    step_delay_s: float = 0.0  # fault injection: sleep per step
+    stats: Any = None
+    error: str | None = None
+    _cmds: deque = field(default_factory=deque)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _queues: dict = field(default_factory=dict)  # request id -> (loop, queue); loop thread only
+    _stop: bool = False
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.stats = self.engine.stats()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def _push(self, cmd) -> None:
+        with self._cond:
+            self._cmds.append(cmd)
+            self._cond.notify()
+
+    async def add(self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: Sequence[Any],
+                  queue: asyncio.Queue) -> None:
+        """Add engine requests whose outputs go to `queue`. Returns once the engine accepted all of them;
+        re-raises the engine's RequestRejected (none of them is then left in the engine)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._push(_Add(list(request_ids), list(prompts), list(params), queue, loop, fut))
+        await fut
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Abort (no-op for finished or unknown ids); blocks are freed before the next step."""
+        if request_ids:
+            self._push(_Abort(list(request_ids)))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- loop thread ----
+    def _apply(self, cmd) -> None:
+        if isinstance(cmd, _Abort):
+            ids = [r for r in cmd.request_ids if r in self._queues]
+            for r in ids:
+                del self._queues[r]
+            if ids:
+                self.engine.abort_request(ids)
+            return
+        added: list[str] = []
+        try:
+            for rid, prompt, params in zip(cmd.request_ids, cmd.prompts, cmd.params):
+                self.engine.add_request(rid, prompt, params)
+                added.append(rid)
+                self._queues[rid] = (cmd.loop, cmd.queue)
+        except Exception as exc:  # RequestRejected or a bug: the caller decides
+            for r in added:
+                self._queues.pop(r, None)
+            if added:
+                self.engine.abort_request(added)
+            cmd.loop.call_soon_threadsafe(_set_exception, cmd.future, exc)
+            return
+        cmd.loop.call_soon_threadsafe(_set_result, cmd.future)
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not self._cmds and not self._stop and not engine.has_unfinished_requests():
+                    self._cond.wait(0.5)
+                if self._stop:
+                    return
+                cmds = list(self._cmds)
+                self._cmds.clear()
+            try:
+                for cmd in cmds:
+                    self._apply(cmd)
+                if cmds:
+                    self.stats = engine.stats()
+                if not engine.has_unfinished_requests():
+                    continue
+                outputs = engine.step()
+                if self.step_delay_s:
+                    time.sleep(self.step_delay_s)
+                self.stats = engine.stats()
+            except Exception as exc:
+                log.exception("engine step loop crashed; failing all open requests")
+                self.error = f"engine step loop crashed: {type(exc).__name__}: {exc}"
+                self._fail_all(cmds)
+                return
+            self._deliver(outputs)
+
+    def _deliver(self, outputs) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            target = self._queues.get(out.request_id)
+            if target is None:
+                continue  # aborted meanwhile
+            if out.finished:
+                del self._queues[out.request_id]
+            batches.setdefault(target[0], []).append((target[1], out))
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
+    def _fail_all(self, cmds) -> None:
+        dead = EngineDead(self.error or "engine failed")
+        for cmd in cmds:
+            if isinstance(cmd, _Add) and not cmd.future.done():
+                cmd.loop.call_soon_threadsafe(_set_exception, cmd.future, RuntimeError(dead.message))
+        items: dict = {}
+        for loop, q in self._queues.values():
+            items.setdefault(loop, set()).add(q)
+        self._queues.clear()
+        for loop, queues in items.items():
+            loop.call_soon_threadsafe(_put_all, [(q, dead) for q in queues])
+
+
+def _put_all(items) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
+def _set_result(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,80 @@
+"""API keys: loading, constant-time checking, and a deny-by-default ASGI middleware.
+
+Keys come from env `DEPLOYCTL_RUNTIME_API_KEY` (comma-separated) and/or `--api-key-file PATH` (one key per line,
+`#` comments); never from the command line. Every HTTP route needs `Authorization: Bearer KEY` except the open
+ones (/healthz, /readyz, and /metrics when `--metrics-public`), so a route added later is protected by default.
+Keys are compared with `hmac.compare_digest` against every configured key, and never logged.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .errors import error_body
+
+ENV_VAR = "DEPLOYCTL_RUNTIME_API_KEY"
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
+
+
+def load_api_keys(env: dict[str, str] | None = None, key_file: str | None = None) -> list[str]:
+    """Return the configured keys. Raises ValueError naming the file when it cannot be read or holds no key."""
+    env = os.environ if env is None else env
+    keys = [k.strip() for k in env.get(ENV_VAR, "").split(",") if k.strip()]
+    if key_file:
+        try:
+            lines = Path(key_file).read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file {key_file}: cannot read it ({exc.strerror}); fix the path or permissions")
+        file_keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+        if not file_keys:
+            raise ValueError(f"--api-key-file {key_file}: holds no key; write one key per line")
+        keys += file_keys
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def key_matches(presented: str, keys: Iterable[str]) -> bool:
+    """Constant-time check against every key (no early exit that would leak which key matched)."""
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(presented.encode(), k.encode())
+    return ok
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware: 401 in OpenAI's error shape unless the route is open or the bearer key is valid."""
+
+    def __init__(self, app, keys: list[str], metrics_public: bool = False):
+        self.app = app
+        self.keys = list(keys)
+        self.open_paths = ALWAYS_OPEN | ({"/metrics"} if metrics_public else set())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.keys or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token and key_matches(token.strip(), self.keys):
+            return await self.app(scope, receive, send)
+        message = "missing API key: send 'Authorization: Bearer <key>'" if not auth else "invalid API key"
+        body = json.dumps(error_body(message, "authentication_error", None, "invalid_api_key")).encode()
+        await send({
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                        (b"content-length", str(len(body)).encode())],
+        })
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,60 @@
+"""Chat template rendering in a jinja2 sandbox (templates come with the model, so they are untrusted input).
+
+The template is the `chat_template` string of the model's tokenizer_config.json, rendered as Hugging Face
+transformers does: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception()`, `tojson`,
+`strftime_now()`. A template that raises or fails is the request's problem when it calls `raise_exception`
+(400), and ours otherwise.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import APIError, invalid
+
+
+class TemplateRaised(Exception):
+    pass
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class ChatTemplate:
+    """A compiled chat template. Raises ValueError at construction when the template does not compile."""
+
+    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise ValueError(f"chat template does not compile: {exc}") from exc
+        self._bos = bos_token or ""
+        self._eos = eos_token or ""
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """Render the prompt text. Raises APIError 400 when the template rejects the conversation."""
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos,
+                eos_token=self._eos,
+                **extra,
+            )
+        except TemplateRaised as exc:
+            raise invalid(f"the model's chat template rejected the messages: {exc}", "messages") from None
+        except TemplateError as exc:
+            raise APIError(500, f"the model's chat template failed: {exc}", "internal_error", None, "chat_template_error") from None

@@ -1,0 +1,103 @@
+"""`deployctl-runtime serve`: argparse wiring (registered by deployctl_runtime/cli.py via add_serve_parser)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .faults import HELP as FAULT_HELP
+
+EPILOG = f"""\
+Every flag can also be set in the YAML --config file under its name with underscores
+(--max-model-len -> max_model_len); flags given on the command line win.
+API keys: env DEPLOYCTL_RUNTIME_API_KEY (comma-separated) or --api-key-file PATH (one per line); never on the
+command line. Binding a non-loopback --host without a key is refused. Every route except /healthz and /readyz
+needs 'Authorization: Bearer KEY' (/metrics too, unless --metrics-public).
+The port is bound first and the model loaded in the background: /healthz answers at once, /readyz and inference
+answer 503 until weights are loaded, the KV cache allocated and a warm-up forward pass done.
+SIGTERM drains: /readyz 503 at once, new requests 503, in-flight requests finish (up to --drain-timeout-s), exit 0.
+{FAULT_HELP}
+"""
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `serve` subcommand to an argparse subparsers object; sets `func` to `run_serve`."""
+    p = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS,
+    )
+    a = p.add_argument
+    a("--model", help="HF-format checkpoint directory")
+    a("--config", help="YAML file with serve settings (keys: flag names with underscores)")
+    a("--host", help="address to bind (default 127.0.0.1)")
+    a("--port", type=int, help="port to bind (default 8000; 0 picks a free one)")
+    a("--served-model-name", help="model name clients send (default: the model directory's name)")
+    a("--device", choices=["cpu", "cuda"], help="default cpu")
+    a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="default auto")
+    a("--max-model-len", type=int, help="longest prompt + output in tokens")
+    a("--max-num-seqs", type=int, help="most requests running at once (default 64)")
+    a("--max-num-batched-tokens", type=int, help="token budget per engine step (default 2048)")
+    a("--block-size", type=int, help="tokens per KV cache block (default 16)")
+    a("--num-gpu-blocks-override", type=int, help="KV cache size in blocks (overrides the memory-based size)")
+    a("--gpu-memory-utilization", type=float, help="share of GPU memory for weights + KV cache (default 0.9)")
+    a("--kv-cache-memory", metavar="BYTES", help="KV pool budget on CPU, bytes or e.g. 512MiB")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, help="default on")
+    a("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, help="default on")
+    a("--seed", type=int, help="engine seed (default 0)")
+    a("--max-queued-requests", type=int, help="waiting requests beyond this get 429 + Retry-After (default 256)")
+    a("--request-timeout-s", type=float, help="end a request with an error finish after this (default 600)")
+    a("--drain-timeout-s", type=float, help="on SIGTERM, wait this long for in-flight requests (default 30)")
+    a("--api-key-file", help="file with API keys, one per line")
+    a("--metrics-public", action=argparse.BooleanOptionalAction, help="serve /metrics without a key")
+    a("--release-id", help="release id: header X-Deployctl-Release on every response, and in /readyz")
+    a("--skip-verify", action=argparse.BooleanOptionalAction, help="start even if manifest.sha256 does not match")
+    a("--log-requests", action=argparse.BooleanOptionalAction, help="log prompts and outputs (off by default)")
+    a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.error").setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Entry point of `serve`. Returns the exit code: 0 after a drain, 1 on a failed start, 2 on bad settings."""
+    from .auth import is_loopback, load_api_keys
+    from .config import load_config
+    from .faults import Faults
+
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "config", "command")}
+    try:
+        cfg = load_config(values, getattr(args, "config", None))
+        keys = load_api_keys(key_file=cfg.api_key_file)
+        faults = Faults.from_env()
+    except ValueError as exc:
+        print(f"deployctl-runtime serve: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.log_level)
+    log = logging.getLogger("deployctl_runtime.server")
+    if not keys and not is_loopback(cfg.host):
+        log.error("refusing to bind %s without an API key: set env DEPLOYCTL_RUNTIME_API_KEY or --api-key-file, "
+                  "or bind 127.0.0.1", cfg.host)
+        return 2
+    if faults.active:
+        log.warning("fault injection active (test only): %s", faults)
+    if not keys:
+        log.warning("no API key configured: every route is open (loopback only)")
+    from .lifecycle import serve
+    from .state import ServerContext
+
+    return serve(ServerContext(cfg, faults), keys)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m deployctl_runtime.server ...` takes serve's flags)."""
+    parser = argparse.ArgumentParser(prog="deployctl-runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)

@@ -1,0 +1,55 @@
+"""Test-only fault injection, read from env `DEPLOYCTL_RUNTIME_FAULT` (comma-separated `key=value`).
+
+  load_delay_s=S     sleep S seconds while loading (before the engine is built): a slow start (C10).
+  fail_start=1       fail during loading: log "fault injection: fail_start" and exit non-zero.
+  error_rate=F       answer that share (0..1) of inference requests 500 internal_error (bad canary).
+  token_delay_ms=MS  sleep MS per engine step (slow canary: TPOT and TTFT grow).
+
+Never set in production; the server logs a WARNING at start when any is active.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+ENV_VAR = "DEPLOYCTL_RUNTIME_FAULT"
+HELP = (
+    f"Test-only fault injection: env {ENV_VAR}=key=value[,key=value...] with load_delay_s=S (slow load), "
+    "fail_start=1 (exit non-zero during load), error_rate=F (share of inference requests answered 500), "
+    "token_delay_ms=MS (sleep per decode step)."
+)
+
+
+@dataclass(frozen=True)
+class Faults:
+    load_delay_s: float = 0.0
+    fail_start: bool = False
+    error_rate: float = 0.0
+    token_delay_ms: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self != Faults()
+
+    def should_fail_request(self) -> bool:
+        return self.error_rate > 0 and random.random() < self.error_rate
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Faults":
+        """Parse the env var. Raises ValueError naming the bad item."""
+        raw = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+        values: dict[str, float] = {}
+        for item in filter(None, (p.strip() for p in raw.split(","))):
+            key, sep, val = item.partition("=")
+            if not sep or key not in cls.__dataclass_fields__:
+                raise ValueError(f"{ENV_VAR}: unknown item {item!r}; known: load_delay_s, fail_start, error_rate, token_delay_ms")
+            try:
+                values[key] = float(val)
+            except ValueError:
+                raise ValueError(f"{ENV_VAR}: {key}={val!r} is not a number") from None
+        if not 0 <= values.get("error_rate", 0) <= 1:
+            raise ValueError(f"{ENV_VAR}: error_rate must be within 0..1, got {values['error_rate']}")
+        if "fail_start" in values:
+            values["fail_start"] = bool(values["fail_start"])
+        return cls(**values)  # type: ignore[arg-type]

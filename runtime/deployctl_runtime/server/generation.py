@@ -1,0 +1,176 @@
+"""Drive one HTTP request's engine requests and yield text events (see serving.py for the rules)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+from .async_engine import EngineDead
+from .detokenizer import IncrementalDetokenizer
+from .errors import APIError
+from .serving import Choice, Event, Prepared, RequestRecord
+from .state import ServerContext
+from .stop_strings import StopStringMatcher
+
+log = logging.getLogger("deployctl_runtime.server")
+
+
+class RequestTimeout(Exception):
+    pass
+
+
+class Generation:
+    """Adds `prep`'s engine requests and yields lists of Events as outputs arrive.
+
+    On exit for any reason (finished, stop string, timeout, cancellation when the client disconnects) the engine
+    requests still running are aborted, which frees their blocks before the engine's next step.
+    """
+
+    def __init__(self, ctx: ServerContext, prep: Prepared, rec: RequestRecord):
+        self.ctx, self.prep, self.rec = ctx, prep, rec
+        self.queue: asyncio.Queue = asyncio.Queue()
+        skip = True
+        self.choices = [
+            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip), StopStringMatcher(sp.stop))
+            for k, (ids, sp) in enumerate(zip(prep.prompts, prep.params))
+        ]
+        self._by_id = dict(zip(prep.sub_ids, self.choices))
+        self._open = set(prep.sub_ids)
+        self._seen_first_output = False
+        self.timed_out = False
+        self.engine_error: str | None = None
+        self.aborted_by_client = False
+
+    async def start(self) -> None:
+        """Add the engine requests; raises APIError 400 when the engine can never serve them (RequestRejected)."""
+        ctx = self.ctx
+        n = len(self.prep.sub_ids)
+        ctx.admit(n)
+        ctx.inflight_seqs += n
+        try:
+            await ctx.engine.add(self.prep.sub_ids, self.prep.prompts, self.prep.params, self.queue)
+        except asyncio.CancelledError:
+            ctx.engine.abort(self.prep.sub_ids)
+            self._release(self._open)
+            raise
+        except Exception as exc:
+            self._release(self._open)
+            reason = getattr(exc, "reason", None)
+            if reason is None:
+                raise
+            ctx.metrics.request_rejected.labels(reason=reason).inc()
+            param = "messages" if self.prep.chat else "prompt"
+            raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param, reason) from None
+        self.rec.prompt_tokens = sum(len(p) for p in self.prep.prompts[:: self.prep.request.n])
+        ctx.metrics.prompt_tokens.inc(self.rec.prompt_tokens)
+
+    def _release(self, ids) -> None:
+        ids = [i for i in ids if i in self._open]
+        self._open.difference_update(ids)
+        self.ctx.inflight_seqs -= len(ids)
+
+    async def events(self) -> AsyncIterator[list[Event]]:
+        deadline = self.rec.arrival + self.ctx.cfg.request_timeout_s
+        try:
+            while self._open:
+                timeout = deadline - time.monotonic()
+                try:
+                    if timeout <= 0:
+                        raise asyncio.TimeoutError
+                    item = await asyncio.wait_for(self.queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    self.timed_out = True
+                    yield self._end_open("error")
+                    return
+                batch = [item]
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                events = self._apply(batch)
+                if events:
+                    yield events
+        except (asyncio.CancelledError, GeneratorExit):
+            if self._open:
+                self.aborted_by_client = True
+                log.info("request %s: client disconnected; aborting %d engine request(s)", self.rec.request_id,
+                         len(self._open))
+                self._end_open("abort")
+            raise
+        finally:
+            if self._open:  # consumer stopped early for another reason
+                self._end_open("abort")
+
+    def _end_open(self, reason: str) -> list[Event]:
+        ids = sorted(self._open)
+        self.ctx.engine.abort(ids)
+        events = []
+        for rid in ids:
+            ch = self._by_id[rid]
+            delta = ch.feed([], finished=True) if reason != "abort" else ""
+            self._finish(ch, reason)
+            events.append(Event(ch.index, delta, reason, [], None))
+        self._release(ids)
+        return events
+
+    def _finish(self, ch: Choice, reason: str) -> None:
+        ch.finish_reason = reason
+        self.rec.finish_reasons.append(reason)
+        m = self.ctx.metrics
+        m.request_success.labels(finish_reason=reason).inc()
+        if ch.first_token_at is not None and ch.num_output_tokens > 1 and ch.last_token_at is not None:
+            m.tpot.observe((ch.last_token_at - ch.first_token_at) / (ch.num_output_tokens - 1))
+
+    def _apply(self, batch) -> list[Event]:
+        now = time.monotonic()
+        m = self.ctx.metrics
+        events: list[Event] = []
+        for out in batch:
+            if isinstance(out, EngineDead):
+                self.engine_error = out.message
+                events.extend(self._end_open("error"))
+                break
+            ch = self._by_id.get(out.request_id)
+            if ch is None or out.request_id not in self._open:
+                continue
+            if not self._seen_first_output:
+                self._seen_first_output = True
+                m.queue_time.observe(now - self.rec.arrival)
+            new = list(out.new_token_ids)
+            if new:
+                if self.rec.first_token_at is None:
+                    self.rec.first_token_at = now
+                    m.ttft.observe(now - self.rec.arrival)
+                if ch.first_token_at is None:
+                    ch.first_token_at = now
+                elif ch.last_token_at is not None:
+                    m.itl.observe(now - ch.last_token_at)
+                ch.last_token_at = now
+                m.generation_tokens.inc(len(new))
+                self.rec.completion_tokens += len(new)
+            ch.num_output_tokens = out.num_output_tokens
+            ch.token_ids.extend(new)
+            if out.new_logprobs:
+                ch.logprobs.extend(out.new_logprobs)
+            delta = ch.feed(new, out.finished)
+            reason = None
+            if ch.stops.stopped:
+                reason = "stop"
+                if not out.finished:
+                    self.ctx.engine.abort([out.request_id])
+            elif out.finished:
+                reason = out.finish_reason or "stop"
+            if reason is not None:
+                self._finish(ch, reason)
+                self._release([out.request_id])
+            if delta or reason is not None or new:
+                events.append(Event(ch.index, delta, reason, new, list(out.new_logprobs or []) or None))
+        return events
+
+    def result(self) -> None:
+        """Raise for the non-streaming response when the request could not complete normally."""
+        if self.engine_error:
+            raise APIError(500, f"generation failed: {self.engine_error}", "internal_error", None, "engine_error")
+        if self.timed_out:
+            raise APIError(504, f"the request did not finish within --request-timeout-s "
+                           f"{self.ctx.cfg.request_timeout_s:g}; its generation was stopped", "timeout_error", None,
+                           "request_timeout")

@@ -1,0 +1,149 @@
+"""Start, load in the background, serve, drain on SIGTERM, exit.
+
+Order (C10): uvicorn binds the port first, then a loader thread verifies the model directory (manifest.sha256),
+builds the engine (weights, KV pool, one warm-up forward pass; the engine logs the KV pool size in blocks and
+tokens and the max concurrency at max_model_len) and starts the step loop; only then does the phase become
+`ready`. A load failure logs one clear line and ends the process with exit code 1.
+
+SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
+up to --drain-timeout-s, what is left is aborted, and the process exits 0. A second signal exits at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+
+import uvicorn
+
+from .state import ServerContext
+
+log = logging.getLogger("deployctl_runtime.server")
+
+
+def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
+    """Loader thread body. Sets ctx.phase to ready, or to failed and asks the server to exit 1."""
+    cfg, faults = ctx.cfg, ctx.faults
+    try:
+        if faults.load_delay_s:
+            ctx.detail = f"fault injection: load delayed {faults.load_delay_s:g} s"
+            log.warning("fault injection: delaying load by %.1f s", faults.load_delay_s)
+            time.sleep(faults.load_delay_s)
+        if faults.fail_start:
+            raise RuntimeError("fault injection: fail_start (DEPLOYCTL_RUNTIME_FAULT)")
+        if not cfg.skip_verify:
+            from .verify import verify_model_dir
+
+            ctx.detail = "verifying model files against manifest.sha256"
+            t0 = time.monotonic()
+            n = verify_model_dir(cfg.model, log=log.warning)
+            if n:
+                log.info("verified %d model file(s) against manifest.sha256 in %.2f s", n, time.monotonic() - t0)
+            else:
+                log.warning("no manifest.sha256 in %s: model files not verified", cfg.model)
+        else:
+            log.warning("--skip-verify: model files are not verified")
+        ctx.detail = "loading weights, allocating the KV cache, warm-up forward pass"
+        from deployctl_runtime.engine import LLMEngine
+        from deployctl_runtime.engine_args import EngineArgs
+
+        from .async_engine import AsyncEngine
+        from .chat_template import ChatTemplate
+
+        engine = LLMEngine.from_engine_args(EngineArgs(**cfg.engine_args()), log=log.info)
+        ctx.tokenizer = engine.tokenizer
+        ctx.vocab_size = engine.tokenizer.get_vocab_size(with_added_tokens=True)
+        ctx.model_name = engine.model_name
+        ctx.max_model_len = engine.max_model_len
+        ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)
+                             if engine.chat_template else None)
+        aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0)
+        aeng.start()
+        ctx.engine = aeng
+        ctx.detail = "serving"
+        ctx.phase = "ready"
+        log.info("ready: serving model '%s' (max_model_len %d) in %.1f s", ctx.served_name, ctx.max_model_len,
+                 time.monotonic() - ctx.started_at)
+    except BaseException as exc:  # noqa: BLE001 - any load failure ends the process with a clear line
+        ctx.phase, ctx.detail, ctx.exit_code = "failed", str(exc), 1
+        log.error("failed to start: %s", exc)
+        if os.environ.get("DEPLOYCTL_RUNTIME_DEBUG"):
+            log.exception("load traceback")
+        server.should_exit = True
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM/SIGINT drains instead of closing the listener at once."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext):
+        super().__init__(config)
+        self.ctx = ctx
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.ctx.idle = asyncio.Event()
+        if self.ctx.inflight_http == 0:
+            self.ctx.idle.set()
+        await super().startup(sockets)
+        if self.started:
+            threading.Thread(target=load_engine, args=(self.ctx, self), name="loader", daemon=True).start()
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        original = {s: signal.signal(s, self.handle_exit) for s in sigs}
+        try:
+            yield
+        finally:
+            for s, h in original.items():
+                signal.signal(s, h)
+
+    def handle_exit(self, sig, frame) -> None:  # signal handler, main thread
+        if self._draining or self._loop is None or self.ctx.phase != "ready":
+            self.force_exit = self._draining
+            self.should_exit = True
+            return
+        self._draining = True
+        self.ctx.phase, self.ctx.detail = "draining", f"draining after {signal.Signals(sig).name}"
+        log.info("%s received: draining (readyz 503, new requests 503), up to %.0f s for %d in-flight request(s)",
+                 signal.Signals(sig).name, self.ctx.cfg.drain_timeout_s, self.ctx.inflight_http)
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        ctx = self.ctx
+        try:
+            await asyncio.wait_for(ctx.idle.wait(), ctx.cfg.drain_timeout_s)
+            log.info("drain complete: all in-flight requests finished")
+        except asyncio.TimeoutError:
+            log.warning("drain timeout (%.0f s): %d request(s) still in flight are cut off", ctx.cfg.drain_timeout_s,
+                        ctx.inflight_http)
+        self.should_exit = True
+
+
+def serve(ctx: ServerContext, api_keys: list[str]) -> int:
+    """Run until drained or failed; return the process exit code."""
+    from .app import create_app
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        if ctx.engine is not None:
+            ctx.engine.shutdown()
+
+    app = create_app(ctx, api_keys, lifespan=lifespan)
+    config = uvicorn.Config(app, host=ctx.cfg.host, port=ctx.cfg.port, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="on", timeout_keep_alive=5)
+    server = DrainingServer(config, ctx)
+    server.run()
+    if not server.started and ctx.exit_code == 0:
+        return 1  # could not bind (uvicorn logged why)
+    return ctx.exit_code

@@ -1,0 +1,61 @@
+"""Outermost ASGI middleware: request id, release header, one access log line per inference request.
+
+Every response carries `X-Request-Id` (the client's, when it sent a sane one) and, with `--release-id`,
+`X-Deployctl-Release`. The access log line has request id, method, path, status, prompt and completion tokens, TTFT
+and total time; never prompt or output text, never keys.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from .serving import RequestRecord
+
+access_log = logging.getLogger("deployctl_runtime.access")
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app, release_id: str | None = None):
+        self.app = app
+        self.release = release_id.encode() if release_id else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        path = scope["path"]
+        prefix = "chatcmpl-" if path.endswith("/chat/completions") else "cmpl-"
+        rid = given if _SANE_ID.match(given) else prefix + uuid.uuid4().hex
+        rec = RequestRecord(rid)
+        scope.setdefault("state", {})["record"] = rec
+        status = {"code": 0}
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                extra = [(b"x-request-id", rid.encode())]
+                if self.release:
+                    extra.append((b"x-deployctl-release", self.release))
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            code = status["code"] or getattr(rec, "status_override", 0) or 499
+            if getattr(rec, "status_override", 0):
+                code = rec.status_override
+            level = logging.INFO if path.startswith("/v1/") else logging.DEBUG
+            if access_log.isEnabledFor(level):
+                ttft = f"{(rec.first_token_at - rec.arrival) * 1000:.1f}" if rec.first_token_at else "-"
+                access_log.log(
+                    level,
+                    "request_id=%s method=%s path=%s status=%d prompt_tokens=%d completion_tokens=%d ttft_ms=%s "
+                    "total_ms=%.1f finish=%s",
+                    rid, scope.get("method"), path, code, rec.prompt_tokens, rec.completion_tokens, ttft,
+                    (time.monotonic() - rec.arrival) * 1000, ",".join(rec.finish_reasons) or "-",
+                )

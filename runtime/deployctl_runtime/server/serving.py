@@ -1,0 +1,162 @@
+"""From an HTTP request to engine requests and back: validation, admission, and the text of each choice.
+
+`prepare()` does all validation before the first byte (C03): body, model name, prompt tokens vs the vocabulary,
+context length, back-pressure, the engine's own admission check. `Generation` turns engine outputs into per-choice
+text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), request timeout, and on any exit
+(finished, stop string, timeout, client gone) aborts what is still running so its blocks are freed (C07).
+
+Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
+max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
+max_tokens defaults to the remaining context, max_model_len - prompt.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .detokenizer import IncrementalDetokenizer
+from .errors import APIError, invalid
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from .state import ServerContext
+from .stop_strings import StopStringMatcher
+
+log = logging.getLogger("deployctl_runtime.server")
+
+
+@dataclass
+class RequestRecord:
+    """Per HTTP request facts for the access log and metrics (no prompt or output text)."""
+
+    request_id: str
+    arrival: float = field(default_factory=time.monotonic)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    request: CompletionRequest | ChatCompletionRequest
+    chat: bool
+    prompts: list[list[int]]  # one per engine request (choice), prompt i * n + j
+    params: list[Any]  # SamplingParams per engine request
+    sub_ids: list[str]
+
+
+def new_request_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool) -> list[list[int]]:
+    tok = ctx.tokenizer
+    if chat:
+        if ctx.chat_template is None:
+            raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
+        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        return [tok.encode(text, add_special_tokens=False).ids]
+    p = req.prompt
+    if isinstance(p, str):
+        return [tok.encode(p).ids]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]
+    return [tok.encode(x).ids if isinstance(x, str) else list(x) for x in p]
+
+
+def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat: bool) -> list[int]:
+    """Return max_tokens per prompt. Raises APIError 400 context_length_exceeded (see module docstring)."""
+    limit, param = ctx.max_model_len, ("messages" if chat else "prompt")
+    out = []
+    for ids in prompts:
+        if not ids:
+            raise invalid("the prompt is empty after tokenization", param, "empty_prompt")
+        bad = next((t for t in ids if t >= ctx.vocab_size), None)
+        if bad is not None:
+            raise invalid(f"token id {bad} is out of range: the vocabulary has {ctx.vocab_size} tokens", param,
+                          "invalid_token_id")
+        n = len(ids)
+        if n >= limit:
+            raise invalid(f"This model's maximum context length is {limit} tokens. However, your {param} has {n} "
+                          f"tokens, leaving no room to generate; shorten it to under {limit} tokens.",
+                          param, "context_length_exceeded")
+        if req.max_tokens is not None and n + req.max_tokens > limit:
+            raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{n + req.max_tokens} tokens ({n} in the {param}, {req.max_tokens} for max_tokens); "
+                          f"lower max_tokens to at most {limit - n} or shorten the {param}.",
+                          "max_tokens", "context_length_exceeded")
+        out.append(req.max_tokens if req.max_tokens is not None else limit - n)
+    return out
+
+
+async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) -> Prepared:
+    """Validate everything that can be validated before generation. Raises APIError."""
+    from deployctl_runtime.sampling_params import SamplingParams
+
+    req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+    if req.model is not None and req.model != ctx.served_name:
+        raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
+                       "(see /v1/models)", "not_found_error", "model", "model_not_found")
+    prompts = _tokenize_prompts(ctx, req, chat)
+    max_tokens = _check_lengths(ctx, req, prompts, chat)
+    if chat:
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    all_prompts, params, sub_ids = [], [], []
+    for i, (ids, mt) in enumerate(zip(prompts, max_tokens)):
+        for j in range(req.n):
+            sp = SamplingParams(
+                max_tokens=mt, min_tokens=min(req.min_tokens, mt),
+                temperature=1.0 if req.temperature is None else float(req.temperature),
+                top_p=1.0 if req.top_p is None else float(req.top_p),
+                top_k=-1 if req.top_k in (None, 0) else req.top_k,
+                seed=None if req.seed is None else (req.seed + j) % (2**63),
+                ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                logprobs=logprobs, stop=req.stop_list,
+            )
+            try:
+                sp.validate()
+            except ValueError as exc:
+                field_name = str(exc).split(":", 1)[0]
+                raise invalid(str(exc), field_name) from None
+            all_prompts.append(ids)
+            params.append(sp)
+            sub_ids.append(f"{request_id}-{i * req.n + j}")
+    return Prepared(req, chat, all_prompts, params, sub_ids)
+
+
+@dataclass
+class Choice:
+    """One choice's text state. `delta` texts concatenate to `text`, for streaming and non-streaming alike."""
+
+    index: int
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    last_token_at: float | None = None
+    first_token_at: float | None = None
+
+    def feed(self, token_ids: list[int], finished: bool) -> str:
+        delta = self.stops.feed(self.detok.add(token_ids)) if token_ids else ""
+        if finished or self.stops.stopped:
+            delta += self.stops.feed(self.detok.flush())
+            delta += self.stops.flush()
+        self.text += delta
+        return delta
+
+
+@dataclass
+class Event:
+    index: int
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    logprobs: list[float] | None

@@ -1,0 +1,90 @@
+"""What the routes share: the lifecycle phase, the engine once loaded, counters for back-pressure and drain.
+
+Phases: loading -> ready -> draining (SIGTERM) ; loading -> failed (load error: the process exits non-zero).
+Only `ready` serves inference; the others answer 503 with Retry-After.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ServeConfig
+from .errors import APIError, queue_full, unavailable
+from .faults import Faults
+from .metrics import Metrics
+
+RETRY_AFTER_LOADING_S = 5
+RETRY_AFTER_DRAINING_S = 10
+RETRY_AFTER_QUEUE_FULL_S = 1
+
+
+@dataclass
+class ServerContext:
+    cfg: ServeConfig
+    faults: Faults
+    phase: str = "loading"
+    detail: str = "starting"
+    started_at: float = field(default_factory=time.monotonic)
+    engine: Any = None  # AsyncEngine once ready
+    tokenizer: Any = None
+    chat_template: Any = None  # ChatTemplate | None
+    model_name: str = ""
+    max_model_len: int = 0
+    vocab_size: int = 0
+    inflight_http: int = 0  # inference HTTP requests being answered (drain waits for 0)
+    inflight_seqs: int = 0  # engine requests added and not finished (back-pressure)
+    idle: asyncio.Event | None = None
+    exit_code: int = 0
+    metrics: Metrics = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.metrics is None:
+            self.metrics = Metrics(lambda: self.engine.stats if self.engine else None)
+
+    @property
+    def served_name(self) -> str:
+        return self.cfg.served_model_name or self.model_name
+
+    def readiness(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": self.phase, "detail": self.detail,
+                                "uptime_s": round(time.monotonic() - self.started_at, 3)}
+        if self.cfg.release_id:
+            body["release"] = self.cfg.release_id
+        if self.phase == "ready":
+            body["model"] = self.served_name
+        return body
+
+    def check_serving(self) -> None:
+        """Raise 503 unless ready (and the engine loop is alive)."""
+        if self.phase == "loading":
+            self.metrics.request_rejected.labels(reason="not_ready").inc()
+            raise unavailable(f"the model is still loading ({self.detail}); retry shortly", RETRY_AFTER_LOADING_S)
+        if self.phase == "draining":
+            self.metrics.request_rejected.labels(reason="draining").inc()
+            raise unavailable("the server is draining for shutdown; send the request to another replica",
+                              RETRY_AFTER_DRAINING_S, code="draining")
+        if self.phase != "ready" or not self.engine.is_alive:
+            raise APIError(503, f"the server cannot serve: {self.engine.error if self.engine else self.detail}",
+                           "service_unavailable", None, "engine_dead", {"Retry-After": str(RETRY_AFTER_LOADING_S)})
+
+    def admit(self, num_seqs: int) -> None:
+        """Back-pressure: 429 when more than --max-queued-requests engine requests would wait."""
+        stats = self.engine.stats
+        # engine requests beyond the running limit wait; the engine's own count adds those its KV pool holds back
+        waiting = max(self.inflight_seqs + num_seqs - self.cfg.max_num_seqs, getattr(stats, "num_waiting", 0))
+        if waiting > self.cfg.max_queued_requests:
+            self.metrics.request_rejected.labels(reason="queue_full").inc()
+            raise queue_full(f"queue full: {waiting} requests would wait, --max-queued-requests is "
+                             f"{self.cfg.max_queued_requests}; retry after a short wait", RETRY_AFTER_QUEUE_FULL_S)
+
+    def http_started(self) -> None:
+        self.inflight_http += 1
+        if self.idle is not None:
+            self.idle.clear()
+
+    def http_finished(self) -> None:
+        self.inflight_http -= 1
+        if self.inflight_http == 0 and self.idle is not None:
+            self.idle.set()

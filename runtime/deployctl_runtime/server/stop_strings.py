@@ -1,0 +1,53 @@
+"""Stop strings matched across token boundaries with hold-back (case C05).
+
+Text arrives in deltas that may cut a stop string anywhere. The matcher holds back the longest tail of the unsent
+text that is a prefix of some stop string, since the next delta may complete it; everything before that tail is safe
+to send. When a stop string appears, the text before it is released and the rest (stop string included) is dropped.
+Invariant: no character of a stop string is ever released; concatenating every release equals the full text cut
+just before the earliest stop string (or the whole text, after `flush()`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class StopStringMatcher:
+    def __init__(self, stops: Sequence[str]):
+        self._stops = [s for s in stops if s]
+        self._pending = ""
+        self.stopped = False
+        self.matched: str | None = None
+
+    def feed(self, delta: str) -> str:
+        """Add `delta`; return the text that can be sent now. After a match `stopped` is True and more input is ignored."""
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return delta
+        buf = self._pending + delta
+        hit_at, hit = -1, None
+        for s in self._stops:
+            i = buf.find(s)
+            if i != -1 and (hit_at == -1 or i < hit_at):
+                hit_at, hit = i, s
+        if hit is not None:
+            self.stopped, self.matched, self._pending = True, hit, ""
+            return buf[:hit_at]
+        hold = self._held_tail(buf)
+        self._pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold]
+
+    def _held_tail(self, buf: str) -> int:
+        """Length of the longest suffix of `buf` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stops:
+            for k in range(min(len(s) - 1, len(buf)), best, -1):
+                if buf.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        """Release the held text at the end of generation (no stop string matched)."""
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out

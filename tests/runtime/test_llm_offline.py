@@ -1,0 +1,28 @@
+"""The offline API end to end on the tiny model."""
+from __future__ import annotations
+
+from deployctl_runtime import LLM, SamplingParams
+
+
+def test_generate_greedy_is_deterministic_and_batch_independent(tiny_llama):
+    logs = []
+    llm = LLM(str(tiny_llama), log=logs.append, num_gpu_blocks_override=256)
+    assert any("256 blocks" in line and "4096 tokens" in line for line in logs)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = ["Hello world", "The quick brown fox jumps over the lazy dog", "Où est la bibliothèque ?"]
+    together = llm.generate(prompts, params)
+    alone = [llm.generate(p, params)[0] for p in prompts]
+    for a, b in zip(together, alone):
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+        assert a.finish_reason == "length"
+        assert a.text == llm.tokenizer.decode(a.token_ids)
+    assert llm.engine.stats().num_free_blocks == 256
+
+
+def test_stop_strings_cut_text(tiny_llama):
+    llm = LLM(str(tiny_llama), num_gpu_blocks_override=64, max_model_len=1024)
+    full = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    stop = full.text[3:6]
+    cut = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop]))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[:full.text.find(stop)]
