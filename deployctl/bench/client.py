@@ -1,0 +1,173 @@
+"""One streaming request to an OpenAI-compatible server, timed on the client.
+
+TTFT: from just before the request is sent to the first chunk carrying output text. ITL: the gap between
+successive chunks carrying output text (one value per chunk; a chunk may carry several tokens). E2E: from
+send to the end of the stream. Token counts come from the server's ``usage`` (requested with
+``stream_options.include_usage``), not from the text. Failures never raise: they come back as a result with a
+reason (``connect_error``, ``timeout``, ``http_429``, ``http_500``, ``connection_lost``, ``stream_error``,
+``bad_response``, ``incomplete_stream``, ...).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from deployctl.bench.workload import BenchRequest
+
+ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to send: ``base_url`` without the /v1 suffix, ``route`` chat|completions."""
+
+    base_url: str
+    route: str = "chat"
+    model: str | None = None
+    api_key: str | None = None
+    ignore_eos: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url + ROUTES[self.route]
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def body(self, req: BenchRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "max_tokens": req.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if self.route == "chat":
+            body["messages"] = req.as_messages()
+        else:
+            body["prompt"] = req.as_prompt()
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+
+def normalize_base_url(url: str) -> str:
+    """``http://h:p``, ``http://h:p/`` and ``http://h:p/v1`` all become ``http://h:p``."""
+    base = url.strip().rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return base
+
+
+@dataclass
+class RequestResult:
+    """The outcome of one request. Times in seconds (time.perf_counter based); ``start`` is absolute.
+
+    ``error`` is None on success, else the reason; ``output_tokens``/``prompt_tokens`` come from the server's
+    usage when ``usage_reported`` is true, else output_tokens is the number of text chunks.
+    """
+
+    start: float
+    error: str | None = None
+    detail: str = ""
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    usage_reported: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _chunk_text(obj: dict[str, Any], route: str) -> str:
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    if route == "chat":
+        delta = choices[0].get("delta") or {}
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return choices[0].get("text") or ""
+
+
+async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, res: RequestResult) -> None:
+    chunks = 0
+    last = None
+    done = False
+    async with client.stream("POST", target.endpoint, json=target.body(req), headers=target.headers()) as resp:
+        if resp.status_code != 200:
+            body = (await resp.aread())[:300].decode("utf-8", "replace")
+            res.error, res.detail = f"http_{resp.status_code}", body
+            return
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                break
+            try:
+                obj = json.loads(payload)
+            except json.JSONDecodeError:
+                res.error, res.detail = "bad_response", payload[:200]
+                return
+            if not isinstance(obj, dict):
+                res.error, res.detail = "bad_response", payload[:200]
+                return
+            if obj.get("error"):
+                res.error, res.detail = "stream_error", json.dumps(obj["error"])[:300]
+                return
+            now = time.perf_counter()
+            if _chunk_text(obj, target.route):
+                chunks += 1
+                if last is None:
+                    res.ttft = now - res.start
+                else:
+                    res.itl.append(now - last)
+                last = now
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                res.usage_reported = True
+                res.output_tokens = usage["completion_tokens"]
+                res.prompt_tokens = usage.get("prompt_tokens")
+    res.e2e = time.perf_counter() - res.start
+    if not done:
+        res.error, res.detail = "incomplete_stream", "stream ended without data: [DONE]"
+    elif res.ttft is None:
+        res.error, res.detail = "no_output", "stream had no output text"
+    elif not res.usage_reported:
+        res.output_tokens = chunks
+
+
+async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest, timeout: float) -> RequestResult:
+    """Send ``req`` and time it; the whole request is bounded by ``timeout`` seconds. Never raises for
+    network or server failures (cancellation still propagates)."""
+    res = RequestResult(start=time.perf_counter())
+    try:
+        await asyncio.wait_for(_stream(client, target, req, res), timeout)
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        res.error, res.detail = "timeout", f"no complete response within {timeout:g} s"
+    except httpx.ConnectError as err:
+        res.error, res.detail = "connect_error", str(err) or type(err).__name__
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
+        res.error, res.detail = "connection_lost", str(err) or type(err).__name__
+    except httpx.HTTPError as err:
+        res.error, res.detail = f"http_error:{type(err).__name__}", str(err)
+    except OSError as err:
+        res.error, res.detail = f"os_error:{type(err).__name__}", str(err)
+    if res.error is not None:
+        res.e2e = time.perf_counter() - res.start
+    return res
+
+
+def make_client(max_connections: int, timeout: float) -> httpx.AsyncClient:
+    """An AsyncClient whose pool never queues requests below ``max_connections`` in flight."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), trust_env=False)

@@ -1,0 +1,168 @@
+"""The concurrency ladder: for each level, keep ``concurrency`` requests in flight (closed loop) until the
+level's request count is sent, or send them as Poisson arrivals at ``rate`` requests/s capped at
+``concurrency`` in flight (as vLLM's benchmark_serving with --request-rate and --max-concurrency).
+
+Each level is bounded by its request count and, optionally, ``max_level_s`` (no new request after that) and each
+request by ``timeout``. Failures are counted per reason, never raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import httpx
+
+from deployctl.bench import server_metrics
+from deployctl.bench.client import RequestResult, Target, make_client, send
+from deployctl.bench.stats import LevelStats, Objectives, level_stats
+from deployctl.bench.workload import BenchRequest
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    """How to run the ladder. ``requests_per_level`` is raised to the level's concurrency when lower
+    (every slot gets a request); times in seconds; ``rate`` in requests/s (None: closed loop)."""
+
+    target: Target
+    concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)
+    requests_per_level: int = 64
+    timeout: float = 60.0
+    rate: float | None = None
+    seed: int = 0
+    max_level_s: float | None = None
+    objectives: Objectives = field(default_factory=Objectives)
+    metrics_url: str | None = None
+    metrics_prefix: str = "deployctl_runtime_"
+
+    def level_requests(self, concurrency: int) -> int:
+        return max(self.requests_per_level, concurrency)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress event: ``done``/``ok``/``errors`` of ``total`` at level ``index`` (0-based) of
+    ``num_levels``; ``stats`` is set once the level has finished."""
+
+    index: int
+    num_levels: int
+    concurrency: int
+    total: int
+    done: int
+    ok: int
+    errors: int
+    stats: LevelStats | None = None
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def poisson_arrivals(rate: float, num: int, seed: int) -> list[float]:
+    """Send times (seconds from the level's start) of ``num`` requests arriving as a Poisson process of
+    ``rate`` requests/s: exponential gaps with mean 1/rate, seeded. The first request goes at 0."""
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    for i in range(num):
+        if i:
+            t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    cfg: LadderConfig,
+    requests: Sequence[BenchRequest],
+    concurrency: int,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Send ``requests`` at this level; returns the results and the level's wall time in seconds."""
+    slots = asyncio.Semaphore(concurrency)
+    arrivals = poisson_arrivals(cfg.rate, len(requests), cfg.seed + concurrency) if cfg.rate else None
+    results: list[RequestResult] = []
+    tasks: list[asyncio.Task] = []
+
+    async def one(req: BenchRequest) -> None:
+        try:
+            res = await send(client, cfg.target, req, cfg.timeout)
+        finally:
+            slots.release()
+        results.append(res)
+        if on_done is not None:
+            on_done(res)
+
+    start = time.perf_counter()
+    deadline = start + cfg.max_level_s if cfg.max_level_s else None
+    for i, req in enumerate(requests):
+        if arrivals is not None:
+            delay = start + arrivals[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await slots.acquire()
+        if deadline is not None and time.perf_counter() >= deadline:
+            slots.release()
+            break
+        tasks.append(asyncio.create_task(one(req)))
+    if tasks:
+        await asyncio.gather(*tasks)
+    return results, time.perf_counter() - start
+
+
+async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress: ProgressFn | None) -> list[LevelStats]:
+    levels: list[LevelStats] = []
+    max_conc = max(cfg.concurrencies)
+    metrics_headers = cfg.target.headers()
+    async with make_client(max_conc + 4, cfg.timeout) as client:
+        for index, conc in enumerate(cfg.concurrencies):
+            reqs = list(requests[: cfg.level_requests(conc)])
+            counts = {"done": 0, "ok": 0}
+
+            def emit(stats: LevelStats | None = None, conc=conc, reqs=reqs, counts=counts, index=index) -> None:
+                if on_progress is not None:
+                    on_progress(Progress(index, len(cfg.concurrencies), conc, len(reqs), counts["done"],
+                                         counts["ok"], counts["done"] - counts["ok"], stats))
+
+            def on_done(res: RequestResult, counts=counts, emit=emit) -> None:
+                counts["done"] += 1
+                counts["ok"] += res.ok
+                emit()
+
+            emit()
+            before = await _try_scrape(client, cfg, metrics_headers)
+            results, duration = await run_level(client, cfg, reqs, conc, on_done)
+            stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
+            if cfg.metrics_url:
+                stats.server = await _server_window(client, cfg, metrics_headers, before, stats.num_ok)
+            levels.append(stats)
+            emit(stats)
+    return levels
+
+
+async def _try_scrape(client: httpx.AsyncClient, cfg: LadderConfig, headers: dict[str, str]):
+    if not cfg.metrics_url:
+        return None
+    try:
+        return await server_metrics.scrape(client, cfg.metrics_url, headers)
+    except (httpx.HTTPError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+async def _server_window(client, cfg: LadderConfig, headers, before, expected: int) -> dict:
+    if before is None or isinstance(before, str):
+        return {"error": f"cannot scrape {cfg.metrics_url}: {before}"}
+    try:
+        after = await server_metrics.scrape_after(client, cfg.metrics_url, headers, before, cfg.metrics_prefix, expected)
+        return server_metrics.window(before, after, cfg.metrics_prefix)
+    except (httpx.HTTPError, ValueError) as err:
+        return {"error": f"cannot scrape {cfg.metrics_url}: {type(err).__name__}: {err}"}
+
+
+def run_ladder(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress: ProgressFn | None = None) -> list[LevelStats]:
+    """Run every level in order; ``requests`` must hold at least the largest level's count (see
+    ``LadderConfig.level_requests``). Returns one LevelStats per level."""
+    need = max(cfg.level_requests(c) for c in cfg.concurrencies)
+    if len(requests) < need:
+        raise ValueError(f"run_ladder needs {need} requests, got {len(requests)}")
+    return asyncio.run(_run(cfg, requests, on_progress))

@@ -1,0 +1,64 @@
+"""The ladder as a PNG: latency percentiles and throughput against concurrency, the knee marked.
+
+matplotlib (the ``plot`` extra) is imported here only, with the Agg backend, when a plot is asked for.
+Raises UsageError when matplotlib is missing or the file cannot be written.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from deployctl.bench.knee import Knee
+from deployctl.bench.stats import LevelStats
+from deployctl.errors import UsageError
+
+
+def write_plot(levels: Sequence[LevelStats], knee: Knee, path: Path, title: str = "") -> Path:
+    """Write the figure to ``path`` (PNG) and return it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib, which is not installed", fix="pip install 'deployctl[plot]'") from None
+    xs = [s.concurrency for s in levels]
+    fig, (ax_lat, ax_tok, ax_thr) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for key, label, ax in (("ttft_ms", "TTFT", ax_lat), ("e2e_ms", "E2E", ax_lat), ("tpot_ms", "TPOT", ax_tok),
+                           ("itl_ms", "ITL", ax_tok)):
+        for q, style in (("p50", "-o"), ("p90", "--s"), ("p99", ":^")):
+            ys = [getattr(s, key)[q] for s in levels]
+            if any(y is not None for y in ys):
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], style, label=f"{label} {q.upper()}")
+    ax_lat.set_ylabel("ms")
+    ax_lat.set_title("TTFT and end-to-end latency")
+    ax_tok.set_ylabel("ms")
+    ax_tok.set_title("TPOT and ITL")
+    ax_thr.plot(xs, [s.output_tokens_per_s for s in levels], "-o", label="output tokens/s")
+    ax_thr.set_ylabel("output tokens/s")
+    ax_req = ax_thr.twinx()
+    ax_req.plot(xs, [s.requests_per_s for s in levels], "--s", color="tab:orange", label="requests/s")
+    ax_req.set_ylabel("requests/s")
+    ax_thr.set_title("Throughput")
+    for ax in (ax_lat, ax_tok, ax_thr):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrency")
+        ax.grid(True, alpha=0.3)
+        if knee.concurrency is not None:
+            ax.axvline(knee.concurrency, color="red", alpha=0.6, label=f"knee ({knee.concurrency})")
+        ax.legend(fontsize=7, loc="upper left")
+    if knee.ttft_p99_limit_ms is not None:
+        ax_lat.axhline(knee.ttft_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TTFT limit")
+    if knee.tpot_p99_limit_ms is not None:
+        ax_tok.axhline(knee.tpot_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TPOT limit")
+    fig.suptitle(title or "deployctl bench")
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as err:
+        raise UsageError(f"cannot write plot {path}: {err.strerror or err}", fix="pass a writable --plot path") from None
+    finally:
+        plt.close(fig)
+    return path

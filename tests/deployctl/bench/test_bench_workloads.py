@@ -1,0 +1,59 @@
+"""What the generator sends: Poisson arrivals in rate mode, and requests from a JSONL dataset."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from bench_fake_server import FakeConfig, FakeServer
+
+from deployctl.bench import workload
+from deployctl.bench.client import Target
+from deployctl.bench.ladder import LadderConfig, poisson_arrivals, run_ladder
+
+
+def test_poisson_arrivals_have_exponential_gaps_with_mean_one_over_rate():
+    times = poisson_arrivals(50.0, 20001, seed=1)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0.0 and all(g > 0 for g in gaps)
+    mean = sum(gaps) / len(gaps)
+    assert mean == pytest.approx(1 / 50, rel=0.03)
+    # exponential: the standard deviation equals the mean, and P(gap > mean) = 1/e
+    var = sum((g - mean) ** 2 for g in gaps) / len(gaps)
+    assert var ** 0.5 == pytest.approx(mean, rel=0.05)
+    assert sum(g > mean for g in gaps) / len(gaps) == pytest.approx(0.3679, abs=0.015)
+    assert poisson_arrivals(50.0, 10, seed=1) == times[:10]
+
+
+def test_rate_mode_sends_on_the_poisson_schedule():
+    cfg = FakeConfig(ttft_s=0.01, tpot_s=0.005, max_concurrency=16)
+    with FakeServer(cfg) as srv:
+        ladder = LadderConfig(target=Target(srv.url, model=cfg.model), concurrencies=(16,), requests_per_level=10,
+                              rate=15.0, seed=5)
+        (level,) = run_ladder(ladder, workload.synthetic(16, "4", "3", seed=0))
+    assert level.num_ok == 16 and level.rate == 15.0
+    expected = poisson_arrivals(15.0, 16, seed=5 + 16)
+    seen = [t - cfg.arrivals[0] for t in cfg.arrivals]
+    assert seen == pytest.approx(expected, abs=0.03)
+
+
+def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
+    data = tmp_path / "requests.jsonl"
+    rows = [{"prompt": "one two three", "max_tokens": 2},
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 3},
+            {"prompt": "four", "max_tokens": 4}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = FakeConfig(ttft_s=0.01, tpot_s=0.005)
+    with FakeServer(cfg) as srv:
+        rc, doc, err = run_bench("--url", srv.url, "--dataset", str(data), "--concurrency", "1", "--requests", "3",
+                                 "--no-loadgen-check", "--json")
+    assert rc == 0, err
+    sent = sorted((json.dumps(b["messages"]), b["max_tokens"]) for b in cfg.bodies)
+    want = sorted((json.dumps(workload.BenchRequest(r.get("prompt"), r.get("messages"), r["max_tokens"]).as_messages()),
+                   r["max_tokens"]) for r in rows)
+    assert sent == want
+    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} and b["model"] == "fake-model"
+               for b in cfg.bodies)
+    assert doc["levels"][0]["total_output_tokens"] == 9
+    data.write_text('{"prompt": "ok"}\nnot json\n')
+    rc, _, err = run_bench("--url", srv.url, "--dataset", str(data), "--no-loadgen-check")
+    assert rc == 3 and "line 2: not JSON" in err
