@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
-<<<<<<< HEAD
 from deployctl.cli import rollout as _rollout  # noqa: F401  (deploy, promote, abort, rollback, status, history)
-=======
 from deployctl.cli import bench as _bench  # noqa: F401  (registers bench)
->>>>>>> bench
+from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)
 
 
 def main() -> None:

@@ -1,0 +1,103 @@
+"""Facts from every host, in parallel: run the probe (deployctl/probe.py) with the host's python,
+then verify the weights there (deployctl/weights.py shipped the same way; in-process for local hosts,
+with byte progress). Both scripts go over stdin: ``python - ARGS`` with the source as input.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+from deployctl import probe as probe_module
+from deployctl import weights as weights_module
+from deployctl.config import DeployConfig, HostConfig
+from deployctl.errors import DeployctlError, RemoteError
+
+# on_progress(host, phase, advance_bytes, total_bytes): phase "probe" | "weights" | "done".
+ProgressFn = Callable[[str, str, int, Optional[int]], None]
+PROBE_TIMEOUT_S = 120
+HASH_BYTES_PER_S_FLOOR = 100e6  # remote hashing timeout: 120 s + bytes at this (slow disk) rate
+
+
+def _source(module) -> str:
+    return Path(module.__file__).read_text()
+
+
+def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
+    """What the probe needs to know about this host's deployment."""
+    return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
+            "port": cfg.server.port, "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+
+
+def cache_path(host: HostConfig) -> str:
+    """The host's hash cache: <deploy_root>/shared/hash-cache.json."""
+    return f"{host.deploy_root.rstrip('/')}/shared/hash-cache.json"
+
+
+def _parse_json(text: str, host: str, what: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    raise RemoteError(f"{what} on {host} printed no JSON: {text.strip()[-300:]!r}",
+                      fix="check that hosts[].python is a working Python 3.8+")
+
+
+def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progress: Optional[ProgressFn] = None) -> dict:
+    """Facts for one Host (deployctl.hosts.Host). Raises RemoteError subclasses for SSH failures."""
+    hc: HostConfig = host.config
+    report = on_progress or (lambda *a: None)
+    report(hc.name, "probe", 0, None)
+    res = host.run([hc.python, "-", json.dumps(probe_params(cfg, hc))], input=_source(probe_module),
+                   timeout=PROBE_TIMEOUT_S)
+    facts = _parse_json(res.stdout, hc.name, "the probe")
+    facts["weights"] = None
+    if verify_weights and (facts.get("model") or {}).get("exists"):
+        total = sum(f["size"] for f in facts["model"]["files"])
+        report(hc.name, "weights", 0, total)
+        facts["weights"] = _verify(host, cfg, total, lambda n: report(hc.name, "weights", n, total))
+    elif verify_weights:
+        facts["weights"] = {"error": f"model directory {cfg.model.path} does not exist"}
+    report(hc.name, "done", 0, None)
+    return facts
+
+
+def _verify(host, cfg: DeployConfig, total: int, advance: Callable[[int], None]) -> dict:
+    hc: HostConfig = host.config
+    if hc.is_local:
+        cache = weights_module.HashCache(Path(cache_path(hc)))
+        return weights_module.verify(Path(cfg.model.path), manifest=cfg.model.manifest, cache=cache, progress=advance).to_json()
+    res = host.run([hc.python, "-", "verify", cfg.model.path, "--manifest", cfg.model.manifest, "--cache", cache_path(hc)],
+                   input=_source(weights_module), timeout=120 + total / HASH_BYTES_PER_S_FLOOR)
+    advance(total)
+    return _parse_json(res.stdout, hc.name, "weight verification")
+
+
+def gather(cfg: DeployConfig, host_names: Optional[list[str]] = None, *, verify_weights: bool = True,
+           on_progress: Optional[ProgressFn] = None, max_workers: int = 8) -> list[tuple[HostConfig, dict]]:
+    """[(host config, facts)] for the named hosts (all when None), probed in parallel. A host that
+    cannot be reached gets facts ``{"error": message, "fix": fix}`` instead of raising."""
+    from deployctl.hosts import Host, run_on_hosts
+
+    configs = [cfg.host(n) for n in host_names] if host_names else list(cfg.hosts)
+    hosts = [Host.from_config(hc) for hc in configs]
+    try:
+        outcomes = run_on_hosts(hosts, lambda h: host_facts(h, cfg, verify_weights=verify_weights, on_progress=on_progress),
+                                max_workers=max_workers)
+    finally:
+        for h in hosts:
+            h.close()
+    out = []
+    for hc, outcome in zip(configs, outcomes):
+        if outcome.error is not None:
+            err = outcome.error
+            fix = err.fix if isinstance(err, DeployctlError) else None
+            msg = err.message if isinstance(err, DeployctlError) else f"{type(err).__name__}: {err}"
+            out.append((hc, {"error": msg, "fix": fix}))
+            if on_progress:
+                on_progress(hc.name, "done", 0, None)
+        else:
+            out.append((hc, outcome.value))
+    return out

@@ -1,0 +1,357 @@
+"""The probe: a stdlib-only script that runs on a host and prints one JSON document of facts.
+
+Preflight sends this file's source to the host and runs it with the host's configured python:
+``python - '<params JSON>'`` with the source on stdin. It imports nothing of deployctl; pynvml
+(nvidia-ml-py) is used when importable in that python; torch is probed in a subprocess of that python
+with a timeout (``import torch`` takes about a second). Runs on Python >= 3.8, Linux.
+
+Params (all optional): deploy_root, model_path, bind, port, gpu (index), torch_timeout_s.
+The facts' keys are listed in ``FACT_KEYS``; see collect() for each section's shape. Memory and disk
+sizes are bytes (integers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+PROBE_VERSION = 1
+FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "disk", "port", "service", "model")
+
+_TORCH_SNIPPET = r"""
+import json, sys, warnings
+out = {"ok": False}
+try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch
+        out["version"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        out["cuda_available"] = bool(torch.cuda.is_available())
+        out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
+    out["warnings"] = [str(w.message)[:500] for w in caught if "cuda" in str(w.message).lower()][:3]
+    out["ok"] = True
+except BaseException as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:500])
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def probe_os() -> dict:
+    info = {"system": platform.system(), "kernel": platform.release(), "machine": platform.machine(), "distro": None}
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    info["distro"] = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return info
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def probe_nvidia() -> dict:
+    """Driver, the CUDA version it supports, and each GPU via NVML; ``error`` holds NVML's text."""
+    out = {"available": False, "error": None, "driver_version": None, "cuda_driver_version": None,
+           "cuda_version": None, "gpus": []}
+    try:
+        import pynvml
+    except ImportError as exc:
+        out["error"] = "nvidia-ml-py (pynvml) is not importable in %s: %s" % (sys.executable, exc)
+        return out
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        out["error"] = str(exc) or type(exc).__name__
+        return out
+    try:
+        out["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        out["cuda_driver_version"] = cuda
+        out["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            gpu = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total),
+                   "memory_free": int(mem.free), "memory_used": int(mem.used), "compute_capability": None,
+                   "processes": []}
+            try:
+                gpu["compute_capability"] = "%d.%d" % tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
+            except Exception:
+                pass
+            procs = []
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    procs.extend(getattr(pynvml, getter)(h))
+                except Exception:
+                    pass
+            seen = set()
+            for p in procs:
+                if p.pid in seen:
+                    continue
+                seen.add(p.pid)
+                used = getattr(p, "usedGpuMemory", None)
+                gpu["processes"].append({"pid": int(p.pid), "name": _proc_name(p.pid), "cmdline": _proc_cmdline(p.pid),
+                                         "used_memory": int(used) if isinstance(used, int) else None})
+            out["gpus"].append(gpu)
+        out["available"] = True
+    except Exception as exc:
+        out["error"] = str(exc) or type(exc).__name__
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def probe_torch(python: str, timeout: float) -> dict:
+    """torch version, CUDA build and usability as seen by ``python`` (the runtime environment's)."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([python, "-c", _TORCH_SNIPPET], capture_output=True, text=True, timeout=timeout)
+        out = json.loads(proc.stdout) if proc.stdout.strip() else {"ok": False, "error": proc.stderr.strip()[-500:]}
+    except subprocess.TimeoutExpired:
+        out = {"ok": False, "error": "import torch did not finish within %ss" % timeout}
+    except (OSError, ValueError) as exc:
+        out = {"ok": False, "error": str(exc)}
+    out["python"] = python
+    out["duration_s"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def probe_disk(paths: dict) -> list:
+    out = []
+    for role, path in paths.items():
+        if not path:
+            continue
+        checked = _nearest_existing(path)
+        usage = shutil.disk_usage(checked)
+        out.append({"role": role, "path": path, "exists": os.path.exists(path), "checked_path": checked,
+                    "free_bytes": usage.free, "total_bytes": usage.total})
+    return out
+
+
+def _proc_name(pid: int) -> str:
+    """The process name (/proc/PID/comm), "?" when it cannot be read."""
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _proc_cmdline(pid: int) -> str:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").strip().decode(errors="replace")[:200]
+    except OSError:
+        return ""
+
+
+def _parse_addr(hex_addr: str) -> str:
+    ip_hex, port_hex = hex_addr.split(":")
+    raw = bytes.fromhex(ip_hex)
+    if len(raw) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, struct.pack("<I", struct.unpack(">I", raw)[0]))
+    else:
+        words = struct.unpack("<4I", raw)
+        ip = socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
+        if ip.startswith("::ffff:") and "." in ip:
+            ip = ip[7:]
+    return "%s:%d" % (ip, int(port_hex, 16))
+
+
+def _listeners(port: int) -> list:
+    """LISTEN sockets on ``port`` from /proc/net/tcp{,6}: [{"address", "inode"}]. TIME_WAIT is ignored."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) < 10 or cols[3] != "0A":  # 0A = TCP_LISTEN
+                        continue
+                    if int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        found.append({"address": _parse_addr(cols[1]), "inode": int(cols[9])})
+        except OSError:
+            continue
+    return found
+
+
+def _inode_pids(inodes: set) -> dict:
+    """{inode: pid} by reading /proc/*/fd links (only processes we may inspect)."""
+    owners = {}
+    targets = {"socket:[%d]" % i: i for i in inodes}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for fd in os.listdir("/proc/%s/fd" % entry):
+                link = os.readlink("/proc/%s/fd/%s" % (entry, fd))
+                if link in targets:
+                    owners.setdefault(targets[link], int(entry))
+        except OSError:
+            continue
+    return owners
+
+
+def _conflicts(address: str, bind: str) -> bool:
+    host = address.rsplit(":", 1)[0]
+    wildcard = ("0.0.0.0", "::", "")
+    return host in wildcard or bind in wildcard or host == bind or (bind == "localhost" and host in ("127.0.0.1", "::1"))
+
+
+def probe_port(bind: str, port: int) -> dict:
+    """Is ``bind:port`` free? If not, the holders (pid, name) from /proc; plus a bind attempt."""
+    out = {"bind": bind, "port": port, "free": True, "holders": [], "bind_error": None}
+    listeners = [l for l in _listeners(port) if _conflicts(l["address"], bind)]
+    owners = _inode_pids({l["inode"] for l in listeners}) if listeners else {}
+    for l in listeners:
+        pid = owners.get(l["inode"])
+        out["holders"].append({"address": l["address"], "pid": pid, "name": _proc_name(pid) if pid else None,
+                               "cmdline": _proc_cmdline(pid) if pid else None})
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+        try:
+            s.bind((bind, port))
+        finally:
+            s.close()
+    except OSError as exc:
+        out["bind_error"] = "%s (errno %s)" % (exc.strerror, exc.errno)
+    out["free"] = not out["holders"] and out["bind_error"] is None
+    return out
+
+
+def _descendants(root: int) -> list:
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def probe_service(deploy_root: str) -> dict:
+    """The running release's pid (``<deploy_root>/shared/run/runtime.pid``) and its descendants."""
+    out = {"pid_file": None, "pid": None, "alive": False, "pids": []}
+    if not deploy_root:
+        return out
+    pid_file = os.path.join(deploy_root, "shared", "run", "runtime.pid")
+    out["pid_file"] = pid_file
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return out
+    out["pid"] = pid
+    out["alive"] = os.path.exists("/proc/%d" % pid)
+    out["pids"] = _descendants(pid) if out["alive"] else []
+    return out
+
+
+def probe_model(path: str, max_files: int = 5000) -> dict:
+    """The model directory's files (relative path, size), config.json, chat template presence and the
+    weights bytes declared by safetensors headers (data_offsets)."""
+    out = {"path": path, "exists": bool(path) and os.path.isdir(path), "files": [], "truncated": False,
+           "config": None, "chat_template": None, "weights_bytes": None, "error": None}
+    if not out["exists"]:
+        return out
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in (".git", ".cache"))
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            if len(out["files"]) >= max_files:
+                out["truncated"] = True
+                break
+            try:
+                out["files"].append({"path": os.path.relpath(full, path), "size": os.path.getsize(full)})
+            except OSError:
+                continue
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            out["config"] = json.load(f)
+    except (OSError, ValueError) as exc:
+        out["error"] = "config.json: %s" % exc
+    out["chat_template"] = _chat_template_source(path)
+    total, seen = 0, False
+    for entry in out["files"]:
+        if entry["path"].endswith(".safetensors"):
+            try:
+                with open(os.path.join(path, entry["path"]), "rb") as f:
+                    (n,) = struct.unpack("<Q", f.read(8))
+                    header = json.loads(f.read(min(n, 100 * 2**20)))
+                total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+                seen = True
+            except (OSError, ValueError, KeyError, TypeError, struct.error):
+                continue
+    out["weights_bytes"] = total if seen else None
+    return out
+
+
+def _chat_template_source(path: str):
+    """Where the chat template comes from, or None: tokenizer_config.json, chat_template.jinja/.json."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            if json.load(f).get("chat_template"):
+                return "tokenizer_config.json"
+    except (OSError, ValueError, AttributeError):
+        pass
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            return name
+    return None
+
+
+def collect(params: dict) -> dict:
+    """All facts for ``params``; every section is present even when its probe failed."""
+    deploy_root = params.get("deploy_root") or ""
+    model_path = params.get("model_path") or ""
+    facts = {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
+             "os": probe_os(), "python": {"executable": sys.executable, "version": platform.python_version()}}
+    facts["nvidia"] = probe_nvidia()
+    facts["torch"] = probe_torch(params.get("python") or sys.executable, float(params.get("torch_timeout_s", 60)))
+    facts["disk"] = probe_disk({"deploy_root": deploy_root, "model": model_path})
+    facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
+    facts["service"] = probe_service(deploy_root)
+    facts["model"] = probe_model(model_path)
+    return facts
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    params = json.loads(argv[0]) if argv else {}
+    sys.stdout.write(json.dumps(collect(params)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Checks over recorded facts (tests/data/facts): C01 (capacity), C14 (driver vs torch CUDA build),
+GPU memory held by other processes, port holders, API key, chat template. No GPU needed: the same
+check code runs on facts captured from GPU hosts."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from deployctl.config import parse_config
+from deployctl.preflight import check_facts
+from deployctl.preflight.drivers import cuda_from_nvml, cuda_supported_by_driver, min_driver_for_cuda
+
+FACTS = Path(__file__).resolve().parent.parent / "data" / "facts"
+
+
+def facts(name: str) -> dict:
+    return json.loads((FACTS / f"{name}.json").read_text())
+
+
+def config(engine: str = "", server: str = "") -> object:
+    text = f"""
+service: {{name: chat-8b}}
+model: {{path: /models/llama-3-8b-instruct}}
+engine:
+  device: cuda
+{engine}
+server:
+  port: 8080
+{server}
+hosts:
+  - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/chat-8b, python: /opt/deployctl/venv/bin/python}}
+"""
+    return parse_config(text)
+
+
+def run(cfg, f: dict, environ=None):
+    rep = check_facts(cfg, [(cfg.hosts[0], f)], environ or {})
+    return rep, {c.name: c for c in rep.hosts[0].checks}
+
+
+def test_h200_host_passes_every_check():
+    cfg = config("  max_model_len: 8192\n  max_num_seqs: 64")
+    rep, checks = run(cfg, facts("h200"))
+    assert rep.ok, [c for c in checks.values() if c.status != "pass"]
+    assert all(c.status == "pass" for c in checks.values())
+    assert "570.133.20" in checks["nvidia_driver"].message and "12.8" in checks["nvidia_driver"].message
+    # the plan uses the GPU size from the host's facts (143771 MiB), not this machine's NVML
+    assert "143,771 MiB" in checks["gpu_memory"].message
+    doc = rep.to_json()
+    assert set(doc) == {"ok", "hosts"} and set(doc["hosts"][0]) == {"host", "checks", "facts"}
+    assert set(doc["hosts"][0]["checks"][0]) == {"name", "status", "message", "fix"}
+
+
+def test_c14_driver_530_with_cu124_torch_fails_naming_versions_and_fix():
+    rep, checks = run(config(), facts("c14_driver530_cu124"))
+    c = checks["nvidia_driver"]
+    assert not rep.ok and c.status == "fail"
+    assert "530.30.02" in c.message and "CUDA up to 12.1" in c.message and "CUDA 12.4" in c.message
+    assert "2.5.1+cu124" in c.message
+    assert ">= 550.54.14" in c.fix and "CUDA <= 12.1" in c.fix
+    # minor-version compatibility is named, not relied on
+    assert "525.60.13" in c.message
+    assert checks["torch"].status == "fail" and "too old" in checks["torch"].message
+
+
+def test_c14_driver_470_with_cu118_torch_fails():
+    rep, checks = run(config(), facts("c14_driver470_cu118"))
+    c = checks["nvidia_driver"]
+    assert c.status == "fail"
+    assert "470.182.03" in c.message and "11.4" in c.message and "11.8" in c.message
+    assert ">= 520.61.05" in c.fix
+
+
+def test_c14_no_driver_is_a_plain_separate_message():
+    rep, checks = run(config(), facts("no_driver"))
+    c = checks["nvidia_driver"]
+    assert c.status == "fail" and c.message == "NVIDIA driver not found (NVML: Driver Not Loaded)"
+    assert checks["capacity"].status == "warn" and "Driver Not Loaded" in checks["capacity"].message
+
+
+def test_driver_table():
+    assert cuda_from_nvml(12010) == "12.1" and cuda_from_nvml(11040) == "11.4" and cuda_from_nvml(12080) == "12.8"
+    assert cuda_supported_by_driver("530.30.02") == "12.1"
+    assert cuda_supported_by_driver("470.182.03") == "11.4"
+    assert cuda_supported_by_driver("550.54.14") == "12.4" and cuda_supported_by_driver("550.54.13") == "12.3"
+    assert min_driver_for_cuda("12.4") == "550.54.14" and min_driver_for_cuda("12.7") == "570.26"
+
+
+def test_driver_from_table_when_nvml_gives_no_cuda_version():
+    f = facts("c14_driver530_cu124")
+    f["nvidia"]["cuda_version"] = None
+    _, checks = run(config(), f)
+    assert checks["nvidia_driver"].status == "fail" and "CUDA up to 12.1" in checks["nvidia_driver"].message
+
+
+def test_c01_a_kv_pool_smaller_than_one_request_fails_with_the_numbers():
+    cfg = config("  max_model_len: 4096\n  block_size: 16\n  num_gpu_blocks_override: 229\n  max_num_seqs: 8")
+    rep, checks = run(cfg, facts("h200"))
+    c = checks["capacity"]
+    assert not rep.ok and c.status == "fail"
+    for needle in ("4096", "3664 tokens", "229 blocks", "16 tokens", "131072 bytes/token", "largest feasible max_model_len is 3664"):
+        assert needle in c.message, needle
+    assert "3664" in c.fix
+
+
+def test_c01_b_half_concurrency_warns():
+    cfg = config("  max_model_len: 8192\n  num_gpu_blocks_override: 2048\n  max_num_seqs: 8")
+    rep, checks = run(cfg, facts("h200"))
+    c = checks["capacity"]
+    assert rep.ok and c.status == "warn"
+    assert "0.50×" in c.message and "32768" in c.message
+
+
+def test_gpu_memory_held_by_another_process_fails_naming_it():
+    cfg = config("  max_model_len: 4096\n  max_num_seqs: 8")
+    rep, checks = run(cfg, facts("rtx4090_shared"))
+    c = checks["gpu_memory"]
+    assert c.status == "fail"
+    assert "pid 4121 (python3) 12,288 MiB" in c.message and "11,862 MiB free" in c.message
+    assert c.fix.startswith("stop those processes") and "weights + overhead alone need 16,853 MiB" in c.fix
+    # a smaller model leaves room beside them: the fix proposes a utilization that fits
+    f = facts("rtx4090_shared")
+    f["model"]["weights_bytes"] = 4 * 2**30
+    _, checks = run(cfg, f)
+    assert "gpu_memory_utilization <= 0.48" in checks["gpu_memory"].fix
+
+
+def test_gpu_memory_of_our_running_release_counts_as_free():
+    f = facts("rtx4090_shared")
+    f["service"] = {"pid_file": "x", "pid": 4000, "alive": True, "pids": [4000, 4121]}
+    _, checks = run(config("  max_model_len: 4096\n  max_num_seqs: 8"), f)
+    assert checks["gpu_memory"].status == "pass", checks["gpu_memory"]
+
+
+def test_other_process_that_leaves_room_is_a_warning():
+    f = facts("h200")
+    f["nvidia"]["gpus"][0]["processes"] = [{"pid": 77, "name": "jupyter", "cmdline": "", "used_memory": 2048 * 2**20}]
+    f["nvidia"]["gpus"][0]["memory_free"] -= 2048 * 2**20
+    _, checks = run(config("  gpu_memory_utilization: 0.8"), f)
+    assert checks["gpu_memory"].status == "warn" and "pid 77 (jupyter)" in checks["gpu_memory"].message
+
+
+def test_port_held_by_other_process_fails_and_by_our_release_passes():
+    f = facts("h200")
+    f["port"] = {"bind": "127.0.0.1", "port": 8080, "free": False, "bind_error": "Address already in use (errno 98)",
+                 "holders": [{"address": "0.0.0.0:8080", "pid": 991, "name": "python3", "cmdline": "python3 -m http.server 8080"}]}
+    _, checks = run(config(), f)
+    c = checks["port"]
+    assert c.status == "fail" and "pid 991 (python3: python3 -m http.server 8080)" in c.message and "kill 991" in c.fix
+    f["service"] = {"pid_file": "x", "pid": 990, "alive": True, "pids": [990, 991]}
+    _, checks = run(config(), f)
+    assert checks["port"].status == "pass" and "running release" in checks["port"].message
+
+
+def test_device_cpu_skips_gpu_checks():
+    f = facts("no_driver")
+    f["torch"]["cuda"] = None
+    _, checks = run(config("  device: cpu\n  max_model_len: 4096\n  kv_cache_memory: 1GiB"), f)
+    for name in ("nvidia_driver", "gpu_memory"):
+        assert checks[name].status == "pass" and "device is cpu" in checks[name].message
+    assert checks["torch"].status == "pass"
+
+
+def test_api_key_required_for_non_loopback_bind():
+    cfg = config(server="  bind: 0.0.0.0\n  api_key_env: LLM_API_KEY")
+    rep, checks = run(cfg, facts("h200"), environ={})
+    assert checks["api_key"].status == "fail" and "$LLM_API_KEY" in checks["api_key"].message
+    rep, checks = run(cfg, facts("h200"), environ={"LLM_API_KEY": "k"})
+    assert checks["api_key"].status == "pass"
+
+
+def test_missing_chat_template_and_disk_and_weights_issues():
+    f = copy.deepcopy(facts("h200"))
+    f["model"]["chat_template"] = None
+    f["disk"][0]["free_bytes"] = 300 * 2**20
+    f["weights"]["issues"] = [{"file": "model-00002-of-00004.safetensors", "kind": "sha256_mismatch",
+                               "message": "model-00002-of-00004.safetensors: sha256 mismatch: expected a, actual b",
+                               "expected": "a", "actual": "b"}]
+    rep, checks = run(config(), f)
+    assert checks["chat_template"].status == "warn"
+    assert checks["disk"].status == "fail" and "300.0 MiB" in checks["disk"].message
+    assert checks["weights"].status == "fail" and "model-00002-of-00004.safetensors" in checks["weights"].message
+
+
+def test_unreachable_host_is_one_failed_check():
+    cfg = config()
+    rep = check_facts(cfg, [(cfg.hosts[0], {"error": "gpu-a: connection refused", "fix": "is sshd running?"})], {})
+    assert not rep.ok and [c.name for c in rep.hosts[0].checks] == ["reach"]
+
+
+@pytest.mark.parametrize("name", ["h200", "rtx4090_shared", "no_driver", "c14_driver530_cu124", "c14_driver470_cu118"])
+def test_recorded_facts_have_the_probe_keys(name):
+    from deployctl.probe import FACT_KEYS
+
+    assert set(FACT_KEYS) <= set(facts(name))
