@@ -78,7 +78,7 @@ class Fleet:
         """Run preflight on every host; any failed check stops the deploy before anything changes (exit 1)."""
         from deployctl.rollout.gate import preflight_gate
 
-        preflight_gate(self.cfg, self.hosts, self.say)
+        preflight_gate(self.cfg, self.say)
 
     def make_release(self):
         self.wheel = release.build_wheel()

@@ -9,7 +9,12 @@ from deployctl.config import DeployConfig
 from deployctl.rollout import launcher, release
 from deployctl.rollout.verify import Verified, verify
 
-VERIFY_TIMEOUT_S = float(os.environ.get("DEPLOYCTL_VERIFY_TIMEOUT_S", 300))
+
+def verify_timeout(cfg: DeployConfig) -> float:
+    """Seconds a start may take before verification fails: DEPLOYCTL_VERIFY_TIMEOUT_S, else
+    server.startup_timeout_s."""
+    env = os.environ.get("DEPLOYCTL_VERIFY_TIMEOUT_S")
+    return float(env) if env else cfg.server.startup_timeout_s
 
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
@@ -22,8 +27,9 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
         on_switch(host.name)
     release.install(host, release_id)
     launcher.stop(host, cfg)
-    launcher.start(host, cfg)
-    return verify(host, cfg, timeout=VERIFY_TIMEOUT_S, expect_release=release_id, should_stop=should_stop)
+    offset = launcher.start(host, cfg)
+    return verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
+                  log_offset=offset)
 
 
 def on_hosts(hosts: list, fn) -> tuple[dict, dict]:

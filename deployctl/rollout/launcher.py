@@ -1,10 +1,10 @@
 """Start, stop and restart the runtime on a host.
 
-``launcher: process``: ``current/launch.sh`` (rendered per release: supervisor loop, pidfile, log file) started
-detached through ``Host.start_background`` (setsid, stdin /dev/null, output appended to shared/logs/runtime.log)
-with PYTHONPATH removed so the installed wheel is what runs; its pid (the process group leader) goes to
-shared/run/launcher.pid. Stop: SIGTERM to the process group, wait up to the drain timeout for the group to exit
-(the runtime drains in-flight requests), then SIGKILL.
+``launcher: process``: the release's ``launch.sh`` (rendered by deployctl.render: a supervisor loop with pidfile
+shared/run/runtime.pid, log shared/logs/runtime.log, restart on failure with backoff) run as ``launch.sh start``
+(it detaches itself with setsid, stdin /dev/null, output to the log) with PYTHONPATH removed so the installed wheel
+is what runs. Stop: SIGTERM to the supervisor (it forwards one SIGTERM to the runtime, which drains), wait up to
+the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group.
 ``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``.
 """
 from __future__ import annotations
@@ -13,32 +13,40 @@ import posixpath
 import shlex
 
 from deployctl.config import DeployConfig
-from deployctl.rollout.paths import current_link, log_file, shared_dir
+from deployctl.rollout.paths import current_link, log_file, pid_file, shared_dir
 
-
-def launcher_pid_file(h) -> str:
-    return shared_dir(h, "run", "launcher.pid")
+EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
 
 
 def _unit(cfg: DeployConfig) -> str:
     return f"{cfg.service.name}.service"
 
 
-def start(host, cfg: DeployConfig) -> None:
-    """Start the release ``current`` points at. Raises RemoteError."""
+def log_size(host) -> int:
+    r = host.run(f"stat -c %s {shlex.quote(log_file(host.config))} 2>/dev/null || echo 0", timeout=15)
+    try:
+        return int(r.stdout.strip() or 0)
+    except ValueError:
+        return 0
+
+
+def start(host, cfg: DeployConfig) -> int:
+    """Start the release ``current`` points at. Returns the log size before the start (for ``crashed``).
+    Raises RemoteError."""
     h = host.config
     cur = current_link(h)
+    offset = log_size(host)
     if h.launcher == "systemd":
         unit = _unit(cfg)
         host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
         host.sudo(["systemctl", "daemon-reload"])
         host.sudo(["systemctl", "restart", unit], timeout=120)
-        return
+        return offset
     host.run(["mkdir", "-p", shared_dir(h, "logs"), shared_dir(h, "run")], timeout=30)
     # launch.sh lives in the release dir; resolve the link now so a later switch cannot change what runs
     rdir = host.run(["readlink", "-f", cur], timeout=30).stdout.strip()
-    host.start_background(["env", "-u", "PYTHONPATH", "bash", posixpath.join(rdir, "launch.sh")],
-                          log_file=log_file(h), pid_file=launcher_pid_file(h), cwd=rdir)
+    host.run(["env", "-u", "PYTHONPATH", "bash", posixpath.join(rdir, "launch.sh"), "start"], timeout=30)
+    return offset
 
 
 def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
@@ -49,14 +57,15 @@ def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
         return "stopped"
-    pidf = shlex.quote(launcher_pid_file(h))
+    pidf = shlex.quote(pid_file(h))
     ticks = max(1, int(wait * 10))
     script = f"""
 pidf={pidf}
 [ -f "$pidf" ] || {{ echo "not running"; exit 0; }}
 pid=$(cat "$pidf")
+case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
 if ! kill -0 -- "-$pid" 2>/dev/null; then rm -f "$pidf"; echo "not running"; exit 0; fi
-kill -TERM -- "-$pid" 2>/dev/null
+kill -TERM "$pid" 2>/dev/null
 i=0
 while kill -0 -- "-$pid" 2>/dev/null; do
   sleep 0.1; i=$((i+1))
@@ -73,14 +82,23 @@ def is_running(host, cfg: DeployConfig) -> bool:
     h = host.config
     if h.launcher == "systemd":
         return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg)], check=False).exit_code == 0
-    pidf = shlex.quote(launcher_pid_file(h))
+    pidf = shlex.quote(pid_file(h))
     r = host.run(f'[ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null', timeout=30, check=False)
     return r.exit_code == 0
 
 
-def restart(host, cfg: DeployConfig) -> None:
-    stop(host, cfg)
-    start(host, cfg)
+def liveness(host, cfg: DeployConfig, offset: int) -> tuple[bool, str]:
+    """(process alive, first log line since ``offset`` that shows the runtime exiting or "") in one command.
+    A runtime that exits while starting is a failed start even when the supervisor would restart it."""
+    grep = (f"tail -c +{int(offset) + 1} {shlex.quote(log_file(host.config))} 2>/dev/null | "
+            f"grep -m1 -e {' -e '.join(shlex.quote(m) for m in EXIT_MARKERS)} || true")
+    if host.config.launcher == "systemd":
+        return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
+    pidf = shlex.quote(pid_file(host.config))
+    r = host.run(f'if [ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
+                 + grep, timeout=15)
+    lines = r.stdout.strip().splitlines()
+    return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()
 
 
 def log_tail(host, lines: int = 15) -> str:

@@ -156,11 +156,25 @@ def list_releases(host, *, timeout: float = 15) -> list[str]:
     return sorted(line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith("."))
 
 
-def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300) -> str:
-    """Write the release directory on ``host`` (skipped when a complete one with this id exists).
+def release_files(info: ReleaseInfo, files: list) -> list:
+    """The rendered files with release.json completed (render's fields plus ``ReleaseInfo``) and
+    manifest.sha256 recomputed to cover the runtime wheel too."""
+    from deployctl.render import RenderedFile, release_manifest
 
-    ``files`` are deployctl.render.RenderedFile (path relative to the release dir, content, mode). The model's
-    manifest is copied in as manifest.sha256 (the weights are never copied). Returns the release dir."""
+    base: dict = {}
+    for f in files:
+        if f.path == "release.json":
+            base = json.loads(f.content)
+    kept = [f for f in files if f.path not in ("release.json", "manifest.sha256")]
+    kept.append(RenderedFile("release.json", json.dumps({**base, **asdict(info)}, indent=1, sort_keys=True) + "\n"))
+    return kept + [release_manifest(kept, {info.runtime_wheel: info.runtime_wheel_sha256})]
+
+
+def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300) -> str:
+    """Write the release directory on ``host`` (skipped when a complete one with this id exists): the runtime
+    wheel, the rendered files (deployctl.render.RenderedFile) with release.json and manifest.sha256 completed
+    (``release_files``) and the model's manifest as model.manifest.sha256 (the weights are never copied). The
+    directory is filled under ``<id>.partial`` and renamed into place. Returns the release dir."""
     h = host.config
     rdir = release_dir(h, info.id)
     if host.exists(posixpath.join(rdir, "release.json")):
@@ -171,14 +185,13 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
              f"{q(shared_dir(h, 'run'))}", timeout=30)
     host.put(wheel, posixpath.join(tmp, wheel.name), timeout=timeout)
     fault = os.environ.get(FAULT_ENV)
-    for f in files:
+    for f in release_files(info, files):
         content = f.content
         if fault and posixpath.basename(f.path) == "runtime.env":
             content = content.rstrip("\n") + f"\n{FAULT_ENV}={fault}\n"
         host.put_text(content, posixpath.join(tmp, f.path), mode=f.mode)
     manifest = posixpath.join(cfg.model.path, cfg.model.manifest)
-    host.run(f"cp {q(manifest)} {q(posixpath.join(tmp, 'manifest.sha256'))}", timeout=30)
-    host.put_text(info.to_json(), posixpath.join(tmp, "release.json"), mode=0o644)
+    host.run(f"cp {q(manifest)} {q(posixpath.join(tmp, 'model.manifest.sha256'))}", timeout=30)
     host.run(f"rm -rf {q(rdir)} && mv {q(tmp)} {q(rdir)}", timeout=30)
     return rdir
 

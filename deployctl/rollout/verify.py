@@ -30,9 +30,11 @@ def _fail(host, what: str) -> HealthError:
                        fix=f"see {host.config.deploy_root}/shared/logs/runtime.log on {host.name}")
 
 
-def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None) -> float:
+def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
+               log_offset: Optional[int] = None) -> float:
     """Poll /readyz until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
-    seconds waited. Raises HealthError on timeout or when the runtime process exits."""
+    seconds waited. Raises HealthError on timeout, or when the runtime exits (its log since ``log_offset``
+    shows an exit, or the process group is gone)."""
     t0 = time.monotonic()
     last = ""
     while True:
@@ -42,11 +44,12 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
         if r.status == 200:
             return time.monotonic() - t0
         last = f"HTTP {r.status}" if r.status else (r.error or "no answer")
-        if not launcher.is_running(host, cfg):
-            # the supervisor may be between restarts; look once more before calling it dead
-            time.sleep(0.5)
-            if not launcher.is_running(host, cfg):
-                raise _fail(host, f"the runtime exited before it was ready (last /readyz: {last})")
+        if log_offset is not None:
+            alive, crash = launcher.liveness(host, cfg, log_offset)
+            if crash:
+                raise _fail(host, f"the runtime exited while starting ({crash[:200]})")
+            if not alive:
+                raise _fail(host, f"the runtime is not running (last /readyz: {last})")
         if time.monotonic() - t0 > timeout:
             raise _fail(host, f"not ready after {timeout:.0f} s (last /readyz: {last})")
         time.sleep(0.3)
@@ -73,9 +76,9 @@ def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[i
 
 
 def verify(host, cfg: DeployConfig, *, timeout: float = 120, expect_release: Optional[str] = None,
-           should_stop: Callable[[], None] | None = None) -> Verified:
+           should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None) -> Verified:
     """Readiness then a sample inference; with ``expect_release`` the answer's release header must match."""
-    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop)
+    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset)
     tokens, release = sample_inference(host, cfg, timeout=min(60.0, timeout))
     if expect_release and release and release != expect_release:
         raise _fail(host, f"serves release {release}, expected {expect_release}")
