@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
+from rollout_env import *  # noqa: F401,F403  (rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
@@ -22,14 +23,20 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     """Make ``release_id`` run on ``host``: switch ``current``, install its wheel, stop the old runtime (drain),
     start the new one, verify (ready + sample inference, release header checked). Raises RemoteError (4) or
     HealthError (5); ``should_stop`` may raise to interrupt the wait for readiness."""
+    t = [time.monotonic()]
     release.switch_current(host, release_id)
     if on_switch:
         on_switch(host.name)
     release.install(host, release_id)
+    t.append(time.monotonic())
     launcher.stop(host, cfg)
+    t.append(time.monotonic())
     offset = launcher.start(host, cfg)
-    return verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
-                  log_offset=offset)
+    v = verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
+               log_offset=offset)
+    t.append(time.monotonic())
+    return replace(v, timings={"install_s": round(t[1] - t[0], 2), "stop_s": round(t[2] - t[1], 2),
+                               "start_verify_s": round(t[3] - t[2], 2)})
 
 
 def on_hosts(hosts: list, fn) -> tuple[dict, dict]:

@@ -115,7 +115,8 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float)
             say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
         ok, bad = hostops.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
         for n, v in ok.items():
-            say("host", f"{n}: ready in {v.ready_s:.1f} s", host=n)
+            say("host", f"{n}: ready in {v.ready_s:.1f} s ({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})",
+                host=n, timings=v.timings)
         problems += [f"{n}: {e}" for n, e in bad.items()]
         serving += list(ok)
         route(serving)

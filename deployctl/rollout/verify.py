@@ -4,7 +4,7 @@ what failed, and the last lines of the runtime log."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
@@ -21,6 +21,7 @@ class Verified:
     ready_s: float  # seconds until /readyz answered 200
     tokens: int  # completion tokens of the sample inference
     release: Optional[str]  # X-Deployctl-Release of the answer
+    timings: dict = field(default_factory=dict)  # seconds per phase when activated by hostops
 
 
 def _fail(host, what: str) -> HealthError:
