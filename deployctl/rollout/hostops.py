@@ -24,10 +24,9 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     start the new one, verify (ready + sample inference, release header checked). Raises RemoteError (4) or
     HealthError (5); ``should_stop`` may raise to interrupt the wait for readiness."""
     t = [time.monotonic()]
-    release.switch_current(host, release_id)
-    if on_switch:
+    if on_switch:  # before the switch: if it fails half-way, the abort still looks at this host
         on_switch(host.name)
-    release.install(host, release_id)
+    release.switch_and_install(host, release_id)
     t.append(time.monotonic())
     launcher.stop(host, cfg)
     t.append(time.monotonic())

@@ -31,49 +31,67 @@ def log_size(host) -> int:
 
 
 def start(host, cfg: DeployConfig) -> int:
-    """Start the release ``current`` points at. Returns the log size before the start (for ``crashed``).
+    """Start the release ``current`` points at. Returns the log size before the start (for ``liveness``).
     Raises RemoteError."""
     h = host.config
     cur = current_link(h)
-    offset = log_size(host)
     if h.launcher == "systemd":
+        offset = log_size(host)
         unit = _unit(cfg)
         host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
         host.sudo(["systemctl", "daemon-reload"])
         host.sudo(["systemctl", "restart", unit], timeout=120)
         return offset
-    host.run(["mkdir", "-p", shared_dir(h, "logs"), shared_dir(h, "run")], timeout=30)
-    # launch.sh lives in the release dir; resolve the link now so a later switch cannot change what runs
-    rdir = host.run(["readlink", "-f", cur], timeout=30).stdout.strip()
-    host.run(["env", "-u", "PYTHONPATH", "bash", posixpath.join(rdir, "launch.sh"), "start"], timeout=30)
-    return offset
+    q = shlex.quote
+    log = q(log_file(h))
+    # one command: note the log size, then launch.sh start from the resolved release dir (a later switch of
+    # ``current`` cannot change what runs), without PYTHONPATH so the installed wheel is what runs
+    script = (f"mkdir -p {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}; "
+              f"stat -c %s {log} 2>/dev/null || echo 0; "
+              f"rdir=$(readlink -f {q(cur)}) && env -u PYTHONPATH bash \"$rdir/launch.sh\" start >/dev/null")
+    r = host.run(script, timeout=30)
+    try:
+        return int(r.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return 0
 
 
 def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
-    """Stop the runtime: SIGTERM, wait for the drain (``server.drain_timeout_s`` + 5 s unless ``timeout``),
-    then SIGKILL. Returns "stopped", "killed" or "not running". Raises RemoteError."""
+    """Stop the runtime: SIGTERM to the supervisor (the runtime drains: /readyz 503, in-flight requests finish),
+    then wait for the process group to exit, up to ``server.drain_timeout_s`` + 5 s unless ``timeout``, then
+    SIGKILL. Once the runtime's port stops accepting connections the drain is over (the listener closes after the
+    last request) and what is left of the process group is killed rather than waited for.
+    Returns "stopped", "killed" or "not running". Raises RemoteError."""
     h = host.config
     wait = cfg.server.drain_timeout_s + 5 if timeout is None else timeout
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
         return "stopped"
+    from deployctl.rollout.paths import service_port
+
     pidf = shlex.quote(pid_file(h))
     ticks = max(1, int(wait * 10))
+    port = service_port(cfg, h)
+    addr = "127.0.0.1" if cfg.server.bind in ("0.0.0.0", "::", "") else cfg.server.bind
     script = f"""
 pidf={pidf}
 [ -f "$pidf" ] || {{ echo "not running"; exit 0; }}
 pid=$(cat "$pidf")
 case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
 if ! kill -0 -- "-$pid" 2>/dev/null; then rm -f "$pidf"; echo "not running"; exit 0; fi
+listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
+was=0; listening && was=1
 kill -TERM "$pid" 2>/dev/null
-i=0
+i=0; closed=0
 while kill -0 -- "-$pid" 2>/dev/null; do
   sleep 0.1; i=$((i+1))
+  if [ $was = 1 ] && ! listening; then closed=$((closed+1)); else closed=0; fi
+  if [ $closed -ge 3 ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.1; rm -f "$pidf"; echo stopped; exit 0; fi
   if [ $i -ge {ticks} ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.2; rm -f "$pidf"; echo killed; exit 0; fi
 done
 rm -f "$pidf"; echo stopped
 """
-    r = host.run(script, timeout=wait + 30)
+    r = host.run(["bash", "-c", script], timeout=wait + 30)  # bash: /dev/tcp
     return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "stopped"
 
 

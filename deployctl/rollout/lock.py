@@ -68,6 +68,15 @@ def describe(owner: dict) -> str:
     return f"{owner.get('owner', '?')} pid {owner.get('pid', '?')} ({owner.get('command', '?')}) since {owner.get('started', '?')}"
 
 
+def _parse(text: str) -> Optional[dict]:
+    if not text:
+        return None
+    try:
+        return json.loads(text.splitlines()[0])
+    except ValueError:
+        return {"owner": "?", "started": "", "raw": text[:200]}
+
+
 class DeployLock:
     """The lock over all hosts of a service. Use ``acquire()``; ``release()`` removes only our own lock files."""
 
@@ -81,21 +90,21 @@ class DeployLock:
     def _line(self) -> str:
         return json.dumps(self.record, sort_keys=True)
 
-    def _try_create(self, host) -> bool:
-        path = state_file(host.config, "lock")
+    def _try_create(self, host) -> tuple[bool, Optional[dict]]:
+        """(created, the holder's record when not created) in one remote command."""
+        path = shlex.quote(state_file(host.config, "lock"))
         cmd = (f"mkdir -p {shlex.quote(state_dir(host.config))} && "
-               f"( set -C; printf '%s\\n' {shlex.quote(self._line())} > {shlex.quote(path)} ) 2>/dev/null")
-        return host.run(cmd, timeout=self.timeout, check=False).exit_code == 0
+               f"if ( set -C; printf '%s\\n' {shlex.quote(self._line())} > {path} ) 2>/dev/null; then echo CREATED; "
+               f"else cat {path} 2>/dev/null; fi")
+        out = host.run(cmd, timeout=self.timeout).stdout.strip()
+        if out == "CREATED":
+            return True, None
+        return False, _parse(out)
 
     def read(self, host) -> Optional[dict]:
         path = state_file(host.config, "lock")
         r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout)
-        if not r.stdout.strip():
-            return None
-        try:
-            return json.loads(r.stdout.strip().splitlines()[0])
-        except ValueError:
-            return {"owner": "?", "started": "", "raw": r.stdout[:200]}
+        return _parse(r.stdout.strip())
 
     def inspect(self) -> list[LockInfo]:
         """The locks currently on the hosts (not ours or ours)."""
@@ -119,10 +128,10 @@ class DeployLock:
         try:
             for host in self.hosts:
                 for _attempt in range(3):
-                    if self._try_create(host):
+                    created, owner = self._try_create(host)
+                    if created:
                         self.held.append(host)
                         break
-                    owner = self.read(host)
                     if owner is None:
                         continue  # released meanwhile: try again
                     if owner.get("token") == self.record["token"]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import CheckFailed, ConfigError
+from deployctl.errors import CheckFailed, ConfigError, DeployctlError
 from deployctl.rollout.paths import current_link, release_dir, releases_dir, shared_dir, state_dir
 
 FAULT_ENV = "DEPLOYCTL_RUNTIME_FAULT"  # test-only: copied into the new release's runtime.env when set
@@ -196,14 +196,32 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
     return rdir
 
 
-def install(host, release_id: str, *, timeout: float = 300) -> None:
-    """Install the release's runtime wheel into the host's python env (``pip install --no-deps
-    --force-reinstall``; the env already has torch and the other dependencies). Raises RemoteError."""
+def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
+    """In one remote command: point ``current`` at the release atomically (``switch_current``), then install
+    its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
+    already has torch and the other dependencies) unless shared/run/installed-runtime records this python with a
+    wheel of the same sha256 (byte-identical code). Returns whether pip ran. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, release_id)
-    cmd = (f"cd {shlex.quote(rdir)} && PYTHONPATH= {shlex.quote(h.python)} -m pip install -q --no-deps "
-           f"--force-reinstall --disable-pip-version-check --no-index deployctl_runtime-*.whl")
-    host.run(cmd, timeout=timeout)
+    q = shlex.quote
+    link = current_link(h)
+    marker = q(shared_dir(h, "run", "installed-runtime"))
+    script = f"""set -e
+rdir={q(rdir)}
+test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
+ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
+sha=$(sed -n 's/.*"runtime_wheel_sha256": *"\([0-9a-f]*\)".*/\1/p' "$rdir/release.json")
+want="{h.python} ${{sha:-{release_id}}}"
+mkdir -p "$(dirname {marker})"
+if [ "$(cat {marker} 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi
+rm -f {marker}
+cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+  --no-index deployctl_runtime-*.whl
+printf '%s\n' "$want" > {marker}
+echo installed
+"""
+    r = host.run(["bash", "-c", script], timeout=timeout)
+    return "installed" in r.stdout
 
 
 def switch_current(host, release_id: str, *, timeout: float = 30) -> None:

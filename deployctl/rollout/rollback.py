@@ -105,7 +105,9 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float)
 
     serving = list(on_target)
     route(serving)
-    batches = [others] if on_target or len(others) < 2 else [others[: len(others) // 2], others[len(others) // 2:]]
+    # none on the target yet: a small first batch restarts while the rest keep serving, then the rest at once
+    first = max(1, len(others) // 3)
+    batches = [others] if on_target or len(others) < 2 else [others[:first], others[first:]]
     problems: list[str] = []
     for batch in batches:
         rest = [n for n in others if n not in batch and n not in serving]

@@ -84,18 +84,28 @@ class Router:
                             canary=[by_name[n] for n in split.canary], canary_weight=split.weight,
                             drained=frozenset(split.drained))
         q = shlex.quote
-        conf, prev = self.conf, self.conf + ".prev"
-        self.host.run(f"mkdir -p \"$(dirname {q(conf)})\" && if [ -f {q(conf)} ]; then cp -p {q(conf)} {q(prev)}; fi",
-                      timeout=30)
-        self.host.put_text(text, conf, mode=0o644)
-        t = self.host.run(self._nginx("-t", "-q"), timeout=30, check=False)
-        if t.exit_code != 0:
-            self.host.run(f"if [ -f {q(prev)} ]; then cp -p {q(prev)} {q(conf)}; else rm -f {q(conf)}; fi", timeout=30)
-            msg = (t.stderr or t.stdout).strip().splitlines()
+        conf, prev, new = self.conf, self.conf + ".prev", self.conf + ".new"
+        self.host.put_text(text, new, mode=0o644)
+        state = json.dumps(split.to_json(), sort_keys=True)
+        # one command: keep the old conf, move the new one in, nginx -t; on failure put the old one back
+        script = f"""
+if [ -f {q(conf)} ]; then cp -p {q(conf)} {q(prev)}; else rm -f {q(prev)}; fi
+mv -f {q(new)} {q(conf)}
+if ! out=$({self._nginx("-t", "-q")} 2>&1); then
+  if [ -f {q(prev)} ]; then cp -p {q(prev)} {q(conf)}; else rm -f {q(conf)}; fi
+  printf '%s\\n' "$out" >&2; exit 17
+fi
+{self._nginx("-s", "reload")} || exit 18
+printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
+"""
+        r = self.host.run(["bash", "-c", script], timeout=60, check=False)
+        if r.exit_code == 17:
+            msg = r.stderr.strip().splitlines()
             raise CheckFailed(f"nginx -t rejected the rendered {conf} on {self.host.name}: "
-                              f"{msg[-1] if msg else 'exit ' + str(t.exit_code)}; the previous conf was restored")
-        self.host.run(self._nginx("-s", "reload"), timeout=30)
-        self.host.put_text(json.dumps(split.to_json(), sort_keys=True) + "\n", conf + ".state.json", mode=0o644)
+                              f"{msg[-1] if msg else 'no message'}; the previous conf was restored")
+        if r.exit_code != 0:
+            raise CheckFailed(f"nginx reload on {self.host.name} failed (exit {r.exit_code}): "
+                              f"{(r.stderr or r.stdout).strip()[-300:]}")
         return split.shares()
 
     def read_split(self) -> Optional[dict]:
