@@ -42,24 +42,22 @@ def _nginx() -> str:
 class Traffic:
     """Background clients sending requests through nginx; counts answers per release and failures."""
 
-    def __init__(self, url: str, model: str, *, workers: int = 3, completion_every: int = 4):
+    def __init__(self, url: str, model: str, *, workers: int = 4, completion_workers: int = 1):
         self.url, self.model = url, model
-        self.workers, self.completion_every = workers, completion_every
+        self.workers, self.completion_workers = workers, completion_workers
         self.by_release: Counter = Counter()
         self.failures: Counter = Counter()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def _run(self) -> None:
+    def _run(self, completions: bool) -> None:
         import httpx
 
         with httpx.Client(base_url=self.url, timeout=30) as client:
-            i = 0
             while not self._stop.is_set():
-                i += 1
                 try:
-                    if i % self.completion_every == 0:
+                    if completions:
                         r = client.post("/v1/chat/completions", json={
                             "model": self.model, "max_tokens": 4,
                             "messages": [{"role": "user", "content": "hello"}]})
@@ -74,11 +72,12 @@ class Traffic:
                 except httpx.HTTPError as e:
                     with self._lock:
                         self.failures[type(e).__name__] += 1
-                time.sleep(0.005)
+                time.sleep(0.002)
 
     def start(self) -> "Traffic":
         self._stop.clear()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.workers)]
+        self._threads = [threading.Thread(target=self._run, args=(i < self.completion_workers,), daemon=True)
+                         for i in range(self.workers + self.completion_workers)]
         for t in self._threads:
             t.start()
         return self
@@ -160,7 +159,7 @@ def stop_runtimes(cfg) -> None:
             launcher.stop(h, cfg, timeout=10)
 
 
-def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = False, pause_s: float = 8) -> DemoResult:
+def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = False, pause_s: float = 10) -> DemoResult:
     """The demo (module doc). Raises DeployctlError subclasses like deploy and rollback do."""
     from deployctl.config import load_config
     from deployctl.localenv import overlay_venv, tiny_model

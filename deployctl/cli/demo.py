@@ -15,7 +15,7 @@ from deployctl.cli._app import app, handle_errors, out_console
 def demo(
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to put the model, hosts and nginx (default: a new temp dir)."),
     keep: bool = typer.Option(False, "--keep", help="Leave the runtimes and nginx running at the end."),
-    pause: float = typer.Option(8.0, "--pause", help="Seconds of canary analysis at 5%."),
+    pause: float = typer.Option(10.0, "--pause", help="Seconds of canary analysis at 5%."),
 ) -> None:
     """The main job end to end on this machine: deploy, canary 5% with analysis, promote, rollback."""
     from deployctl.cli.rollout import progress_printer

@@ -210,7 +210,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
-sha=$(sed -n 's/.*"runtime_wheel_sha256": *"\([0-9a-f]*\)".*/\1/p' "$rdir/release.json")
+sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want="{h.python} ${{sha:-{release_id}}}"
 mkdir -p "$(dirname {marker})"
 if [ "$(cat {marker} 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi

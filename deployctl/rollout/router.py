@@ -58,6 +58,9 @@ def router_host_config(cfg: DeployConfig) -> HostConfig:
     return cfg.host(cfg.router.host)
 
 
+RELOAD_WAIT_S = 5
+
+
 class Router:
     """nginx on the router host. ``host`` is a deployctl.hosts.Host for router.host."""
 
@@ -95,7 +98,20 @@ if ! out=$({self._nginx("-t", "-q")} 2>&1); then
   if [ -f {q(prev)} ]; then cp -p {q(prev)} {q(conf)}; else rm -f {q(conf)}; fi
   printf '%s\\n' "$out" >&2; exit 17
 fi
+conf_main={q(self.cfg.router.nginx_conf or "/etc/nginx/nginx.conf")}
+pidf=$(awk '$1 == "pid" {{ sub(";", "", $2); print $2; exit }}' "$conf_main")
+case "$pidf" in ''|/*) ;; *) pidf={q(self.cfg.router.nginx_prefix or "/etc/nginx")}/"$pidf";; esac
+master=$(cat "${{pidf:-/run/nginx.pid}}" 2>/dev/null)
+old=$( [ -n "$master" ] && pgrep -P "$master" | tr '\n' ' ')
 {self._nginx("-s", "reload")} || exit 18
+# wait (up to {RELOAD_WAIT_S} s) until the workers of the old config are gone, so that no new request can reach a
+# server this config removed once we go on to stop it
+i=0
+while [ -n "$old" ] && [ $i -lt {RELOAD_WAIT_S * 20} ]; do
+  left=0; for w in $old; do kill -0 "$w" 2>/dev/null && left=1; done
+  [ $left = 0 ] && break
+  sleep 0.05; i=$((i+1))
+done
 printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
 """
         r = self.host.run(["bash", "-c", script], timeout=60, check=False)
