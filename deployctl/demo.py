@@ -42,11 +42,12 @@ def _nginx() -> str:
 class Traffic:
     """Background clients sending requests through nginx; counts answers per release and failures."""
 
-    def __init__(self, url: str, model: str, *, workers: int = 4, completion_workers: int = 1):
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str, *, workers: int = 4, completion_workers: int = 1, max_tokens: int = 4):
+        self.url, self.model, self.max_tokens = url, model, max_tokens
         self.workers, self.completion_workers = workers, completion_workers
         self.by_release: Counter = Counter()
         self.failures: Counter = Counter()
+        self.retried = 0  # requests re-sent once because nginx closed an idle keep-alive connection first
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -57,12 +58,14 @@ class Traffic:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             while not self._stop.is_set():
                 try:
-                    if completions:
-                        r = client.post("/v1/chat/completions", json={
-                            "model": self.model, "max_tokens": 4,
-                            "messages": [{"role": "user", "content": "hello"}]})
-                    else:
-                        r = client.get("/v1/models")
+                    try:
+                        r = self._one(client, completions)
+                    except httpx.RemoteProtocolError:
+                        # nginx closed an idle keep-alive connection (old workers after a reload) just as the request
+                        # went out: nothing was processed; clients such as openai's retry this once, and so do we
+                        with self._lock:
+                            self.retried += 1
+                        r = self._one(client, completions)
                     key = r.headers.get("x-deployctl-release") or "?"
                     with self._lock:
                         if r.status_code == 200:
@@ -73,6 +76,12 @@ class Traffic:
                     with self._lock:
                         self.failures[type(e).__name__] += 1
                 time.sleep(0.002)
+
+    def _one(self, client, completions: bool):
+        if completions:
+            return client.post("/v1/chat/completions", json={
+                "model": self.model, "max_tokens": self.max_tokens, "messages": [{"role": "user", "content": "hello"}]})
+        return client.get("/v1/models")
 
     def start(self) -> "Traffic":
         self._stop.clear()

@@ -80,8 +80,9 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------ control
     def check(self) -> None:
-        """Raise Intervened when another shell sent abort/rollback; note a promote."""
-        c = self.fleet.store.read_control()
+        """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
+        (RemoteError otherwise: losing a host mid-rollout aborts it)."""
+        c = self.fleet.store.read_control(strict=True)
         if c.generation == self.gen:
             return
         if c.command == "promote":

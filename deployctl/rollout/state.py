@@ -100,13 +100,18 @@ class StateStore:
             raise outcomes[-1].error
         return ok
 
-    def _read_all(self, name: str) -> list[str]:
+    def _read_all(self, name: str, *, strict: bool = False) -> list[str]:
         def read(host):
             path = state_file(host.config, name)
             r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout)
             return r.stdout
 
-        return [o.value for o in self._each(read) if o.error is None and o.value]
+        outcomes = self._each(read)
+        if strict:
+            for o in outcomes:
+                if o.error is not None:
+                    raise o.error
+        return [o.value for o in outcomes if o.error is None and o.value]
 
     def reachable(self) -> int:
         return len(self.hosts)
@@ -128,9 +133,11 @@ class StateStore:
         self._write_all("rollout.json", json.dumps(st.to_json(), indent=1, sort_keys=True) + "\n")
 
     # ---------------------------------------------------------------------------------------------- control
-    def read_control(self) -> Control:
+    def read_control(self, *, strict: bool = False) -> Control:
+        """The newest control record. ``strict``: a host that cannot be read raises its RemoteError (a deploy
+        must reach every host before each step)."""
         best = Control()
-        for text in self._read_all("control.json"):
+        for text in self._read_all("control.json", strict=strict):
             try:
                 data = json.loads(text)
                 c = Control(**{k: v for k, v in data.items() if k in Control.__dataclass_fields__})
