@@ -151,3 +151,29 @@ def rollout_env(ssh_fleet, tmp_path, rollout_python, rollout_model, rollout_cach
         for env in envs:
             env.stop_runtimes()
             env.nginx.stop()
+
+
+def rollout_state(env: RolloutEnv, host: int = 0) -> dict:
+    """state/rollout.json on a host ({} when absent or being written)."""
+    p = Path(env.cfg["hosts"][host]["deploy_root"]) / "state" / "rollout.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    """Poll ``pred()`` until truthy; fail naming ``what`` (and the deploy's output when ``proc`` died)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited {proc.returncode} before {what}:\n{err[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+__all__ += ["rollout_state", "wait_for"]
