@@ -71,7 +71,7 @@ class Traffic:
                         if r.status_code == 200:
                             self.by_release[key] += 1
                         else:
-                            self.failures[f"HTTP {r.status_code}"] += 1
+                            self.failures[f"HTTP {r.status_code} from {key}"] += 1
                 except httpx.HTTPError as e:
                     with self._lock:
                         self.failures[type(e).__name__] += 1

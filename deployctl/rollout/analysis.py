@@ -37,6 +37,8 @@ class GroupStats:
     p99_ttft_s: Optional[float] = None
     p99_tpot_s: Optional[float] = None
     ttft_count: int = 0
+    down: list[str] = field(default_factory=list)  # hosts whose runtime did not answer /metrics at window end
+    restarted: list[str] = field(default_factory=list)  # hosts whose runtime process changed within the window
 
     @property
     def error_rate(self) -> float:
@@ -162,6 +164,12 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
     """The verdict for one window (rules in the module doc). ``baseline`` supplies stable latencies when the
     stable side had none in this window (e.g. at 100%)."""
     a = cfg.rollout.analysis
+    if canary.down:
+        return Verdict("fail", f"canary {', '.join(canary.down)}: the runtime does not answer /metrics (down or hung)",
+                       canary, stable, window_s, weight)
+    if canary.restarted:
+        return Verdict("fail", f"canary {', '.join(canary.restarted)}: the runtime restarted during the window (crashed)",
+                       canary, stable, window_s, weight)
     if canary.requests < a.min_requests:
         return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
                        canary, stable, window_s, weight)
@@ -188,6 +196,7 @@ class Window:
     started: float
     log_offset: int
     scrapes: dict = field(default_factory=dict)
+    pids: dict = field(default_factory=dict)
 
 
 class Analyzer:
@@ -199,21 +208,29 @@ class Analyzer:
         self.addr = upstream_map(cfg)
         self.baseline: Optional[GroupStats] = None
 
-    def _scrape_all(self) -> dict:
+    def _scrape_all(self) -> tuple[dict, dict]:
+        """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
         from deployctl.hosts import run_on_hosts
+        from deployctl.rollout.launcher import runtime_pid
 
-        names = [*self.canary, *self.stable]
-        outs = run_on_hosts([self.hosts[n] for n in names], lambda h: scrape(h, self.cfg))
-        return {o.host: o.value for o in outs}
+        def one(h):
+            pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
+            return scrape(h, self.cfg), pid
+
+        outs = run_on_hosts([self.hosts[n] for n in [*self.canary, *self.stable]], one)
+        samples = {o.host: (o.value[0] if o.value else None) for o in outs}
+        pids = {o.host: (o.value[1] if o.value else None) for o in outs}
+        return samples, pids
 
     def open_window(self) -> Window:
-        return Window(time.monotonic(), self.router.access_log_size(), self._scrape_all())
+        samples, pids = self._scrape_all()
+        return Window(time.monotonic(), self.router.access_log_size(), samples, pids)
 
     def evaluate(self, w: Window, weight: int = 0) -> Verdict:
         """Judge the window from its start to now (the window stays open: call again later to widen it)."""
         text, _ = self.router.access_log_since(w.log_offset)
         counts = count_access_log(text, self.addr)
-        after = self._scrape_all()
+        after, pids = self._scrape_all()
         groups = []
         for names in (self.canary, self.stable):
             g = GroupStats(hosts=names)
@@ -222,6 +239,8 @@ class Analyzer:
             g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT)
             g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT)
             groups.append(g)
+        groups[0].down = [n for n in self.canary if after.get(n) is None]
+        groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
         if stable.ttft_count:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from typing import Optional
 
 from deployctl.config import DeployConfig
 from deployctl.rollout.paths import current_link, log_file, pid_file, shared_dir
@@ -117,6 +118,21 @@ def liveness(host, cfg: DeployConfig, offset: int) -> tuple[bool, str]:
                  + grep, timeout=15)
     lines = r.stdout.strip().splitlines()
     return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()
+
+
+def runtime_pid(host, cfg: DeployConfig) -> Optional[int]:
+    """The runtime process's pid (launch.sh's child pidfile, or systemd's MainPID); None when not running."""
+    h = host.config
+    if h.launcher == "systemd":
+        r = host.run(["systemctl", "show", "-p", "MainPID", "--value", _unit(cfg)], timeout=15, check=False)
+    else:
+        child = shlex.quote(shared_dir(h, "run", "runtime.child.pid"))
+        r = host.run(f'p=$(cat {child} 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p" || true', timeout=15)
+    try:
+        pid = int(r.stdout.strip() or 0)
+    except ValueError:
+        return None
+    return pid or None
 
 
 def log_tail(host, lines: int = 15) -> str:

@@ -115,3 +115,12 @@ def test_stale_lock_detection():
     old = dict(me, machine="elsewhere", started=(now - timedelta(hours=7)).isoformat())
     assert judge_lock(old, max_age_s=3600)[0]
     assert not judge_lock(dict(old, started=now.isoformat()), max_age_s=3600)[0]
+
+
+def test_down_or_restarted_canary_fails_before_counting(cfg):
+    ok = GroupStats(["b"], requests=100)
+    down = GroupStats(["a"], requests=0, down=["a"])
+    v = judge(cfg, down, ok, 5.0)
+    assert v.result == "fail" and "does not answer /metrics" in v.reason
+    v = judge(cfg, GroupStats(["a"], requests=50, restarted=["a"]), ok, 5.0)
+    assert v.result == "fail" and "restarted" in v.reason
