@@ -146,6 +146,7 @@ class Deployment:
             if c.command == "rollback":
                 reason = f"aborted by rollback from {c.by}"
                 self.say("abort", reason)
+                fl.unlock()  # the rollback waits for our lock: let go first
                 fl.store.append_history("deploy", release=plan.release.id, result="aborted", reason=reason)
                 raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
             return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))

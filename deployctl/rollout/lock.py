@@ -108,12 +108,13 @@ class DeployLock:
 
     def inspect(self) -> list[LockInfo]:
         """The locks currently on the hosts (not ours or ours)."""
+        from deployctl.hosts import run_on_hosts
+
         out = []
-        for host in self.hosts:
-            owner = self.read(host)
-            if owner is not None:
-                stale, why = judge(owner)
-                out.append(LockInfo(host.name, owner, stale, why))
+        for o in run_on_hosts(self.hosts, self.read):
+            if o.error is None and o.value is not None:
+                stale, why = judge(o.value)
+                out.append(LockInfo(o.host, o.value, stale, why))
         return out
 
     def _remove(self, host) -> None:
@@ -157,12 +158,14 @@ class DeployLock:
             raise
 
     def release(self) -> None:
-        """Remove our lock files (only where the file still holds our token)."""
-        for host in list(self.held):
-            try:
-                owner = self.read(host)
-                if owner is not None and owner.get("token") == self.record["token"]:
-                    self._remove(host)
-            except Exception:  # best effort: an unreachable host keeps a lock that will read as stale
-                pass
-            self.held.remove(host)
+        """Remove our lock files (only where the file still holds our token), on every host at once."""
+        from deployctl.hosts import run_on_hosts
+
+        token = json.dumps({"token": self.record["token"]})[1:-1]  # '"token": "…"' as it appears in the file
+
+        def drop(host):
+            path = shlex.quote(state_file(host.config, "lock"))
+            host.run(f"grep -qF {shlex.quote(token)} {path} 2>/dev/null && rm -f {path} || true", timeout=self.timeout)
+
+        run_on_hosts(list(self.held), drop)  # best effort: an unreachable host keeps a lock that reads as stale
+        self.held = []

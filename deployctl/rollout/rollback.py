@@ -15,7 +15,7 @@ from typing import Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError
-from deployctl.rollout import hostops
+from deployctl.rollout import hostops, release
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
 from deployctl.rollout.paths import release_dir
@@ -67,20 +67,33 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         fleet.connect()
         st = fleet.store.read_rollout()
         target = _target(fleet, st, to)
-        current = fleet.current_releases()
+
+        def look(h):
+            return release.current_release(h), h.exists(release_dir(h.config, target) + "/release.json")
+
+        found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
+        if bad:
+            name, err = next(iter(bad.items()))
+            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{name}: {err}")
+        current = {n: found[n][0] for n in fleet.hosts}
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
         in_progress = st is not None and st.in_progress
         if all(v == target for v in current.values()) and even and not in_progress and not fleet.inspect_lock():
             say("info", f"every host already runs {target}: nothing to do")
             return RollbackResult(target, True)
-        missing = [n for n, h in fleet.hosts.items()
-                   if current[n] != target and not h.exists(release_dir(h.config, target) + "/release.json")]
+        missing = [n for n in fleet.hosts if current[n] != target and not found[n][1]]
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
         gen = fleet.store.send("rollback", reason=target).generation
         say("info", f"rolling back to {target} (generation {gen})")
+        on_target = [n for n, r in current.items() if r == target]
+        if fleet.router and on_target:
+            # traffic first: the hosts already on the target take it all now; a running deploy stops at its next
+            # check (within a second or two) and touches nothing more; we route again once we hold the lock
+            shares = fleet.router.apply(Split(tuple(on_target), (), 0))
+            say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
         _wait_for_lock(fleet, say, grace_s)
         fleet.lock("rollback", break_stale=True, take_over=True)
         try:
