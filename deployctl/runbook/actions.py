@@ -1,16 +1,17 @@
 """What a failed runbook step does. ``describe`` says it in one line (dry-run, confirmation prompt);
 ``perform`` does it and returns one line saying what happened. Both raise DeployctlError subclasses.
 
-restart / start / stop: the runtime on the host (service.py; the rollout launcher once it is in this build).
+restart / start / stop: the runtime on the host (service.py: the rollout's launcher). Starts wait for /readyz 200.
 free_port: stop the process holding server.port (observed by a ``port`` check): the runtime's group when it is
 ours, else SIGTERM then SIGKILL to the holder. adjust: set deploy.yaml keys, re-render the host's runtime.yaml,
-restart. rollback / abort / drain: deployctl.rollout. escalate: nothing changes; the message is the result.
+restart. rollback / abort: deployctl.rollout.rollback (fleet-wide, as the commands); drain: this host out of the
+router's split (deployctl.rollout.router). escalate: nothing changes; the message is the result.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from deployctl.errors import ConfigError, DeployctlError
+from deployctl.errors import ConfigError
 from deployctl.runbook import service
 from deployctl.runbook.checks import Observation, Target
 from deployctl.runbook.model import Action
@@ -123,5 +124,32 @@ def _adjust(action: Action, t: Target) -> str:
 
 
 def _rollout(name: str, t: Target) -> str:
-    raise DeployctlError(f"action {name}: deployctl.rollout is not part of this build yet",
-                         fix=f"run `deployctl {name}` by hand")
+    """abort / rollback: fleet-wide, as `deployctl abort` / `deployctl rollback`; drain: this host's router weight
+    to 0, the rest of the split as it is."""
+    from deployctl.rollout.rollback import rollback, signal
+
+    if name == "abort":
+        return signal(t.cfg, "abort")
+    if name == "rollback":
+        r = rollback(t.cfg)
+        if r.noop:
+            return f"every host already runs {r.target}: nothing to roll back"
+        return f"rolled back to {r.target} on {', '.join(r.changed) or 'no host'} in {r.duration_s:.1f} s"
+    return _drain(t)
+
+
+def _drain(t: Target) -> str:
+    from deployctl.hosts import Host
+    from deployctl.rollout.router import Router, Split, router_host_config
+
+    host = Host.from_config(router_host_config(t.cfg))
+    try:
+        router = Router(t.cfg, host)
+        split = router.read_split() or {"stable": [h.name for h in t.cfg.hosts], "canary": [], "weight": 0,
+                                         "drained": []}
+        drained = sorted(set(split.get("drained") or []) | {t.host_cfg.name})
+        shares = router.apply(Split(tuple(split["stable"]), tuple(split["canary"]), int(split["weight"]),
+                                    tuple(drained)))
+    finally:
+        host.close()
+    return f"drained {t.host_cfg.name}: traffic " + ", ".join(f"{h} {w:g}%" for h, w in shares.items())

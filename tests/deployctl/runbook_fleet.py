@@ -203,10 +203,21 @@ def log_tail(deploy_root: str, n: int = 30) -> str:
 
 def hold_port(port: int) -> subprocess.Popen:
     """A foreign process listening on ``port`` (the fault "port held")."""
-    code = ("import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-            f"s.bind(('127.0.0.1', {port})); s.listen(); print('ok', flush=True); time.sleep(3600)")
+    code = f"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+for _ in range(100):  # a runtime killed a moment ago may still hold it
+    try:
+        s.bind(('127.0.0.1', {port})); break
+    except OSError as e:
+        err = e; time.sleep(0.1)
+else:
+    print(err, flush=True); sys.exit(1)
+s.listen(); print('ok', flush=True); time.sleep(3600)
+"""
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert p.stdout.readline().strip() == "ok"
+    line = p.stdout.readline().strip()
+    assert line == "ok", f"cannot hold port {port}: {line}"
     return p
 
 
