@@ -4,7 +4,8 @@ failures of the runtime are observations (HTTP status 0), SSH failures raise Rem
 Kinds: http (a request to the runtime, sent from the host), metric (/metrics, Prometheus text; histogram
 quantiles as Prometheus' histogram_quantile, via deployctl.promhist), log (grep -E over the log's tail),
 command (shell), preflight (one preflight check by name), setting (the current release's runtime.yaml),
-capacity (the capacity plan), port (who holds server.port), process (is the pidfile's process alive).
+capacity (the capacity plan), port (who holds server.port), process (is the runtime alive: the pidfile's
+process, or the systemd unit).
 """
 from __future__ import annotations
 
@@ -194,7 +195,8 @@ def _capacity(t: Target, step: Step) -> Observation:
 
 def _port(t: Target, step: Step) -> Observation:
     v = t.variables
-    r = t.script(remote.PORT_HOLDER, {"port": int(v["port"]), "pid_file": v["pid_file"]}, step.timeout_s)
+    unit = f"{t.cfg.service.name}.service" if t.host_cfg.launcher == "systemd" else None
+    r = t.script(remote.PORT_HOLDER, {"port": int(v["port"]), "pid_file": v["pid_file"], "unit": unit}, step.timeout_s)
     detail = {"free": f"port {v['port']} is free",
               "runtime": f"port {v['port']} is held by the runtime (pid {r['pid']})",
               "other": f"port {v['port']} is held by pid {r['pid']} ({r['process']}), not the runtime of {v['pid_file']}"}
@@ -202,6 +204,11 @@ def _port(t: Target, step: Step) -> Observation:
 
 
 def _process(t: Target, step: Step) -> Observation:
+    if t.host_cfg.launcher == "systemd":
+        from deployctl.rollout import launcher
+
+        alive = launcher.is_running(t.host, t.cfg)
+        return Observation(alive, {"pid": None}, f"{t.cfg.service.name}.service is {'active' if alive else 'not active'}")
     r = t.script(remote.PROCESS_ALIVE, {"pid_file": t.variables["pid_file"]}, step.timeout_s)
     pid = r["pid"]
     detail = f"runtime pid {pid} is {'alive' if r['value'] else 'not running'}" if pid else "no runtime pidfile"

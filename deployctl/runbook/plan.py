@@ -1,22 +1,18 @@
-"""The capacity plan for a runbook's host: deploy.yaml's engine settings on the model the host serves
-(config.json and safetensors headers read from the host), via deployctl.sizing."""
+"""The capacity plan for a runbook's host: the preflight's plan from the host's own facts (config.json and
+safetensors headers from its model directory, GPU memory from its NVML), deployctl.sizing underneath."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from deployctl.capacity import CapacityPlan
+from deployctl.errors import CheckFailed
 
 
 def capacity_plan(t) -> CapacityPlan:
-    """Plan for target ``t`` (checks.Target). Raises ConfigError when the model config cannot be read."""
-    from deployctl.sizing import size_plan
+    """Plan for target ``t`` (checks.Target) with deploy.yaml's current engine settings. Raises CheckFailed when
+    the host's facts cannot size it (no config.json, GPU unknown), RemoteError for SSH."""
+    from deployctl.preflight.checks import plan_from_facts
+    from deployctl.preflight.gather import host_facts
 
-    cfg = t.cfg
-    model_path = cfg.model.path
-    if t.host_cfg.is_local:
-        return size_plan(cfg.engine, Path(model_path), dtype=cfg.model.dtype).plan
-    with tempfile.TemporaryDirectory(prefix="deployctl-plan-") as tmp:
-        local = Path(tmp) / "config.json"
-        t.host.get(f"{model_path}/config.json", local, timeout=30)
-        return size_plan(cfg.engine, None, model_config=local, dtype=cfg.model.dtype).plan
+    sized, reason = plan_from_facts(t.cfg, t.host_cfg, host_facts(t.host, t.cfg, verify_weights=False))
+    if sized is None:
+        raise CheckFailed(f"no capacity plan for {t.host_cfg.name}: {reason}", fix="run `deployctl preflight` and fix what it names")
+    return sized.plan

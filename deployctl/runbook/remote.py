@@ -37,7 +37,8 @@ print(json.dumps(out))
 """
 
 # Who listens on a TCP port: /proc/net/tcp{,6} socket inodes → /proc/PID/fd. "runtime" when the holder is the
-# pid of the pidfile or a descendant of it (the launcher's child), "other" otherwise, "free" when nobody listens.
+# pid of the pidfile or a descendant of it (the launcher's child), or runs in the systemd unit's cgroup; "other"
+# otherwise; "free" when nobody listens.
 PORT_HOLDER = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
@@ -73,6 +74,11 @@ except (OSError, ValueError, IndexError):
 value, chain = "free", []
 if inodes:
     value = "other"
+    try:
+        if holder and a.get("unit") and ("/" + a["unit"]) in open(f"/proc/{holder}/cgroup").read():
+            value = "runtime"
+    except OSError:
+        pass
     p = holder
     while p and p > 1 and len(chain) < 64:
         chain.append(p)
