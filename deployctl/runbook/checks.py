@@ -45,6 +45,7 @@ class Target:
     observed: dict[str, Observation] = field(default_factory=dict)
     config_path: Optional[str] = None
     pending_audit: list[dict[str, Any]] = field(default_factory=list)
+    plan_facts: Optional[dict[str, Any]] = None  # host facts behind the capacity plan (plan.py), probed once a run
 
     def fill(self, text: str, *, quote: bool = False) -> str:
         return fill(text, self.variables, self.observed, quote=quote)

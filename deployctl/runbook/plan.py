@@ -12,7 +12,10 @@ def capacity_plan(t) -> CapacityPlan:
     from deployctl.preflight.checks import plan_from_facts
     from deployctl.preflight.gather import host_facts
 
-    sized, reason = plan_from_facts(t.cfg, t.host_cfg, host_facts(t.host, t.cfg, verify_weights=False))
+    # the model's config and the GPU's size do not change within a run: probe the host once
+    if t.plan_facts is None:
+        t.plan_facts = host_facts(t.host, t.cfg, verify_weights=False)
+    sized, reason = plan_from_facts(t.cfg, t.host_cfg, t.plan_facts)
     if sized is None:
         raise CheckFailed(f"no capacity plan for {t.host_cfg.name}: {reason}", fix="run `deployctl preflight` and fix what it names")
     return sized.plan
