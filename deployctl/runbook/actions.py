@@ -48,7 +48,11 @@ def describe(action: Action, obs: Observation, t: Target) -> str:
     if a == "adjust":
         changes = ", ".join(f"{k} = {v!r}" for k, v in _settings(action, t).items())
         return f"adjust {changes} in {t.config_path or 'deploy.yaml'}, re-render runtime.yaml on {name}, restart the runtime"
-    return f"{a} the runtime on {name}" if a in ("restart", "start", "stop") else f"{a} ({name})"
+    if a in ("restart", "start", "stop"):
+        return f"{a} the runtime on {name}"
+    from deployctl.runbook.text import ACTION_TEXT
+
+    return f"{ACTION_TEXT[a]}, from {name}" + ("" if a == "drain" else " (fleet-wide)")
 
 
 def perform(action: Action, obs: Observation, t: Target) -> str:

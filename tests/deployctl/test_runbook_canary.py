@@ -36,7 +36,7 @@ def test_canary_went_bad_is_aborted_back_to_stable(rollout_env):
 
         r = env.cli("runbook", "run", "canary-went-bad", "--host", canary, "--yes")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "abort the rollout" in r.stdout or "abort" in r.stderr
+        assert "abort the rollout (all traffic back to stable), from " + canary in r.stderr
         _, err = deploy.communicate(timeout=180)
         assert deploy.returncode == 6, err
     finally:
