@@ -123,6 +123,9 @@ class AnalysisConfig(_Frozen):
     max_error_rate: float = Field(0.01, ge=0, le=1)
     max_p99_ttft_ratio: float = Field(2.0, gt=0)
     max_p99_tpot_ratio: float = Field(2.0, gt=0)
+    # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
+    # the difference is bucket resolution and noise).
+    min_p99_delta_s: float = Field(0.01, ge=0)
 
 
 class SloConfig(_Frozen):

@@ -1,0 +1,146 @@
+"""`deployctl deploy`, `promote`, `abort`, `rollback`, `status`, `history`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+
+CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
+
+_STYLE = {"abort": "bold red", "warn": "yellow", "done": "bold green", "step": "bold cyan", "analysis": "magenta",
+          "router": "blue", "plan": "bold"}
+
+
+def progress_printer(event) -> None:
+    """Print one rollout progress event on stderr."""
+    style = _STYLE.get(event.kind)
+    text = event.message.replace("[", r"\[")
+    err_console.print(f"[{style}]{text}[/]" if style else text, markup=True, soft_wrap=True)
+
+
+def _confirm(yes: bool):
+    if yes:
+        return None
+
+    def ask(plan) -> bool:
+        from deployctl.errors import UsageError
+
+        for line in plan.lines():
+            err_console.print(f"  {line}", markup=False)
+        if not sys.stdin.isatty():
+            raise UsageError("deploy asks for confirmation but stdin is not a terminal", fix="pass --yes")
+        return typer.confirm("deploy this release?", default=False, err=True)
+
+    return ask
+
+
+@app.command()
+@handle_errors
+def deploy(
+    config: Path = CONFIG_OPT,
+    canary: Optional[int] = typer.Option(None, "--canary", help="First canary weight in percent (then rollout.steps above it)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    break_lock: bool = typer.Option(False, "--break-lock", help="Remove another deploy's lock first (stale or not)."),
+) -> None:
+    """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
+    from deployctl.config import load_config
+    from deployctl.rollout.deploy import Deployment
+
+    cfg = load_config(config)
+    result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
+                        confirm=_confirm(yes)).run()
+    out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
+
+
+@app.command()
+@handle_errors
+def promote(config: Path = CONFIG_OPT) -> None:
+    """Move a running rollout on to its next step now (ends the current analysis pause)."""
+    from deployctl.config import load_config
+    from deployctl.rollout.rollback import signal
+
+    out_console.print(signal(load_config(config), "promote", progress=progress_printer))
+
+
+@app.command()
+@handle_errors
+def abort(config: Path = CONFIG_OPT) -> None:
+    """Send all traffic back to stable and put the canary hosts back on the previous release."""
+    from deployctl.config import load_config
+    from deployctl.rollout.rollback import signal
+
+    out_console.print(signal(load_config(config), "abort", progress=progress_printer))
+
+
+@app.command()
+@handle_errors
+def rollback(
+    config: Path = CONFIG_OPT,
+    to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
+) -> None:
+    """Make the previous (or named) release current on every host; wins over a deploy in progress."""
+    from deployctl.config import load_config
+    from deployctl.rollout.rollback import rollback as do_rollback
+
+    r = do_rollback(load_config(config), to=to, progress=progress_printer)
+    if r.noop:
+        out_console.print(f"already on {r.target}: nothing to roll back (use --to RELEASE_ID to go further back)")
+    else:
+        out_console.print(f"rolled back to {r.target} in {r.duration_s:.1f} s")
+
+
+@app.command()
+@handle_errors
+def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    """Per host: current release, health, traffic weight; the rollout in progress."""
+    from rich.table import Table
+
+    from deployctl.config import load_config
+    from deployctl.rollout.status import status as get_status
+
+    doc = get_status(load_config(config))
+    if as_json:
+        print_json(doc)
+        return
+    table = Table(title="hosts")
+    for col in ("host", "release", "healthy", "weight", "detail"):
+        table.add_column(col)
+    for h in doc["hosts"]:
+        w = "?" if h["weight"] is None else f"{h['weight']:g}%"
+        table.add_row(h["host"], h["current_release"] or "-", "yes" if h["healthy"] else "NO", w, h.get("detail", ""))
+    out_console.print(table)
+    ro = doc["rollout"]
+    if ro:
+        step = f", step {ro['step_index'] + 1}/{len(ro['steps'])} at {ro['weight']}%" if ro.get("steps") else ""
+        out_console.print(f"last rollout: {ro['action']} {ro['release']} from {ro['from_release']}: {ro['status']}"
+                          f"{step} (by {ro['owner']}, {ro['updated']})" + (f"; {ro['reason']}" if ro.get("reason") else ""),
+                          markup=False)
+    if doc.get("lock"):
+        lk = doc["lock"]
+        out_console.print(f"lock: {lk['text']}" + (f" [stale: {lk['why_stale']}]" if lk["stale"] else ""), markup=False)
+
+
+@app.command()
+@handle_errors
+def history(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+    """Past deploys, promotions, aborts and rollbacks with who, when, result and reason."""
+    from rich.table import Table
+
+    from deployctl.config import load_config
+    from deployctl.rollout.status import history as get_history
+
+    records = get_history(load_config(config))
+    if as_json:
+        print_json({"history": records})
+        return
+    table = Table(title="history")
+    for col in ("time", "user", "action", "release", "result", "reason"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(r.get("time", ""), r.get("user", ""), r.get("action", ""), r.get("release") or "-",
+                      r.get("result", ""), (r.get("reason") or "")[:120])
+    out_console.print(table)

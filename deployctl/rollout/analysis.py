@@ -1,0 +1,248 @@
+"""Canary analysis over a window (../shared/notes/canary-analysis.md).
+
+Error rate: from the router's JSON access log lines of the window, split by upstream (canary vs stable). Each
+upstream attempt of a request counts against the server that answered it; a 5xx (502 from a dead backend
+included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometheus histograms
+(``deployctl_runtime_time_to_first_token_seconds``, ``deployctl_runtime_time_per_output_token_seconds``) scraped
+at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
+histogram_quantile (deployctl.promhist).
+
+Verdict: ``inconclusive`` when the canary served fewer than ``min_requests``; ``fail`` when its error rate is over
+``max_error_rate`` or a P99 ratio canary/stable is over its limit and the difference exceeds ``min_p99_delta_s``;
+else ``pass``. Every verdict carries the numbers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from deployctl.config import DeployConfig
+from deployctl.rollout.hostprobe import http
+from deployctl.rollout.paths import service_port
+
+TTFT = "deployctl_runtime_time_to_first_token_seconds"
+TPOT = "deployctl_runtime_time_per_output_token_seconds"
+
+
+@dataclass
+class GroupStats:
+    """One side of the comparison over a window. Latencies in seconds (None: no observations)."""
+
+    hosts: list[str]
+    requests: int = 0
+    errors: int = 0
+    p99_ttft_s: Optional[float] = None
+    p99_tpot_s: Optional[float] = None
+    ttft_count: int = 0
+    down: list[str] = field(default_factory=list)  # hosts whose runtime did not answer /metrics at window end
+    restarted: list[str] = field(default_factory=list)  # hosts whose runtime process changed within the window
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+@dataclass
+class Verdict:
+    result: str  # pass | fail | inconclusive
+    reason: str
+    canary: GroupStats
+    stable: GroupStats
+    window_s: float
+    weight: int = 0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["canary"]["error_rate"] = self.canary.error_rate
+        d["stable"]["error_rate"] = self.stable.error_rate
+        return d
+
+    def summary(self) -> str:
+        c, s = self.canary, self.stable
+
+        def ms(v):
+            return "n/a" if v is None else f"{v * 1000:.1f} ms"
+
+        return (f"{self.result}: canary {c.requests} req, {c.errors} errors ({c.error_rate:.1%}), "
+                f"P99 TTFT {ms(c.p99_ttft_s)}, P99 TPOT {ms(c.p99_tpot_s)} | stable {s.requests} req, "
+                f"{s.errors} errors ({s.error_rate:.1%}), P99 TTFT {ms(s.p99_ttft_s)}, P99 TPOT {ms(s.p99_tpot_s)}"
+                f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
+
+
+def upstream_map(cfg: DeployConfig) -> dict[str, str]:
+    """``"address:port"`` (and ``"port"`` as a fallback key) -> host name, as nginx logs upstream_addr."""
+    out: dict[str, str] = {}
+    for h in cfg.hosts:
+        port = service_port(cfg, h)
+        addr = "127.0.0.1" if h.is_local else h.address
+        out[f"{addr}:{port}"] = h.name
+        out.setdefault(f":{port}", h.name)
+    return out
+
+
+def _split(v) -> list[str]:
+    if v is None:
+        return []
+    # several attempts: "a:p, b:p"; an internal redirect adds " : "
+    return [p.strip() for p in str(v).replace(" : ", ", ").split(",") if p.strip()]
+
+
+def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[int]]:
+    """Per host [requests, errors] from JSON access log lines. Lines that are not JSON are skipped.
+
+    Keys read: ``upstream_addr`` (``"a:p, b:p"`` when nginx tried several), ``upstream_status`` (one status per
+    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer)."""
+    counts: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        addrs = _split(rec.get("upstream_addr") or rec.get("upstream"))
+        statuses = _split(rec.get("upstream_status"))
+        final = str(rec.get("status", ""))
+        for i, addr in enumerate(addrs):
+            host = addr_to_host.get(addr) or addr_to_host.get(":" + addr.rsplit(":", 1)[-1])
+            if host is None:
+                continue
+            st = statuses[i] if i < len(statuses) else (final if i == len(addrs) - 1 else "502")
+            c = counts.setdefault(host, [0, 0])
+            c[0] += 1
+            if not st.isdigit() or int(st) >= 500:
+                c[1] += 1
+    return counts
+
+
+def scrape(host, cfg: DeployConfig) -> Optional[list]:
+    """Samples of the runtime's /metrics on ``host`` (deployctl.promhist), None when it cannot be read."""
+    from deployctl.promhist import PromParseError, parse_text
+
+    try:
+        r = http(host, cfg, "GET", "/metrics", timeout=5)
+    except Exception:
+        return None
+    if r.status != 200:
+        return None
+    try:
+        return parse_text(r.body)
+    except PromParseError:
+        return None
+
+
+def _p99(before: dict, after: dict, hosts: list[str], name: str) -> tuple[Optional[float], int]:
+    from deployctl.promhist import histogram
+
+    total = None
+    for h in hosts:
+        if after.get(h) is None or before.get(h) is None:
+            continue
+        try:
+            d = histogram(after[h], name) - histogram(before[h], name)
+        except ValueError:  # counter reset: the runtime restarted inside the window
+            continue
+        if total is None:
+            total = d
+        else:
+            prev = dict(total.buckets)
+            total.buckets = [(le, n + prev.get(le, 0.0)) for le, n in d.buckets]
+            total.count += d.count
+            total.sum += d.sum
+    if total is None or total.count <= 0:
+        return None, 0
+    q = total.quantile(0.99)
+    return (None if math.isnan(q) else q), int(total.count)
+
+
+def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: float, weight: int = 0,
+          baseline: Optional[GroupStats] = None) -> Verdict:
+    """The verdict for one window (rules in the module doc). ``baseline`` supplies stable latencies when the
+    stable side had none in this window (e.g. at 100%)."""
+    a = cfg.rollout.analysis
+    if canary.down:
+        return Verdict("fail", f"canary {', '.join(canary.down)}: the runtime does not answer /metrics (down or hung)",
+                       canary, stable, window_s, weight)
+    if canary.restarted:
+        return Verdict("fail", f"canary {', '.join(canary.restarted)}: the runtime restarted during the window (crashed)",
+                       canary, stable, window_s, weight)
+    if canary.requests < a.min_requests:
+        return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
+                       canary, stable, window_s, weight)
+    if canary.error_rate > a.max_error_rate:
+        return Verdict("fail", f"canary error rate {canary.error_rate:.1%} ({canary.errors}/{canary.requests}) > "
+                               f"max_error_rate {a.max_error_rate:.1%} (stable {stable.error_rate:.1%})",
+                       canary, stable, window_s, weight)
+    ref = stable if stable.ttft_count else (baseline or stable)
+    for label, c, s, limit in (("TTFT", canary.p99_ttft_s, ref.p99_ttft_s, a.max_p99_ttft_ratio),
+                               ("TPOT", canary.p99_tpot_s, ref.p99_tpot_s, a.max_p99_tpot_ratio)):
+        if c is None or s is None or s <= 0:
+            continue
+        if c / s > limit and c - s > a.min_p99_delta_s:
+            return Verdict("fail", f"canary P99 {label} {c * 1000:.1f} ms is {c / s:.1f}× stable "
+                                   f"{s * 1000:.1f} ms > max_p99_{label.lower()}_ratio {limit}",
+                           canary, stable, window_s, weight)
+    return Verdict("pass", "", canary, stable, window_s, weight)
+
+
+@dataclass
+class Window:
+    """An analysis window opened with ``open_window`` and judged with ``close``/``evaluate``."""
+
+    started: float
+    log_offset: int
+    scrapes: dict = field(default_factory=dict)
+    pids: dict = field(default_factory=dict)
+
+
+class Analyzer:
+    """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host."""
+
+    def __init__(self, cfg: DeployConfig, router, hosts: dict, canary: list[str], stable: list[str]):
+        self.cfg, self.router, self.hosts = cfg, router, hosts
+        self.canary, self.stable = list(canary), list(stable)
+        self.addr = upstream_map(cfg)
+        self.baseline: Optional[GroupStats] = None
+
+    def _scrape_all(self) -> tuple[dict, dict]:
+        """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
+        from deployctl.hosts import run_on_hosts
+        from deployctl.rollout.launcher import runtime_pid
+
+        def one(h):
+            pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
+            return scrape(h, self.cfg), pid
+
+        outs = run_on_hosts([self.hosts[n] for n in [*self.canary, *self.stable]], one)
+        samples = {o.host: (o.value[0] if o.value else None) for o in outs}
+        pids = {o.host: (o.value[1] if o.value else None) for o in outs}
+        return samples, pids
+
+    def open_window(self) -> Window:
+        samples, pids = self._scrape_all()
+        return Window(time.monotonic(), self.router.access_log_size(), samples, pids)
+
+    def evaluate(self, w: Window, weight: int = 0) -> Verdict:
+        """Judge the window from its start to now (the window stays open: call again later to widen it)."""
+        text, _ = self.router.access_log_since(w.log_offset)
+        counts = count_access_log(text, self.addr)
+        after, pids = self._scrape_all()
+        groups = []
+        for names in (self.canary, self.stable):
+            g = GroupStats(hosts=names)
+            g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
+            g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
+            g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT)
+            g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT)
+            groups.append(g)
+        groups[0].down = [n for n in self.canary if after.get(n) is None]
+        groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
+        canary, stable = groups
+        v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
+        if stable.ttft_count:
+            self.baseline = stable
+        return v

@@ -1,0 +1,278 @@
+"""``deploy``: the step machine (../shared/notes/canary-analysis.md; cases C18, C20).
+
+preflight gate → lock → upload the release to every host → canary hosts: drain, switch, install, restart, verify →
+for each weight step: render + ``nginx -t`` + reload, analysis over the pause → at 100% roll the remaining hosts
+in batches (drain, switch, restart, verify, put back) → all hosts stable on the new release → prune → done.
+
+Any failure or failed verdict → abort: all traffic to the hosts still on the previous release, switched hosts back
+to it (restarted, verified, put back), RolloutAborted (exit 6) with the reason and the numbers. Before every step
+and during waits the deploy reads state/control.json: a rollback from another shell makes it stop at once without
+touching anything more (the rollback owns the fleet now) and exit 6 "aborted by rollback"; an abort makes it run
+its own abort; a promote ends the current pause.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from deployctl.config import DeployConfig
+from deployctl.errors import DeployctlError, RolloutAborted
+from deployctl.rollout import hostops, launcher, release
+from deployctl.rollout.analysis import Analyzer
+from deployctl.rollout.events import Progress, emitter
+from deployctl.rollout.fleet import Fleet, Interrupted
+from deployctl.rollout.plan import DeployPlan, make_plan
+from deployctl.rollout.router import Split
+from deployctl.rollout.state import Control, RolloutState
+
+
+class Intervened(Exception):
+    """Another shell sent abort or rollback (``control``)."""
+
+    def __init__(self, control: Control):
+        super().__init__(control.command)
+        self.control = control
+
+
+class _Abort(Exception):
+    def __init__(self, reason: str, verdict: Optional[dict] = None):
+        super().__init__(reason)
+        self.reason, self.verdict = reason, verdict
+
+
+@dataclass
+class DeployResult:
+    release: str
+    from_release: Optional[str]
+    mode: str
+    verdicts: list[dict] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def split_for(new: list[str], old: list[str], weight: int) -> Split:
+    """The split with ``new`` hosts as canary at ``weight`` over ``old``; collapses to one side when the
+    other is empty (nginx weights need both sides)."""
+    if not old:
+        return Split(tuple(new), (), 0)
+    if not new or weight <= 0:
+        return Split(tuple(old), (), 0)
+    return Split(tuple(old), tuple(new), weight)
+
+
+class Deployment:
+    """One run of ``deploy``. ``confirm(plan) -> bool`` is asked before anything changes (None: go)."""
+
+    def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
+                 progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
+                 skip_preflight: bool = os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1"):
+        self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
+        self.say = emitter(progress)
+        self.confirm = confirm
+        self.skip_preflight = skip_preflight
+        self.fleet = Fleet(cfg, self.say)
+        self.gen = 0
+        self.promote_requested = False
+        self.switched: set[str] = set()
+        self.state: Optional[RolloutState] = None
+        self.verdicts: list[dict] = []
+
+    # ------------------------------------------------------------------------------------------ control
+    def check(self) -> None:
+        """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
+        (RemoteError otherwise: losing a host mid-rollout aborts it)."""
+        c = self.fleet.store.read_control(strict=True)
+        if c.generation == self.gen:
+            return
+        if c.command == "promote":
+            self.gen = c.generation
+            self.promote_requested = True
+            self.say("info", f"promote requested by {c.by}")
+            return
+        raise Intervened(c)
+
+    def _save(self, **changes) -> None:
+        for k, v in changes.items():
+            setattr(self.state, k, v)
+        self.fleet.store.write_rollout(self.state)
+
+    def _route(self, split: Split) -> None:
+        shares = self.fleet.router.apply(split)
+        self.state.weights = shares
+        self.say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w) or "none",
+                 shares=shares)
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self) -> DeployResult:
+        t0 = time.monotonic()
+        fl = self.fleet
+        try:
+            fl.connect()
+            current = fl.current_releases()
+            if not self.skip_preflight:
+                fl.preflight_gate()
+            info = fl.make_release()
+            plan = make_plan(self.cfg, info, current, self.canary_pct)
+            self.say("plan", "plan: " + "; ".join(plan.lines()), plan=plan.to_json())
+            if self.confirm is not None and not self.confirm(plan):
+                raise DeployctlError("deploy cancelled; nothing changed")
+            fl.lock("deploy", break_lock=self.break_lock)
+            try:
+                return self._locked(plan, t0)
+            finally:
+                fl.unlock()
+        finally:
+            fl.close()
+
+    def _locked(self, plan: DeployPlan, t0: float) -> DeployResult:
+        fl = self.fleet
+        self.gen = fl.store.send("deploy", reason=plan.release.id).generation
+        self.state = RolloutState(action="deploy", release=plan.release.id, from_release=plan.from_release,
+                                  generation=self.gen, steps=plan.steps, canary_hosts=plan.canary,
+                                  stable_hosts=plan.stable, pid=os.getpid())
+        self._save()
+        fl.store.append_history("deploy", release=plan.release.id, result="started", from_release=plan.from_release,
+                                mode=plan.mode)
+        try:
+            self.check()
+            fl.upload_all(plan.release)
+            if plan.mode == "canary":
+                self._canary(plan)
+            else:
+                self._all_at_once(plan)
+        except Intervened as iv:
+            c = iv.control
+            if c.command == "rollback":
+                reason = f"aborted by rollback from {c.by}"
+                self.say("abort", reason)
+                fl.unlock()  # the rollback waits for our lock: let go first
+                fl.store.append_history("deploy", release=plan.release.id, result="aborted", reason=reason)
+                raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
+            return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))
+        except KeyboardInterrupt:
+            self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
+        except _Abort as a:
+            self._abort(plan, a.reason, verdict=a.verdict)
+        except DeployctlError as e:
+            self._abort(plan, str(e), cause=e)
+        fl.prune(plan)
+        self._save(status="done", step_index=len(plan.steps) - 1, weight=100)
+        dur = time.monotonic() - t0
+        fl.store.append_history("deploy", release=plan.release.id, result="ok", from_release=plan.from_release,
+                                duration_s=round(dur, 1))
+        self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)")
+        return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
+
+    # ------------------------------------------------------------------------------------------ modes
+    def _activate(self, names: list[str], release_id: str) -> None:
+        hosts = [self.fleet.hosts[n] for n in names]
+        for n in names:
+            self.say("host", f"{n}: switching to {release_id}, restarting, verifying", host=n)
+
+        def act(h):
+            return hostops.activate(h, self.cfg, release_id, should_stop=self.check,
+                                    on_switch=self.switched.add)
+
+        ok, bad = hostops.on_hosts(hosts, act)
+        for n, v in ok.items():
+            self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens "
+                             f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
+        for err in bad.values():
+            if isinstance(err, (Intervened, KeyboardInterrupt)):
+                raise err
+        if bad:
+            n, err = next(iter(bad.items()))
+            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{n}: {err}")
+
+    def _all_at_once(self, plan: DeployPlan) -> None:
+        names = plan.stable
+        if plan.mode == "in-place":
+            self.say("info", f"one host: no canary possible; verified in-place switch on {names[0]}")
+        self._activate(names, plan.release.id)
+        if self.cfg.router:
+            self._route(Split(tuple(names), (), 0))
+        self._save(step_index=0, weight=100)
+
+    def _canary(self, plan: DeployPlan) -> None:
+        new, old = list(plan.canary), list(plan.stable)
+        self.check()
+        self._route(split_for([], old, 0))  # drain the canary hosts
+        self._activate(new, plan.release.id)
+        for i, weight in enumerate(plan.steps):
+            self.check()
+            self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
+            self._route(split_for(new, old, weight))
+            self._save(step_index=i, weight=weight)
+            self._analyze(plan, new, old, weight)
+        for batch in plan.batches:
+            self.check()
+            old = [n for n in old if n not in batch]
+            self._route(split_for(new, old, 100))  # drain the batch
+            self._activate(batch, plan.release.id)
+            new += batch
+            self._route(split_for(new, old, 100))
+        self._route(Split(tuple(new), (), 0))
+
+    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
+        pause, a = plan.pause_s, self.cfg.rollout.analysis
+        if pause <= 0:
+            return
+        fl = self.fleet
+        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old)
+        self.promote_requested = False
+        deadline = time.monotonic() + pause
+        win = an.open_window()
+        passes, last = 0, None
+        while True:
+            next_eval = min(deadline, time.monotonic() + a.interval_s)
+            while time.monotonic() < next_eval:
+                self.check()
+                if self.promote_requested:
+                    self.say("info", f"promoted by hand at {weight}%")
+                    return
+                time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
+            last = an.evaluate(win, weight)
+            vj = last.to_json()
+            self.verdicts.append(vj)
+            self.state.verdicts = self.verdicts[-20:]
+            self._save()
+            self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
+            if last.result == "fail":
+                raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
+            if last.result == "pass":
+                passes += 1
+                win = an.open_window()
+            if time.monotonic() >= deadline:
+                break
+        if passes == 0:
+            raise _Abort(f"not enough traffic to judge at {weight}%: {last.summary()}; "
+                         "send traffic or `deployctl promote` by hand", last.to_json())
+
+    # ------------------------------------------------------------------------------------------ abort
+    def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
+               cause: Optional[BaseException] = None, interrupted: bool = False):
+        fl = self.fleet
+        self.say("abort", f"aborting: {reason}")
+        try:
+            self.state.status = "aborting"
+            fl.store.write_rollout(self.state)
+        except Exception:
+            pass
+        problems = fl.restore(plan, self.switched, self._route if self.cfg.router else None)
+        for p in problems:
+            self.say("warn", p)
+        status = "interrupted" if interrupted else "aborted"
+        try:
+            self._save(status=status, reason=reason)
+            fl.store.append_history("deploy", release=plan.release.id, result=status, reason=reason,
+                                    problems=problems, verdict=verdict)
+        except Exception as e:  # state is best effort once we are aborting
+            self.say("warn", f"could not record the abort on every host: {e}")
+        where = f"traffic back on {plan.from_release}" if plan.from_release else "nothing serves"
+        extra = f"; not restored: {'; '.join(problems)}" if problems else ""
+        if interrupted:
+            raise Interrupted(f"deploy interrupted: {where}{extra}",
+                              fix="run `deployctl status` to check, then `deployctl deploy` again")
+        raise RolloutAborted(f"rollout aborted: {reason}; {where}{extra}",
+                             fix="see `deployctl history`; fix the release and deploy again") from cause

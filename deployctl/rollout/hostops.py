@@ -1,0 +1,61 @@
+"""Operations on one host that deploy, abort and rollback share, and running them on several hosts at once."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from deployctl.config import DeployConfig
+from deployctl.rollout import launcher, release
+from deployctl.rollout.verify import Verified, verify
+
+
+def verify_timeout(cfg: DeployConfig) -> float:
+    """Seconds a start may take before verification fails: DEPLOYCTL_VERIFY_TIMEOUT_S, else
+    server.startup_timeout_s."""
+    env = os.environ.get("DEPLOYCTL_VERIFY_TIMEOUT_S")
+    return float(env) if env else cfg.server.startup_timeout_s
+
+
+def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
+             on_switch: Optional[Callable[[str], None]] = None) -> Verified:
+    """Make ``release_id`` run on ``host``: switch ``current``, install its wheel, stop the old runtime (drain),
+    start the new one, verify (ready + sample inference, release header checked). Raises RemoteError (4) or
+    HealthError (5); ``should_stop`` may raise to interrupt the wait for readiness."""
+    t = [time.monotonic()]
+    if on_switch:  # before the switch: if it fails half-way, the abort still looks at this host
+        on_switch(host.name)
+    release.switch_and_install(host, release_id)
+    t.append(time.monotonic())
+    launcher.stop(host, cfg)
+    t.append(time.monotonic())
+    offset = launcher.start(host, cfg)
+    v = verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
+               log_offset=offset)
+    t.append(time.monotonic())
+    return replace(v, timings={"install_s": round(t[1] - t[0], 2), "stop_s": round(t[2] - t[1], 2),
+                               "start_verify_s": round(t[3] - t[2], 2)})
+
+
+def on_hosts(hosts: list, fn) -> tuple[dict, dict]:
+    """Run ``fn(host)`` on every host in parallel. Returns ({name: value}, {name: error})."""
+    from deployctl.hosts import run_on_hosts
+
+    if not hosts:
+        return {}, {}
+    outcomes = run_on_hosts(hosts, fn)
+    ok = {o.host: o.value for o in outcomes if o.error is None}
+    bad = {o.host: o.error for o in outcomes if o.error is not None}
+    return ok, bad
+
+
+def sleep_checking(seconds: float, check: Callable[[], None], tick: float = 0.25) -> None:
+    """Sleep ``seconds`` while calling ``check()`` every ``tick`` seconds (it raises to interrupt)."""
+    end = time.monotonic() + seconds
+    while True:
+        check()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(tick, left))

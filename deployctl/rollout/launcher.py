@@ -1,0 +1,144 @@
+"""Start, stop and restart the runtime on a host.
+
+``launcher: process``: the release's ``launch.sh`` (rendered by deployctl.render: a supervisor loop with pidfile
+shared/run/runtime.pid, log shared/logs/runtime.log, restart on failure with backoff) run as ``launch.sh start``
+(it detaches itself with setsid, stdin /dev/null, output to the log) with PYTHONPATH removed so the installed wheel
+is what runs. Stop: SIGTERM to the supervisor (it forwards one SIGTERM to the runtime, which drains), wait up to
+the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group.
+``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``.
+"""
+from __future__ import annotations
+
+import posixpath
+import shlex
+from typing import Optional
+
+from deployctl.config import DeployConfig
+from deployctl.rollout.paths import current_link, log_file, pid_file, shared_dir
+
+EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
+
+
+def _unit(cfg: DeployConfig) -> str:
+    return f"{cfg.service.name}.service"
+
+
+def log_size(host) -> int:
+    r = host.run(f"stat -c %s {shlex.quote(log_file(host.config))} 2>/dev/null || echo 0", timeout=15)
+    try:
+        return int(r.stdout.strip() or 0)
+    except ValueError:
+        return 0
+
+
+def start(host, cfg: DeployConfig) -> int:
+    """Start the release ``current`` points at. Returns the log size before the start (for ``liveness``).
+    Raises RemoteError."""
+    h = host.config
+    cur = current_link(h)
+    if h.launcher == "systemd":
+        offset = log_size(host)
+        unit = _unit(cfg)
+        host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
+        host.sudo(["systemctl", "daemon-reload"])
+        host.sudo(["systemctl", "restart", unit], timeout=120)
+        return offset
+    q = shlex.quote
+    log = q(log_file(h))
+    # one command: note the log size, then launch.sh start from the resolved release dir (a later switch of
+    # ``current`` cannot change what runs), without PYTHONPATH so the installed wheel is what runs
+    script = (f"mkdir -p {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}; "
+              f"stat -c %s {log} 2>/dev/null || echo 0; "
+              f"rdir=$(readlink -f {q(cur)}) && env -u PYTHONPATH bash \"$rdir/launch.sh\" start >/dev/null")
+    r = host.run(script, timeout=30)
+    try:
+        return int(r.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
+def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
+    """Stop the runtime: SIGTERM to the supervisor (the runtime drains: /readyz 503, in-flight requests finish),
+    then wait for the process group to exit, up to ``server.drain_timeout_s`` + 5 s unless ``timeout``, then
+    SIGKILL. Once the runtime's port stops accepting connections the drain is over (the listener closes after the
+    last request) and what is left of the process group is killed rather than waited for.
+    Returns "stopped", "killed" or "not running". Raises RemoteError."""
+    h = host.config
+    wait = cfg.server.drain_timeout_s + 5 if timeout is None else timeout
+    if h.launcher == "systemd":
+        host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
+        return "stopped"
+    from deployctl.rollout.paths import service_port
+
+    pidf = shlex.quote(pid_file(h))
+    ticks = max(1, int(wait * 10))
+    port = service_port(cfg, h)
+    addr = "127.0.0.1" if cfg.server.bind in ("0.0.0.0", "::", "") else cfg.server.bind
+    script = f"""
+pidf={pidf}
+[ -f "$pidf" ] || {{ echo "not running"; exit 0; }}
+pid=$(cat "$pidf")
+case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
+if ! kill -0 -- "-$pid" 2>/dev/null; then rm -f "$pidf"; echo "not running"; exit 0; fi
+listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
+was=0; listening && was=1
+kill -TERM "$pid" 2>/dev/null
+i=0; closed=0
+while kill -0 -- "-$pid" 2>/dev/null; do
+  sleep 0.1; i=$((i+1))
+  if [ $was = 1 ] && ! listening; then closed=$((closed+1)); else closed=0; fi
+  if [ $closed -ge 3 ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.1; rm -f "$pidf"; echo stopped; exit 0; fi
+  if [ $i -ge {ticks} ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.2; rm -f "$pidf"; echo killed; exit 0; fi
+done
+rm -f "$pidf"; echo stopped
+"""
+    r = host.run(["bash", "-c", script], timeout=wait + 30)  # bash: /dev/tcp
+    return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "stopped"
+
+
+def is_running(host, cfg: DeployConfig) -> bool:
+    """Whether the runtime's process group (or systemd unit) is alive."""
+    h = host.config
+    if h.launcher == "systemd":
+        return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg)], check=False).exit_code == 0
+    pidf = shlex.quote(pid_file(h))
+    r = host.run(f'[ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null', timeout=30, check=False)
+    return r.exit_code == 0
+
+
+def liveness(host, cfg: DeployConfig, offset: int) -> tuple[bool, str]:
+    """(process alive, first log line since ``offset`` that shows the runtime exiting or "") in one command.
+    A runtime that exits while starting is a failed start even when the supervisor would restart it."""
+    grep = (f"tail -c +{int(offset) + 1} {shlex.quote(log_file(host.config))} 2>/dev/null | "
+            f"grep -m1 -e {' -e '.join(shlex.quote(m) for m in EXIT_MARKERS)} || true")
+    if host.config.launcher == "systemd":
+        return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
+    pidf = shlex.quote(pid_file(host.config))
+    r = host.run(f'if [ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
+                 + grep, timeout=15)
+    lines = r.stdout.strip().splitlines()
+    return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()
+
+
+def runtime_pid(host, cfg: DeployConfig) -> Optional[int]:
+    """The runtime process's pid (launch.sh's child pidfile, or systemd's MainPID); None when not running."""
+    h = host.config
+    if h.launcher == "systemd":
+        r = host.run(["systemctl", "show", "-p", "MainPID", "--value", _unit(cfg)], timeout=15, check=False)
+    else:
+        child = shlex.quote(shared_dir(h, "run", "runtime.child.pid"))
+        r = host.run(f'p=$(cat {child} 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p" || true', timeout=15)
+    try:
+        pid = int(r.stdout.strip() or 0)
+    except ValueError:
+        return None
+    return pid or None
+
+
+def log_tail(host, lines: int = 15) -> str:
+    """The last lines of the runtime log on the host ("" when unreadable)."""
+    try:
+        r = host.run(f"tail -n {int(lines)} {shlex.quote(log_file(host.config))} 2>/dev/null || true", timeout=15)
+        return r.stdout.strip()
+    except Exception:
+        return ""

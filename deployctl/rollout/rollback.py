@@ -1,0 +1,183 @@
+"""``rollback``, ``abort`` and ``promote``: the commands that act on the fleet from any shell.
+
+rollback [--to ID]: make the previous release (the one the last deploy started from, or ID) current on every host,
+restart, verify, and restore the weights. It wins over a deploy in progress (C20): it first bumps the generation
+in state/control.json (the deploy stops within a second or two and releases its lock), routes all traffic to the
+hosts already on the target at once (``nginx -t`` then reload), then switches the others in parallel (two halves,
+so something always serves, when no host is on the target yet). A stale lock is broken; a live one is taken over
+after ``GRACE_S``. When every host already runs the target and traffic is split evenly, it is a no-op.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from deployctl.config import DeployConfig
+from deployctl.errors import CheckFailed, DeployctlError, HealthError
+from deployctl.rollout import hostops, release
+from deployctl.rollout.events import Progress, emitter
+from deployctl.rollout.fleet import Fleet, majority
+from deployctl.rollout.paths import release_dir
+from deployctl.rollout.router import Split
+from deployctl.rollout.state import RolloutState
+
+GRACE_S = 10.0
+
+
+@dataclass
+class RollbackResult:
+    target: str
+    noop: bool
+    changed: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def _target(fleet: Fleet, st: Optional[RolloutState], to: Optional[str]) -> str:
+    if to:
+        return to
+    if st is not None:
+        if st.action == "rollback" and st.release:
+            return st.release
+        if st.from_release:
+            return st.from_release
+    for rec in reversed(fleet.store.read_history()):
+        if rec.get("action") == "deploy" and rec.get("from_release"):
+            return rec["from_release"]
+    raise CheckFailed("nothing to roll back to: no earlier release recorded", fix="pass --to RELEASE_ID")
+
+
+def _wait_for_lock(fleet: Fleet, say, grace: float) -> None:
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        infos = fleet.inspect_lock()
+        if not infos or all(i.stale for i in infos):
+            return
+        time.sleep(0.25)
+    say("warn", f"the deploy did not let go within {grace:.0f} s: taking over its lock")
+
+
+def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[Progress] = None,
+             grace_s: float = GRACE_S) -> RollbackResult:
+    say = emitter(progress)
+    t0 = time.monotonic()
+    fleet = Fleet(cfg, say)
+    try:
+        fleet.connect()
+        st = fleet.store.read_rollout()
+        target = _target(fleet, st, to)
+
+        def look(h):
+            return release.current_release(h), h.exists(release_dir(h.config, target) + "/release.json")
+
+        found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
+        if bad:
+            name, err = next(iter(bad.items()))
+            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{name}: {err}")
+        current = {n: found[n][0] for n in fleet.hosts}
+        split = fleet.router.read_split() if fleet.router else None
+        even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
+        in_progress = st is not None and st.in_progress
+        if all(v == target for v in current.values()) and even and not in_progress and not fleet.inspect_lock():
+            say("info", f"every host already runs {target}: nothing to do")
+            return RollbackResult(target, True)
+        missing = [n for n in fleet.hosts if current[n] != target and not found[n][1]]
+        if missing:
+            raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
+                              fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
+        gen = fleet.store.send("rollback", reason=target).generation
+        say("info", f"rolling back to {target} (generation {gen})")
+        on_target = [n for n, r in current.items() if r == target]
+        if fleet.router and on_target:
+            # traffic first: the hosts already on the target take it all now; a running deploy stops at its next
+            # check (within a second or two) and touches nothing more; we route again once we hold the lock
+            shares = fleet.router.apply(Split(tuple(on_target), (), 0))
+            say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
+        _wait_for_lock(fleet, say, grace_s)
+        fleet.lock("rollback", break_stale=True, take_over=True)
+        try:
+            return _do(fleet, cfg, target, current, gen, say, t0)
+        finally:
+            fleet.unlock()
+    finally:
+        fleet.close()
+
+
+def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float) -> RollbackResult:
+    st = RolloutState(action="rollback", release=target, from_release=majority(current.values()), generation=gen)
+    fleet.store.write_rollout(st)
+    on_target = [n for n, r in current.items() if r == target]
+    others = [n for n in current if n not in on_target]
+
+    def route(names: list[str]) -> None:
+        if fleet.router and names:
+            shares = fleet.router.apply(Split(tuple(names), (), 0))
+            st.weights = shares
+            say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
+
+    serving = list(on_target)
+    route(serving)
+    # none on the target yet: a small first batch restarts while the rest keep serving, then the rest at once
+    first = max(1, len(others) // 3)
+    batches = [others] if on_target or len(others) < 2 else [others[:first], others[first:]]
+    problems: list[str] = []
+    for batch in batches:
+        rest = [n for n in others if n not in batch and n not in serving]
+        if not on_target and rest and batch is batches[0]:
+            route(rest)  # the second half keeps serving while the first one restarts
+        for n in batch:
+            say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
+        ok, bad = hostops.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
+        for n, v in ok.items():
+            say("host", f"{n}: ready in {v.ready_s:.1f} s ({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})",
+                host=n, timings=v.timings)
+        problems += [f"{n}: {e}" for n, e in bad.items()]
+        serving += list(ok)
+        route(serving)
+    dur = time.monotonic() - t0
+    st.status = "rolled_back" if not problems else "failed"
+    st.reason = "; ".join(problems) or None
+    fleet.store.write_rollout(st)
+    fleet.store.append_history("rollback", release=target, result="ok" if not problems else "failed",
+                               reason="; ".join(problems), from_release=st.from_release, duration_s=round(dur, 2),
+                               hosts=others)
+    if problems:
+        raise HealthError(f"rollback to {target} incomplete: {'; '.join(problems)}",
+                          fix="fix those hosts and run `deployctl rollback` again")
+    say("done", f"rolled back to {target} on {len(current)} hosts in {dur:.1f} s")
+    return RollbackResult(target, False, others, dur)
+
+
+def signal(cfg: DeployConfig, command: str, *, progress: Optional[Progress] = None, wait_s: float = 120) -> str:
+    """``promote`` or ``abort`` a running deploy from another shell. Returns a one-line outcome. ``abort`` waits
+    for the deploy to finish aborting; when no live deploy holds the lock, it restores the fleet itself."""
+    say = emitter(progress)
+    fleet = Fleet(cfg, say)
+    try:
+        fleet.connect()
+        st = fleet.store.read_rollout()
+        if st is None or not st.in_progress or st.action != "deploy":
+            return f"no rollout in progress: nothing to {command}"
+        live = [i for i in fleet.inspect_lock() if not i.stale]
+        if command == "promote":
+            if not live:
+                raise CheckFailed("the deploy that started this rollout is not running; nothing can promote it",
+                                  fix="run `deployctl rollback` or `deployctl deploy` again")
+            c = fleet.store.send("promote")
+            return f"promote sent (generation {c.generation}); the deploy moves to its next step"
+        c = fleet.store.send("abort", reason="abort requested")
+        if live:
+            say("info", "abort sent; waiting for the deploy to put traffic back on stable")
+            end = time.monotonic() + wait_s
+            while time.monotonic() < end:
+                now = fleet.store.read_rollout()
+                if now is not None and not now.in_progress:
+                    return f"aborted: {now.status}; traffic on {now.from_release}"
+                time.sleep(0.5)
+            raise DeployctlError(f"the deploy did not confirm the abort within {wait_s:.0f} s",
+                                 fix="run `deployctl rollback`")
+        say("warn", "no live deploy holds the lock: restoring the fleet here")
+        return f"aborted: {rollback(cfg, progress=progress).target} restored"
+    finally:
+        fleet.close()

@@ -1,0 +1,154 @@
+"""The router: nginx on ``router.host``. ``Router.apply`` renders the upstream conf for the given split
+(deployctl.render.render_nginx), writes it, runs ``nginx -t`` and reloads (``nginx -s reload``; never a restart).
+If ``nginx -t`` fails the previous conf is put back and CheckFailed raised with nginx's message.
+Beside the conf, ``<upstream_conf>.state.json`` records the split (stable, canary, weight, drained, shares)
+for ``deployctl status``.
+
+Traffic shares (percent per host): each canary host gets weight/len(canary), each stable host
+(100 - weight)/len(stable); drained hosts 0. The rendered nginx weights are these shares scaled to integers
+(canary: pct × n_stable, stable: (100 − pct) × n_canary, divided by their gcd; weight 0 omitted).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from deployctl.config import DeployConfig, HostConfig
+from deployctl.errors import CheckFailed, ConfigError
+
+
+def shares(stable: list[str], canary: list[str], weight: int, drained: Iterable[str] = ()) -> dict[str, float]:
+    """Percent of requests per host for a split (see module doc)."""
+    drained = set(drained)
+    live_s = [h for h in stable if h not in drained]
+    live_c = [h for h in canary if h not in drained]
+    out = {h: 0.0 for h in [*stable, *canary]}
+    w = weight if live_s else 100
+    w = w if live_c else 0
+    for h in live_c:
+        out[h] = round(w / len(live_c), 3)
+    for h in live_s:
+        out[h] = round((100 - w) / len(live_s), 3)
+    return out
+
+
+@dataclass(frozen=True)
+class Split:
+    stable: tuple[str, ...]
+    canary: tuple[str, ...]
+    weight: int
+    drained: tuple[str, ...] = ()
+
+    def shares(self) -> dict[str, float]:
+        return shares(list(self.stable), list(self.canary), self.weight, self.drained)
+
+    def to_json(self) -> dict:
+        return {"stable": list(self.stable), "canary": list(self.canary), "weight": self.weight,
+                "drained": list(self.drained), "shares": self.shares(), "time": time.time()}
+
+
+def router_host_config(cfg: DeployConfig) -> HostConfig:
+    if cfg.router is None:
+        raise ConfigError("deploy.yaml has no router: section", fix="add router: (kind nginx, host, listen, upstream_conf)")
+    if cfg.router.host == "local":
+        return HostConfig(name="router", address="local", deploy_root="/", launcher="process")
+    return cfg.host(cfg.router.host)
+
+
+RELOAD_WAIT_S = 5
+
+
+class Router:
+    """nginx on the router host. ``host`` is a deployctl.hosts.Host for router.host."""
+
+    def __init__(self, cfg: DeployConfig, host):
+        self.cfg = cfg
+        self.host = host
+        self.conf = cfg.router.upstream_conf
+
+    def _nginx(self, *args: str) -> str:
+        r = self.cfg.router
+        parts = ['"$(command -v nginx || echo /usr/sbin/nginx)"', *args]
+        if r.nginx_prefix:
+            parts += ["-p", shlex.quote(r.nginx_prefix)]
+        if r.nginx_conf:
+            parts += ["-c", shlex.quote(r.nginx_conf)]
+        return " ".join(parts)
+
+    def apply(self, split: Split) -> dict[str, float]:
+        """Render, write, ``nginx -t``, reload. Returns the shares. Raises CheckFailed or RemoteError."""
+        from deployctl.render import render_nginx
+
+        by_name = {h.name: h for h in self.cfg.hosts}
+        text = render_nginx(self.cfg, stable=[by_name[n] for n in split.stable],
+                            canary=[by_name[n] for n in split.canary], canary_weight=split.weight,
+                            drained=frozenset(split.drained))
+        q = shlex.quote
+        conf, prev, new = self.conf, self.conf + ".prev", self.conf + ".new"
+        self.host.put_text(text, new, mode=0o644)
+        state = json.dumps(split.to_json(), sort_keys=True)
+        # one command: keep the old conf, move the new one in, nginx -t; on failure put the old one back
+        script = f"""
+if [ -f {q(conf)} ]; then cp -p {q(conf)} {q(prev)}; else rm -f {q(prev)}; fi
+mv -f {q(new)} {q(conf)}
+if ! out=$({self._nginx("-t", "-q")} 2>&1); then
+  if [ -f {q(prev)} ]; then cp -p {q(prev)} {q(conf)}; else rm -f {q(conf)}; fi
+  printf '%s\\n' "$out" >&2; exit 17
+fi
+conf_main={q(self.cfg.router.nginx_conf or "/etc/nginx/nginx.conf")}
+pidf=$(awk '$1 == "pid" {{ sub(";", "", $2); print $2; exit }}' "$conf_main")
+case "$pidf" in ''|/*) ;; *) pidf={q(self.cfg.router.nginx_prefix or "/etc/nginx")}/"$pidf";; esac
+master=$(cat "${{pidf:-/run/nginx.pid}}" 2>/dev/null)
+old=$( [ -n "$master" ] && pgrep -P "$master" | tr '\n' ' ')
+{self._nginx("-s", "reload")} || exit 18
+# wait (up to {RELOAD_WAIT_S} s) until the workers of the old config are gone, so that no new request can reach a
+# server this config removed once we go on to stop it
+i=0
+while [ -n "$old" ] && [ $i -lt {RELOAD_WAIT_S * 20} ]; do
+  left=0; for w in $old; do kill -0 "$w" 2>/dev/null && left=1; done
+  [ $left = 0 ] && break
+  sleep 0.05; i=$((i+1))
+done
+printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
+"""
+        r = self.host.run(["bash", "-c", script], timeout=60, check=False)
+        if r.exit_code == 17:
+            msg = r.stderr.strip().splitlines()
+            raise CheckFailed(f"nginx -t rejected the rendered {conf} on {self.host.name}: "
+                              f"{msg[-1] if msg else 'no message'}; the previous conf was restored")
+        if r.exit_code != 0:
+            raise CheckFailed(f"nginx reload on {self.host.name} failed (exit {r.exit_code}): "
+                              f"{(r.stderr or r.stdout).strip()[-300:]}")
+        return split.shares()
+
+    def read_split(self) -> Optional[dict]:
+        """The last applied split (JSON) or None."""
+        r = self.host.run(f"cat {shlex.quote(self.conf + '.state.json')} 2>/dev/null || true", timeout=15)
+        try:
+            return json.loads(r.stdout) if r.stdout.strip() else None
+        except ValueError:
+            return None
+
+    def access_log_size(self) -> int:
+        """Bytes in the access log now (the start offset of an analysis window); 0 when there is none."""
+        log = self.cfg.router.access_log
+        if not log:
+            return 0
+        r = self.host.run(f"stat -c %s {shlex.quote(log)} 2>/dev/null || echo 0", timeout=15)
+        try:
+            return int(r.stdout.strip() or 0)
+        except ValueError:
+            return 0
+
+    def access_log_since(self, offset: int) -> tuple[str, int]:
+        """(text appended to the access log since ``offset``, new offset)."""
+        log = self.cfg.router.access_log
+        if not log:
+            return "", 0
+        r = self.host.run(f"tail -c +{int(offset) + 1} {shlex.quote(log)} 2>/dev/null || true", timeout=30)
+        text = r.stdout
+        cut = text.rfind("\n") + 1  # only whole lines; the rest is read next time
+        return text[:cut], offset + len(text[:cut].encode())

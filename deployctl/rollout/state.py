@@ -1,0 +1,186 @@
+"""Rollout state shared through the hosts' state/ directories, so any operator's shell sees the same story.
+
+Files under ``<deploy_root>/state/`` on every host (written to all reachable hosts; read from all, newest wins):
+- ``rollout.json``: the rollout in progress or the last one (``RolloutState``): release, step, weights,
+  verdicts, status and the ``generation`` it runs under.
+- ``control.json``: requests from other shells (``Control``): ``generation`` (a counter bumped by every
+  deploy start, promote, abort and rollback), ``command`` and who sent it. A running deploy reads it before every
+  step and during pauses; a generation other than its own means another shell intervened (C20). Only the deploy
+  at its start and the intervening commands write it, so a deploy's progress writes can never erase a rollback.
+- ``history.jsonl``: one JSON line per action (deploy, promote, abort, rollback) with who, when, release,
+  result and reason; lines carry an ``id`` so copies on several hosts merge without duplicates.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from deployctl.rollout.paths import actor, now_iso, state_dir, state_file
+
+IN_PROGRESS = ("running", "paused", "aborting")
+
+
+@dataclass
+class RolloutState:
+    """The rollout in progress (or the last one). ``weights`` maps host -> share of traffic in percent."""
+
+    action: str = "deploy"
+    status: str = "running"  # running | paused | aborting | done | aborted | rolled_back | failed | interrupted
+    release: Optional[str] = None
+    from_release: Optional[str] = None
+    generation: int = 0
+    steps: list[int] = field(default_factory=list)
+    step_index: int = -1
+    weight: int = 0
+    canary_hosts: list[str] = field(default_factory=list)
+    stable_hosts: list[str] = field(default_factory=list)
+    weights: dict[str, float] = field(default_factory=dict)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    owner: str = field(default_factory=actor)
+    pid: int = 0
+    started: str = field(default_factory=now_iso)
+    updated: str = field(default_factory=now_iso)
+    reason: Optional[str] = None
+
+    @property
+    def in_progress(self) -> bool:
+        return self.status in IN_PROGRESS
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RolloutState":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Control:
+    """The newest request from any shell: ``command`` is deploy | promote | abort | rollback."""
+
+    generation: int = 0
+    command: str = "none"
+    by: str = ""
+    at: str = ""
+    reason: str = ""
+
+
+class StateStore:
+    """Reads and writes the state files on a set of hosts (``deployctl.hosts.Host``). Writes go to every
+    reachable host; a write that reaches none raises the last host's error. Reads take the newest copy."""
+
+    def __init__(self, hosts: list, *, timeout: float = 15):
+        self.hosts = hosts
+        self.timeout = timeout
+        self._dirs_made: set[str] = set()
+
+    # ---------------------------------------------------------------------------------------------- raw
+    def _each(self, fn):
+        from deployctl.hosts import run_on_hosts
+
+        return run_on_hosts(self.hosts, fn)
+
+    def _ensure_dir(self, host) -> None:
+        if host.name not in self._dirs_made:
+            host.run(["mkdir", "-p", state_dir(host.config)], timeout=self.timeout)
+            self._dirs_made.add(host.name)
+
+    def _write_all(self, name: str, text: str) -> list[str]:
+        def write(host):
+            self._ensure_dir(host)
+            host.put_text(text, state_file(host.config, name), mode=0o644)
+
+        outcomes = self._each(write)
+        ok = [o.host for o in outcomes if o.error is None]
+        if not ok:
+            raise outcomes[-1].error
+        return ok
+
+    def _read_all(self, name: str, *, strict: bool = False) -> list[str]:
+        def read(host):
+            path = state_file(host.config, name)
+            r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout)
+            return r.stdout
+
+        outcomes = self._each(read)
+        if strict:
+            for o in outcomes:
+                if o.error is not None:
+                    raise o.error
+        return [o.value for o in outcomes if o.error is None and o.value]
+
+    def reachable(self) -> int:
+        return len(self.hosts)
+
+    # ---------------------------------------------------------------------------------------------- rollout
+    def read_rollout(self) -> Optional[RolloutState]:
+        best: Optional[RolloutState] = None
+        for text in self._read_all("rollout.json"):
+            try:
+                st = RolloutState.from_json(json.loads(text))
+            except (ValueError, TypeError):
+                continue
+            if best is None or (st.generation, st.updated) > (best.generation, best.updated):
+                best = st
+        return best
+
+    def write_rollout(self, st: RolloutState) -> None:
+        st.updated = now_iso()
+        self._write_all("rollout.json", json.dumps(st.to_json(), indent=1, sort_keys=True) + "\n")
+
+    # ---------------------------------------------------------------------------------------------- control
+    def read_control(self, *, strict: bool = False) -> Control:
+        """The newest control record. ``strict``: a host that cannot be read raises its RemoteError (a deploy
+        must reach every host before each step)."""
+        best = Control()
+        for text in self._read_all("control.json", strict=strict):
+            try:
+                data = json.loads(text)
+                c = Control(**{k: v for k, v in data.items() if k in Control.__dataclass_fields__})
+            except (ValueError, TypeError):
+                continue
+            if c.generation > best.generation:
+                best = c
+        return best
+
+    def send(self, command: str, reason: str = "") -> Control:
+        """Bump the generation and record ``command`` from this operator. Returns the new Control."""
+        cur = self.read_control()
+        c = Control(generation=cur.generation + 1, command=command, by=actor(), at=now_iso(), reason=reason)
+        self._write_all("control.json", json.dumps(asdict(c), sort_keys=True) + "\n")
+        return c
+
+    # ---------------------------------------------------------------------------------------------- history
+    def append_history(self, action: str, *, release: Optional[str], result: str, reason: str = "",
+                       **extra: Any) -> dict[str, Any]:
+        """Append one record to history.jsonl on every reachable host; returns the record."""
+        rec = {"id": uuid.uuid4().hex[:12], "time": now_iso(), "user": actor(), "action": action,
+               "release": release, "result": result, "reason": reason, **extra}
+        line = json.dumps(rec, sort_keys=True)
+
+        def append(host):
+            self._ensure_dir(host)
+            path = state_file(host.config, "history.jsonl")
+            host.run(f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}", timeout=self.timeout)
+
+        outcomes = self._each(append)
+        if all(o.error is not None for o in outcomes):
+            raise outcomes[-1].error
+        return rec
+
+    def read_history(self) -> list[dict[str, Any]]:
+        """Every host's history merged (by record id), oldest first."""
+        seen: dict[str, dict[str, Any]] = {}
+        for text in self._read_all("history.jsonl"):
+            for line in text.splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    seen.setdefault(rec.get("id") or line, rec)
+        return sorted(seen.values(), key=lambda r: r.get("time", ""))

@@ -1,0 +1,91 @@
+"""C20 (../shared/cases/rollout.md): a rollback sent from a second shell during a long canary pause wins within
+seconds; the deploy exits 6 "aborted by rollback" and never promotes; history records both; a second rollback is a
+no-op. Variant: the deploy is killed with SIGKILL mid-rollout; the stale lock is detected and rollback restores a
+consistent fleet."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from deployctl.demo import Traffic
+from rollout_env import rollout_state, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _canary_running(env, before):
+    st = rollout_state(env)
+    return st.get("release") != before and st.get("weight") == 10 and st.get("status") == "running"
+
+
+def test_rollback_during_canary_pause_wins_and_kill_9_then_rollback(rollout_env):
+    env = rollout_env(2, steps=[10, 100], pause_s=600, analysis={"interval_s": 2, "min_requests": 5})
+    r = env.cli("deploy", "--yes")
+    assert r.returncode == 0, r.stderr
+    v1 = env.current(env.names[0])
+    canary_port = str(env.host(env.names[0])["server_port"])
+    traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
+    try:
+        deploy = env.popen("deploy", "--yes", "--canary", "10")
+        wait_for(lambda: _canary_running(env, v1), 240, "the canary at 10%", deploy)
+        v2 = rollout_state(env)["release"]
+        assert canary_port in env.upstream_conf()
+
+        t0 = time.monotonic()
+        rb = env.popen("rollback")
+        wait_for(lambda: canary_port not in env.upstream_conf(), 20, "nginx back to 100% stable")
+        t_router = time.monotonic() - t0
+        assert env.nginx.test_config().returncode == 0
+        _, derr = deploy.communicate(timeout=60)
+        t_deploy = time.monotonic() - t0
+        rout, rerr = rb.communicate(timeout=240)
+        t_rollback = time.monotonic() - t0
+        print(f"\nC20: nginx 100% stable after {t_router:.1f} s, deploy exited after {t_deploy:.1f} s, "
+              f"rollback done after {t_rollback:.1f} s")
+        assert deploy.returncode == 6, derr
+        assert "aborted by rollback" in derr.strip().splitlines()[-1]
+        assert rb.returncode == 0, rerr
+        assert t_router < 10 and t_deploy < 15
+        assert [env.current(n) for n in env.names] == [v1, v1]
+        time.sleep(2)  # the deploy is gone and never promotes: nothing moves to v2 afterwards
+        assert [env.current(n) for n in env.names] == [v1, v1]
+        assert {env.release_served(n) for n in env.names} == {v1}
+        assert "down" not in env.upstream_conf() and "weight=" not in env.upstream_conf()
+        st = rollout_state(env)
+        assert (st["action"], st["status"], st["release"]) == ("rollback", "rolled_back", v1)
+        hist = env.history()
+        assert any(h["action"] == "deploy" and h["result"] == "aborted" and "aborted by rollback" in h["reason"]
+                   and h["release"] == v2 for h in hist)
+        assert hist[-1]["action"] == "rollback" and hist[-1]["result"] == "ok" and hist[-1]["release"] == v1
+
+        again = env.cli("rollback")
+        assert again.returncode == 0, again.stderr
+        assert "nothing to roll back" in again.stdout
+
+        # kill -9 of a deploy mid-rollout, then rollback
+        deploy = env.popen("deploy", "--yes", "--canary", "10")
+        wait_for(lambda: _canary_running(env, v1), 240, "the second canary at 10%", deploy)
+        os.kill(deploy.pid, signal.SIGKILL)
+        deploy.communicate(timeout=30)
+        st = env.status()
+        assert st["lock"] is not None and st["lock"]["stale"] and "not running" in st["lock"]["why_stale"]
+        assert st["rollout"]["status"] == "running"  # what the killed deploy left behind
+        r = env.cli("rollback")
+        assert r.returncode == 0, r.stderr
+        assert "broke the lock" in r.stderr
+        assert [env.current(n) for n in env.names] == [v1, v1]
+        assert {env.release_served(n) for n in env.names} == {v1}
+        assert "down" not in env.upstream_conf() and "weight=" not in env.upstream_conf()
+        st = env.status()
+        assert st["lock"] is None and st["rollout"]["status"] == "rolled_back"
+        assert all(h["healthy"] and h["weight"] == 50.0 for h in st["hosts"])
+        assert httpx.get(env.url + "/v1/models", timeout=10).headers["x-deployctl-release"] == v1
+    finally:
+        traffic.stop()
+    ok, failed = traffic.snapshot()
+    print(f"traffic: {dict(ok)}; failed {dict(failed)}; retried {traffic.retried}")
+    assert not failed

@@ -1,0 +1,126 @@
+"""Fast tests of the rollout's pure parts: access-log counting, verdicts, traffic shares, plans, stale locks."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from deployctl.config import parse_config
+from deployctl.errors import UsageError
+from deployctl.rollout.analysis import GroupStats, count_access_log, judge, upstream_map
+from deployctl.rollout.deploy import split_for
+from deployctl.rollout.lock import judge as judge_lock
+from deployctl.rollout.plan import make_plan, steps_for
+from deployctl.rollout.release import ReleaseInfo, release_id_for
+from deployctl.rollout.router import shares
+
+CFG = """
+service: {name: svc}
+model: {path: /m}
+hosts:
+  - {name: a, address: 127.0.0.1, deploy_root: /d/a, server_port: 8001}
+  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}
+  - {name: c, address: 127.0.0.1, deploy_root: /d/c, server_port: 8003}
+rollout:
+  steps: [5, 25, 50, 100]
+  analysis: {min_requests: 10, max_error_rate: 0.05, max_p99_ttft_ratio: 2.0, max_p99_tpot_ratio: 2.0, min_p99_delta_s: 0.01}
+"""
+
+
+@pytest.fixture
+def cfg():
+    return parse_config(CFG)
+
+
+def line(addr, status, upstream_status=None):
+    return json.dumps({"status": status, "upstream_addr": addr, "upstream_status": upstream_status or str(status)})
+
+
+def test_access_log_counts_each_attempt_against_its_server(cfg):
+    text = "\n".join([
+        line("127.0.0.1:8001", 200), line("127.0.0.1:8001", 500),
+        # nginx tried a (refused: 502) then b (200): the failure counts against a, the success for b
+        line("127.0.0.1:8001, 127.0.0.1:8002", 200, "502, 200"),
+        line("127.0.0.1:8003", 503), "not json", line("-", 404),
+    ])
+    counts = count_access_log(text, upstream_map(cfg))
+    assert counts == {"a": [3, 2], "b": [1, 0], "c": [1, 1]}
+
+
+def test_verdicts(cfg):
+    ok = GroupStats(["b"], requests=100, errors=0, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=50)
+    few = GroupStats(["a"], requests=9)
+    assert judge(cfg, few, ok, 5.0).result == "inconclusive"
+    bad = GroupStats(["a"], requests=20, errors=2, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=10)
+    v = judge(cfg, bad, ok, 5.0)
+    assert v.result == "fail" and "10.0%" in v.reason and "max_error_rate" in v.reason
+    slow = GroupStats(["a"], requests=20, p99_ttft_s=0.1, p99_tpot_s=0.2, ttft_count=10)
+    v = judge(cfg, slow, ok, 5.0)
+    assert v.result == "fail" and "TPOT" in v.reason and "10.0×" in v.reason
+    # over the ratio but within min_p99_delta_s: noise, not a regression
+    tiny = GroupStats(["a"], requests=20, p99_ttft_s=0.1, p99_tpot_s=0.012, ttft_count=10)
+    fast = GroupStats(["b"], requests=100, p99_ttft_s=0.1, p99_tpot_s=0.005, ttft_count=50)
+    assert judge(cfg, tiny, fast, 5.0).result == "pass"
+    good = GroupStats(["a"], requests=20, p99_ttft_s=0.12, p99_tpot_s=0.021, ttft_count=10)
+    assert judge(cfg, good, ok, 5.0).result == "pass"
+    # no stable latency in this window (100% on the canary): the baseline from earlier windows is used
+    none = GroupStats(["b"])
+    assert judge(cfg, slow, none, 5.0, baseline=ok).result == "fail"
+
+
+def test_shares_and_splits():
+    assert shares(["b", "c"], ["a"], 5) == {"b": 47.5, "c": 47.5, "a": 5.0}
+    assert shares(["b"], ["a"], 100) == {"b": 0.0, "a": 100.0}
+    assert shares(["b", "c"], [], 0) == {"b": 50.0, "c": 50.0}
+    s = split_for(["a"], [], 100)
+    assert s.stable == ("a",) and s.canary == ()  # nginx needs a live group: collapse to one side
+    assert split_for([], ["b", "c"], 5).canary == ()
+
+
+def test_plan_modes_and_steps(cfg):
+    info = ReleaseInfo("r2", "", "", "", "w.whl", "0" * 64, "0.1.0")
+    assert steps_for(cfg, 10) == [10, 25, 50, 100]
+    assert steps_for(cfg, None) == [5, 25, 50, 100]
+    with pytest.raises(UsageError):
+        steps_for(cfg, 100)
+    first = make_plan(cfg, info, {"a": None, "b": None, "c": None})
+    assert first.mode == "first" and first.stable == ["a", "b", "c"]
+    canary = make_plan(cfg, info, {"a": "r1", "b": "r1", "c": "r1"}, 5)
+    assert (canary.mode, canary.canary, canary.stable, canary.batches) == ("canary", ["a"], ["b", "c"], [["b"], ["c"]])
+    one = parse_config(CFG.replace("  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}\n", "")
+                       .replace("  - {name: c, address: 127.0.0.1, deploy_root: /d/c, server_port: 8003}\n", ""))
+    p = make_plan(one, info, {"a": "r1"}, 5)
+    assert p.mode == "in-place" and any("no canary" in ln for ln in p.lines())
+
+
+def test_release_id_shape_and_content_hash():
+    when = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
+    a = release_id_for("w", "cfg", "manifest", when=when)
+    assert a.startswith("20261130T010203Z-") and len(a.split("-")[1]) == 8
+    assert release_id_for("w", "cfg2", "manifest", when=when) != a
+    assert release_id_for("w", "cfg", "manifest", when=when) == a
+
+
+def test_stale_lock_detection():
+    now = datetime.now(timezone.utc)
+    me = {"machine": socket.gethostname(), "pid": os.getpid(), "started": now.isoformat()}
+    assert judge_lock(me) == (False, "")
+    # a pid that does not exist on this machine
+    dead = dict(me, pid=2 ** 22 + 12345)
+    stale, why = judge_lock(dead)
+    assert stale and "not running" in why
+    old = dict(me, machine="elsewhere", started=(now - timedelta(hours=7)).isoformat())
+    assert judge_lock(old, max_age_s=3600)[0]
+    assert not judge_lock(dict(old, started=now.isoformat()), max_age_s=3600)[0]
+
+
+def test_down_or_restarted_canary_fails_before_counting(cfg):
+    ok = GroupStats(["b"], requests=100)
+    down = GroupStats(["a"], requests=0, down=["a"])
+    v = judge(cfg, down, ok, 5.0)
+    assert v.result == "fail" and "does not answer /metrics" in v.reason
+    v = judge(cfg, GroupStats(["a"], requests=50, restarted=["a"]), ok, 5.0)
+    assert v.result == "fail" and "restarted" in v.reason
