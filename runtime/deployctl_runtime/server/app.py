@@ -71,7 +71,8 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     @app.get("/v1/models")
     async def models():
         ctx.check_serving()
-        return {"object": "list", "data": [{"id": ctx.served_name, "object": "model", "created": int(ctx.started_at),
+        created = int(time.time() - time.monotonic() + ctx.started_at)  # Unix time of start (started_at is monotonic)
+        return {"object": "list", "data": [{"id": ctx.served_name, "object": "model", "created": created,
                                             "owned_by": "deployctl", "max_model_len": ctx.max_model_len}]}
 
     @app.post("/v1/completions")

@@ -6,6 +6,7 @@ status codes (400 with param, 404), C03 (context length), C05 (stop strings) and
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -100,6 +101,7 @@ def test_sse_framing_headers_and_release(server):
 def test_models_readyz_and_release_header_everywhere(server):
     r = httpx.get(server.url + "/v1/models")
     assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["tiny-chat"]
+    assert abs(r.json()["data"][0]["created"] - time.time()) < 3600  # Unix seconds, as OpenAI's API gives
     ready = httpx.get(server.url + "/readyz")
     assert ready.json()["release"] == RELEASE and ready.json()["status"] == "ready"
     for path in ("/healthz", "/metrics", "/nope"):
