@@ -199,28 +199,32 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
 def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
     """In one remote command: point ``current`` at the release atomically (``switch_current``), then install
     its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
-    already has torch and the other dependencies) unless shared/run/installed-runtime records this python with a
-    wheel of the same sha256 (byte-identical code). Returns whether pip ran. Raises RemoteError."""
+    already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
+    (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
+    env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
+    running runtime of another release may be using). Returns whether pip ran. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, release_id)
     q = shlex.quote
     link = current_link(h)
-    marker = q(shared_dir(h, "run", "installed-runtime"))
     script = f"""set -e
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
-want="{h.python} ${{sha:-{release_id}}}"
-mkdir -p "$(dirname {marker})"
-if [ "$(cat {marker} 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi
-rm -f {marker}
-cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+want=${{sha:-{release_id}}}
+prefix=$(PYTHONPATH= {q(h.python)} -S -c 'import sys; print(sys.prefix)')
+marker="$prefix/.deployctl-runtime-installed"
+exec 9>>"$prefix/.deployctl-runtime.lock"
+flock -w {int(timeout)} 9
+if [ "$(cat "$marker" 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi
+rm -f "$marker"
+cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \\
   --no-index deployctl_runtime-*.whl
-printf '%s\n' "$want" > {marker}
+printf '%s\\n' "$want" > "$marker"
 echo installed
 """
-    r = host.run(["bash", "-c", script], timeout=timeout)
+    r = host.run(["bash", "-c", script], timeout=timeout + 30)
     return "installed" in r.stdout
 
 
