@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import hostkeys
@@ -31,6 +31,16 @@ from deployctl.hosts import (AuthFailed, CommandTimeout, HostError, HostKeyChang
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
+
+
+def fabric_connection(cfg, **kwargs) -> Connection:
+    """A Fabric Connection for ``cfg`` (not yet open). ssh_config is honoured: $DEPLOYCTL_SSH_CONFIG
+    (like ``ssh -F``) if set, else ~/.ssh/config and /etc/ssh/ssh_config; port and user from
+    deploy.yaml win only when given there."""
+    path = os.environ.get("DEPLOYCTL_SSH_CONFIG")
+    config = Config(runtime_ssh_path=os.path.expanduser(path)) if path else None
+    port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
+    return Connection(host=cfg.address, user=cfg.user, port=port, config=config, **kwargs)
 
 
 class SSHTransport:
@@ -54,9 +64,7 @@ class SSHTransport:
                 raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
                                  host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
             kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
-        port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
-        conn = Connection(host=cfg.address, user=cfg.user, port=port,
-                          connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
         user_files = conn.ssh_config.get("userknownhostsfile")
         if isinstance(user_files, str):
             user_files = user_files.split()
@@ -74,11 +82,12 @@ class SSHTransport:
                 conn.open()
             except Exception as exc:
                 conn.close()
-                raise self._connect_error(conn, exc) from None
+                raise self.connect_error(conn, exc) from None
             self._conn = conn
             return conn
 
-    def _connect_error(self, conn: Connection, exc: Exception) -> HostError:
+    def connect_error(self, conn: Connection, exc: Exception) -> HostError:
+        """The one-line HostError for an exception raised while connecting ``conn``."""
         name, where = self.host, f"{conn.host}:{conn.port}"
         if isinstance(exc, HostError):
             return exc
@@ -129,8 +138,7 @@ class SSHTransport:
                                command=command)
 
     def login_user(self) -> str:
-        return self._conn.user if self._conn else Connection(
-            host=self.cfg.address, user=self.cfg.user).user
+        return self._conn.user if self._conn else fabric_connection(self.cfg).user
 
     def close(self) -> None:
         with self._lock:
@@ -146,20 +154,27 @@ class SSHTransport:
             self.write_bytes(env_path, body.encode(), mode=0o600, timeout=timeout)
             q = shlex.quote(env_path)
             script = f". {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{command}"
+        if input is not None:
+            # invoke feeds a non-tty stdin one byte per 10 ms: ship the input as a 0600 file instead.
+            in_path = f"/tmp/.deployctl-in-{secrets.token_hex(8)}"
+            self.write_bytes(in_path, input.encode(), mode=0o600, timeout=timeout)
+            q = shlex.quote(in_path)
+            script = f"exec < {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{script}"
         wrapped = (f"exec timeout -k {REMOTE_KILL_AFTER_S:g} {max(timeout, 0.001):.3f}s "
                    f"/bin/bash -c {shlex.quote(script)}")
         start = time.monotonic()
         try:
             res = conn.run(wrapped, hide=True, warn=True, pty=False, echo=False,
-                           in_stream=io.StringIO(input or ""), timeout=timeout + CLIENT_GRACE_S)
+                           in_stream=io.StringIO(""), timeout=timeout + CLIENT_GRACE_S)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
         duration = time.monotonic() - start
-        if res.exited in (124, 137) and duration >= timeout - 0.05:
+        # 124: timeout's TERM worked; 137 or -1 (killed by a signal, no exit status): its group SIGKILL
+        if res.exited in (124, 137, -1) and duration >= timeout - 0.05:
             raise self._timeout(command, timeout, res.stderr)
-        if res.exited == -1 or not conn.is_connected:
+        if res.exited == -1 and not conn.is_connected:
             raise self._lost(EOFError("channel closed without an exit status"), command)
         return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
 
@@ -278,3 +293,4 @@ def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
         sftp.remove(path)
     except Exception:  # the temp file may not exist; the original error matters
         pass
+

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
@@ -74,12 +75,18 @@ def secure_client(client: paramiko.SSHClient, *, user_files: list[str] | None = 
     client.set_missing_host_key_policy(RejectUnknownPolicy())
 
 
-def fetch_host_key(hostname: str, port: int, *, timeout: float = 10) -> paramiko.PKey:
+def fetch_host_key(hostname: str, port: int, *, timeout: float = 10,
+                   prefer: list[str] | None = None) -> paramiko.PKey:
     """Connect to ``hostname:port``, run the SSH key exchange only (no authentication) and return the
-    server's host key. Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
+    server's host key, asking for the ``prefer`` key types first (as paramiko's client does for types
+    already in known_hosts). Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
     sock = socket.create_connection((hostname, port), timeout=timeout)
     transport = paramiko.Transport(sock)
     transport.banner_timeout = timeout
+    if prefer:
+        options = transport.get_security_options()
+        first = [t for t in prefer if t in options.key_types]
+        options.key_types = tuple(first + [t for t in options.key_types if t not in first])
     try:
         transport.start_client(timeout=timeout)
         return transport.get_remote_server_key()
@@ -123,3 +130,45 @@ def record_host_key(hostname: str, port: int, key: paramiko.PKey, *, path: Path 
         fh.write("\n".join(lines) + "\n")
     os.replace(tmp, target)
     return target
+
+
+@dataclass(frozen=True)
+class HostKeyProbe:
+    """What a host offers versus what known_hosts holds. ``status``: "trusted", "unknown" or "changed"."""
+
+    host: str
+    known_hosts_name: str
+    hostname: str
+    port: int
+    key_type: str
+    fingerprint: str
+    status: str
+    expected_fingerprint: str | None
+    key: paramiko.PKey
+
+
+def probe_host_key(cfg, *, known_hosts: Path | None = None) -> HostKeyProbe:
+    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
+    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
+    from deployctl.host_ssh import SSHTransport, fabric_connection  # fabric only when probing
+
+    conn = fabric_connection(cfg)
+    user_files = conn.ssh_config.get("userknownhostsfile")
+    if isinstance(user_files, str):
+        user_files = user_files.split()
+    known = lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
+    try:
+        key = fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        transport = SSHTransport(cfg, known_hosts=known_hosts)
+        raise transport.connect_error(conn, exc) from None
+    fp = fingerprint(key)
+    if any(k.asbytes() == key.asbytes() for k in known.values()):
+        status, expected = "trusted", fp
+    elif known:
+        old = known.get(key.get_name()) or next(iter(known.values()))
+        status, expected = "changed", fingerprint(old)
+    else:
+        status, expected = "unknown", None
+    return HostKeyProbe(cfg.name, known_hosts_name(conn.host, conn.port), conn.host, conn.port,
+                        key.get_name(), fp, status, expected, key)

@@ -114,18 +114,34 @@ def probe_nvidia() -> dict:
     return out
 
 
-def probe_torch(python: str, timeout: float) -> dict:
-    """torch version, CUDA build and usability as seen by ``python`` (the runtime environment's)."""
-    start = time.monotonic()
+def start_torch_probe(python: str):
+    """Start ``python -c <snippet>`` (the runtime environment's torch); finish_torch_probe() collects it.
+    Started first so that ``import torch`` overlaps the other probes."""
     try:
-        proc = subprocess.run([python, "-c", _TORCH_SNIPPET], capture_output=True, text=True, timeout=timeout)
-        out = json.loads(proc.stdout) if proc.stdout.strip() else {"ok": False, "error": proc.stderr.strip()[-500:]}
-    except subprocess.TimeoutExpired:
-        out = {"ok": False, "error": "import torch did not finish within %ss" % timeout}
-    except (OSError, ValueError) as exc:
-        out = {"ok": False, "error": str(exc)}
+        return subprocess.Popen([python, "-c", _TORCH_SNIPPET], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True), None
+    except OSError as exc:
+        return None, str(exc)
+
+
+def finish_torch_probe(started, python: str, timeout: float, t0: float) -> dict:
+    """torch version, CUDA build and usability as seen by ``python``; never raises."""
+    proc, error = started
+    if proc is None:
+        out = {"ok": False, "error": error}
+    else:
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, timeout - (time.monotonic() - t0)))
+            try:
+                out = json.loads(stdout) if stdout.strip() else {"ok": False, "error": stderr.strip()[-500:]}
+            except ValueError:
+                out = {"ok": False, "error": (stdout + stderr).strip()[-500:]}
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out = {"ok": False, "error": "import torch did not finish within %ss" % timeout}
     out["python"] = python
-    out["duration_s"] = round(time.monotonic() - start, 3)
+    out["duration_s"] = round(time.monotonic() - t0, 3)
     return out
 
 
@@ -335,15 +351,18 @@ def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed."""
     deploy_root = params.get("deploy_root") or ""
     model_path = params.get("model_path") or ""
+    python = params.get("python") or sys.executable
+    t0 = time.monotonic()
+    torch_proc = start_torch_probe(python)
     facts = {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
              "os": probe_os(), "python": {"executable": sys.executable, "version": platform.python_version()}}
     facts["nvidia"] = probe_nvidia()
-    facts["torch"] = probe_torch(params.get("python") or sys.executable, float(params.get("torch_timeout_s", 60)))
     facts["disk"] = probe_disk({"deploy_root": deploy_root, "model": model_path})
     facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
     facts["service"] = probe_service(deploy_root)
     facts["model"] = probe_model(model_path)
-    return facts
+    facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
+    return {k: facts[k] for k in FACT_KEYS}
 
 
 def main(argv=None) -> int:

@@ -182,6 +182,7 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     ctx = release_context(cfg, host, release_id)
     ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
     ctx["api_key"] = api_key
+    ctx["where"] = host.name
     info = {"release_id": release_id, "service": cfg.service.name, "host": host.name, "launcher": host.launcher,
             "model_path": cfg.model.path, "model_manifest": cfg.model.manifest, "served_model_name": cfg.model.name,
             "device": cfg.engine.device, "port": host_port(cfg, host)}

@@ -5,13 +5,20 @@ test directory can use them.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+# Every runtime the tests start shares 2 cores with the test runner and other runtimes: one
+# intra-op thread each avoids OpenMP oversubscription (TPOT 30-60 ms with default threads, ~1.3 ms
+# with one, measured here). Subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
+from fleet_nginx import *  # noqa: F401,F403  (nginx_server: real nginx, own prefix and port)
 from rollout_env import *  # noqa: F401,F403  (rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,3 +53,5 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+from nginx_fixture import *  # noqa: E402,F401,F403  (nginx_router: a real nginx under its own prefix)

@@ -53,7 +53,15 @@ class FleetHost:
 
 
 def _run(argv: list[str], **kw) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw).stdout
+    """Run ``argv``; retry while another test holds the /etc/passwd lock (useradd, chpasswd, userdel)."""
+    for attempt in range(50):
+        proc = subprocess.run(argv, capture_output=True, text=True, **kw)
+        if proc.returncode == 0:
+            return proc.stdout
+        if "lock" not in proc.stderr.lower() or attempt == 49:
+            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def _keygen(path: Path) -> str:
@@ -95,6 +103,10 @@ def _pids_of_uid(uid: int) -> list[int]:
     return pids
 
 
+class _PortTaken(RuntimeError):
+    pass
+
+
 class Fleet:
     """Real sshd servers for one test. ``hosts`` in start order; names gpu-a, gpu-b, ..."""
 
@@ -125,6 +137,8 @@ class Fleet:
         self._passwords[real] = password
         rule = "NOPASSWD: ALL" if nopasswd_sudo else "ALL"
         sudoers = Path(f"/etc/sudoers.d/deployctl-test-{real}")
+        if not sudoers.parent.is_dir():
+            pytest.skip("sudo is not installed (tests/setup.sh installs it)")
         sudoers.write_text(f"{real} ALL=(ALL) {rule}\n")
         os.chmod(sudoers, 0o440)
         self._sudoers.append(sudoers)
@@ -151,7 +165,14 @@ class Fleet:
         host = FleetHost(name=name, port=_free_port(), deploy_root=str(deploy_root), user=real_user,
                          host_key=key, host_key_fingerprint=_keygen(key), dir=hdir)
         self.hosts.append(host)
-        self.start(name)
+        for _ in range(5):  # another test may take the free port before sshd binds it
+            try:
+                self.start(name)
+                break
+            except _PortTaken:
+                host.port = _free_port()
+        else:
+            raise RuntimeError(f"no free port for the sshd of {name}")
         if trusted:
             self.trust(name)
         return host
@@ -188,6 +209,8 @@ class Fleet:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if host.proc.poll() is not None:
+                if "Address already in use" in (host.dir / "sshd.log").read_text():
+                    raise _PortTaken(name)
                 raise RuntimeError(f"sshd for {name} exited: {(host.dir / 'sshd.log').read_text()[-2000:]}")
             try:
                 with socket.create_connection((host.address, host.port), timeout=0.5) as s:
@@ -265,7 +288,10 @@ class Fleet:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            subprocess.run(["userdel", "-f", "-r", real], capture_output=True)
+            try:
+                _run(["userdel", "-f", "-r", real])
+            except RuntimeError:
+                pass  # its home under /home stays; nothing else depends on it
 
 
 @pytest.fixture(scope="session")

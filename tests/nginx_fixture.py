@@ -36,6 +36,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _shutting_down(pid: int) -> bool:
+    try:
+        return b"shutting down" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # already gone
+        return True
+
+
 class NginxRouter:
     """One nginx master (``daemon off``) under ``prefix`` listening on 127.0.0.1:``port``."""
 
@@ -106,17 +113,19 @@ class NginxRouter:
         return {int(p) for p in path.read_text().split()} if path.exists() else set()
 
     def reload(self, timeout: float = 10) -> None:
-        """``nginx -s reload`` and wait until a new worker (running the new config) is up."""
+        """``nginx -s reload``; returns once a new worker runs and every old worker is gone or shutting down
+        (old workers finish their open streams; they accept no new connections)."""
         before = self._workers()
         done = self._nginx("-s", "reload")
         if done.returncode != 0:
             raise AssertionError(f"nginx -s reload failed: {done.stderr}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._workers() - before:
+            now = self._workers()
+            if now - before and all(_shutting_down(pid) for pid in now & before):
                 return
             time.sleep(0.02)
-        raise AssertionError(f"nginx did not start new workers within {timeout} s; see {self.error_log}")
+        raise AssertionError(f"nginx did not switch workers within {timeout} s; see {self.error_log}")
 
     def access_entries(self) -> list[dict]:
         """The JSON access log lines written so far."""

@@ -11,6 +11,7 @@ need_apt=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+[ -x /usr/bin/sudo ] || need_apt+=(sudo)  # the sshd fleet's deploy users need password-protected sudo (C18)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 
@@ -97,34 +97,46 @@ def _chunk_text(obj: dict[str, Any], route: str) -> str:
     return choices[0].get("text") or ""
 
 
+async def _sse_data(resp: httpx.Response) -> AsyncIterator[tuple[bytes, float]]:
+    """The ``data:`` payloads of an SSE body, each with the perf_counter time its bytes arrived."""
+    buf = b""
+    async for data in resp.aiter_bytes():
+        now = time.perf_counter()
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip(), now
+    if buf.startswith(b"data:"):
+        yield buf[5:].strip(), time.perf_counter()
+
+
 async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, res: RequestResult) -> None:
     chunks = 0
     last = None
     done = False
+    end = 0.0
     async with client.stream("POST", target.endpoint, json=target.body(req), headers=target.headers()) as resp:
         if resp.status_code != 200:
             body = (await resp.aread())[:300].decode("utf-8", "replace")
             res.error, res.detail = f"http_{resp.status_code}", body
             return
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
+        async for payload, now in _sse_data(resp):
+            if done:
+                continue  # read to the end of the body after [DONE]: an unread body costs the keep-alive connection
+            if payload == b"[DONE]":
+                done, end = True, now
                 continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                done = True
-                break
             try:
                 obj = json.loads(payload)
-            except json.JSONDecodeError:
-                res.error, res.detail = "bad_response", payload[:200]
-                return
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                obj = None
             if not isinstance(obj, dict):
-                res.error, res.detail = "bad_response", payload[:200]
+                res.error, res.detail = "bad_response", payload[:200].decode("utf-8", "replace")
                 return
             if obj.get("error"):
                 res.error, res.detail = "stream_error", json.dumps(obj["error"])[:300]
                 return
-            now = time.perf_counter()
             if _chunk_text(obj, target.route):
                 chunks += 1
                 if last is None:
@@ -137,7 +149,7 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
                 res.usage_reported = True
                 res.output_tokens = usage["completion_tokens"]
                 res.prompt_tokens = usage.get("prompt_tokens")
-    res.e2e = time.perf_counter() - res.start
+    res.e2e = (end if done else time.perf_counter()) - res.start
     if not done:
         res.error, res.detail = "incomplete_stream", "stream ended without data: [DONE]"
     elif res.ttft is None:

@@ -130,14 +130,28 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
                 emit()
 
             emit()
+            await warm_connections(client, cfg.target, conc)
             before = await _try_scrape(client, cfg, metrics_headers)
             results, duration = await run_level(client, cfg, reqs, conc, on_done)
             stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
             if cfg.metrics_url:
-                stats.server = await _server_window(client, cfg, metrics_headers, before, stats.num_ok)
+                stats.server = await _server_window(client, cfg, metrics_headers, before, stats)
             levels.append(stats)
             emit(stats)
     return levels
+
+
+async def warm_connections(client: httpx.AsyncClient, target: Target, num: int) -> None:
+    """Open up to ``num`` keep-alive connections (concurrent GET /v1/models) so that a level measures the server,
+    not TCP handshakes when the ladder steps up. Failures are ignored: the level's requests will count them."""
+
+    async def get() -> None:
+        try:
+            await client.get(target.base_url + "/v1/models", headers=target.headers(), timeout=5.0)
+        except httpx.HTTPError:
+            pass
+
+    await asyncio.gather(*(get() for _ in range(num)))
 
 
 async def _try_scrape(client: httpx.AsyncClient, cfg: LadderConfig, headers: dict[str, str]):
@@ -149,12 +163,17 @@ async def _try_scrape(client: httpx.AsyncClient, cfg: LadderConfig, headers: dic
         return f"{type(err).__name__}: {err}"
 
 
-async def _server_window(client, cfg: LadderConfig, headers, before, expected: int) -> dict:
+async def _server_window(client, cfg: LadderConfig, headers, before, stats: LevelStats) -> dict:
     if before is None or isinstance(before, str):
         return {"error": f"cannot scrape {cfg.metrics_url}: {before}"}
     try:
-        after = await server_metrics.scrape_after(client, cfg.metrics_url, headers, before, cfg.metrics_prefix, expected)
-        return server_metrics.window(before, after, cfg.metrics_prefix)
+        after = await server_metrics.scrape_after(client, cfg.metrics_url, headers, before, cfg.metrics_prefix,
+                                                  stats.num_ok)
+        mine = {"ttft_ms": stats.raw_ttft_s, "tpot_ms": stats.raw_tpot_s, "e2e_ms": stats.raw_e2e_s}
+        window = server_metrics.window(before, after, cfg.metrics_prefix, mine)
+        if not window:
+            return {"error": f"no {cfg.metrics_prefix}* latency histograms at {cfg.metrics_url}; check --metrics-prefix"}
+        return window
     except (httpx.HTTPError, ValueError) as err:
         return {"error": f"cannot scrape {cfg.metrics_url}: {type(err).__name__}: {err}"}
 

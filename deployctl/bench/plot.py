@@ -40,6 +40,10 @@ def write_plot(levels: Sequence[LevelStats], knee: Knee, path: Path, title: str 
     ax_req.plot(xs, [s.requests_per_s for s in levels], "--s", color="tab:orange", label="requests/s")
     ax_req.set_ylabel("requests/s")
     ax_thr.set_title("Throughput")
+    if knee.ttft_p99_limit_ms is not None:
+        ax_lat.axhline(knee.ttft_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TTFT limit")
+    if knee.tpot_p99_limit_ms is not None:
+        ax_tok.axhline(knee.tpot_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TPOT limit")
     for ax in (ax_lat, ax_tok, ax_thr):
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
@@ -47,11 +51,11 @@ def write_plot(levels: Sequence[LevelStats], knee: Knee, path: Path, title: str 
         ax.grid(True, alpha=0.3)
         if knee.concurrency is not None:
             ax.axvline(knee.concurrency, color="red", alpha=0.6, label=f"knee ({knee.concurrency})")
-        ax.legend(fontsize=7, loc="upper left")
-    if knee.ttft_p99_limit_ms is not None:
-        ax_lat.axhline(knee.ttft_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TTFT limit")
-    if knee.tpot_p99_limit_ms is not None:
-        ax_tok.axhline(knee.tpot_p99_limit_ms, color="gray", ls="-.", lw=1, label="P99 TPOT limit")
+    ax_lat.legend(fontsize=7, loc="upper left")
+    ax_tok.legend(fontsize=7, loc="upper left")
+    handles, labels = ax_thr.get_legend_handles_labels()
+    more_handles, more_labels = ax_req.get_legend_handles_labels()
+    ax_thr.legend(handles + more_handles, labels + more_labels, fontsize=7, loc="upper left")
     fig.suptitle(title or "deployctl bench")
     fig.tight_layout()
     path = Path(path)

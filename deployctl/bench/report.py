@@ -73,11 +73,12 @@ def run_bench(
     requests: Sequence[BenchRequest],
     on_progress: ProgressFn | None = None,
     measure_loadgen: bool = True,
+    max_error_rate: float = 0.01,
 ) -> BenchReport:
     """Measure the generator's overhead (at the ladder's top concurrency), run the ladder, find the knee."""
     overhead = measure_overhead(max(cfg.concurrencies)) if measure_loadgen else None
     levels = run_ladder(cfg, requests, on_progress)
-    knee = find_knee(levels, cfg.objectives)
+    knee = find_knee(levels, cfg.objectives, max_error_rate=max_error_rate)
     warnings = []
     if overhead is not None:
         for s in levels:

@@ -32,15 +32,32 @@ def _ms(x: float) -> float | None:
     return None if math.isnan(x) else round(x * 1e3, 3)
 
 
-def window(before: list[promhist.Sample], after: list[promhist.Sample], prefix: str) -> dict:
-    """Per histogram: {"count", "p50", "p90", "p99"} (ms) of the observations between the two scrapes."""
+def bucketed(values_s: list[float], bounds: list[float]) -> promhist.Histogram:
+    """The client's values as a cumulative histogram with the server's bucket ``bounds`` (seconds)."""
+    buckets = [(le, float(sum(1 for v in values_s if v <= le))) for le in bounds]
+    return promhist.Histogram(buckets, float(len(values_s)), float(sum(values_s)))
+
+
+def window(
+    before: list[promhist.Sample], after: list[promhist.Sample], prefix: str,
+    client_s: dict[str, list[float]] | None = None,
+) -> dict:
+    """Per histogram: {"count", "p50", "p90", "p99"} (ms) of the observations between the two scrapes, and
+    ``buckets_s``. For keys in ``client_s`` (the client's own values, seconds), also "client_count" and
+    "client_p50"/"client_p90"/"client_p99": the client's values put through the same buckets and the same
+    estimator, so that the two views compare like for like."""
     out: dict = {}
+    qs = (0.5, 0.9, 0.99)
     for key, name in HISTOGRAMS.items():
         h = promhist.histogram(after, prefix + name) - promhist.histogram(before, prefix + name)
         if not h.buckets:
             continue
-        out[key] = {"count": int(h.count), **{f"p{round(q * 100)}": _ms(h.quantile(q)) for q in (0.5, 0.9, 0.99)}}
+        out[key] = {"count": int(h.count), **{f"p{round(q * 100)}": _ms(h.quantile(q)) for q in qs}}
         out[key]["buckets_s"] = [le for le, _ in h.buckets]
+        if client_s and key in client_s:
+            mine = bucketed(client_s[key], out[key]["buckets_s"])
+            out[key]["client_count"] = len(client_s[key])
+            out[key].update({f"client_p{round(q * 100)}": _ms(mine.quantile(q)) for q in qs})
     return out
 
 
@@ -49,13 +66,15 @@ async def scrape_after(
     expected: int, settle_s: float = 2.0,
 ) -> list[promhist.Sample]:
     """Scrape until the E2E histogram has counted ``expected`` more requests than ``before`` (the server may
-    observe a request a moment after the client saw its last byte), or ``settle_s`` seconds passed."""
+    observe a request a moment after the client saw its last byte), or ``settle_s`` seconds passed, or at once
+    when the server has no such histogram."""
     name = prefix + HISTOGRAMS["e2e_ms"]
     base = promhist.histogram(before, name).count
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settle_s
     while True:
         after = await scrape(client, url, headers)
-        if promhist.histogram(after, name).count - base >= expected or loop.time() >= deadline:
+        h = promhist.histogram(after, name)
+        if not h.buckets or h.count - base >= expected or loop.time() >= deadline:
             return after
         await asyncio.sleep(0.05)

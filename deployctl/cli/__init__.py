@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
+from deployctl.cli import hosts as _hosts  # noqa: F401  (registers hosts trust, hosts check)
+from deployctl.cli import render as _render  # noqa: F401  (registers render)
+from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)
+from deployctl.cli import bench as _bench  # noqa: F401  (registers bench)
 from deployctl.cli import rollout as _rollout  # noqa: F401  (deploy, promote, abort, rollback, status, history)
 from deployctl.cli import demo as _demo  # noqa: F401  (registers demo)
-from deployctl.cli import bench as _bench  # noqa: F401  (registers bench)
-from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)
 
 
 def main() -> None:

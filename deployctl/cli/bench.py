@@ -66,6 +66,15 @@ def _table(report) -> None:
         err_console.width = max(err_console.width, 180)  # a log file: do not fold the table
     err_console.print(t)
     for s in report.levels:
+        if s.server and "error" in s.server:
+            err_console.print(f"server metrics at concurrency {s.concurrency}: {s.server['error']}")
+        elif s.server:
+            parts = []
+            for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+                h = s.server.get(key)
+                if h:
+                    parts.append(f"{label} P50/P99 {_fmt(h, 'p50')}/{_fmt(h, 'p99')} ms (n={h['count']})")
+            err_console.print(f"server histograms at concurrency {s.concurrency}: " + ", ".join(parts))
         if s.errors:
             err_console.print(f"errors at concurrency {s.concurrency}: "
                               + ", ".join(f"{k}: {v} ({s.error_examples.get(k, '')[:80]})" for k, v in s.errors.items()))
@@ -94,7 +103,7 @@ def _table(report) -> None:
 @handle_errors
 def bench(
     url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
-    concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies."),
+    concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies (run in increasing order)."),
     requests: int = typer.Option(64, "--requests", help="Requests per level (at least the level's concurrency)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write latency and throughput against concurrency to FILE.png."),
@@ -114,6 +123,7 @@ def bench(
     metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Scrape this /metrics before and after each level and report the server's histograms."),
     metrics_prefix: str = typer.Option("deployctl_runtime_", "--metrics-prefix", help="Metric name prefix (vLLM: 'vllm:')."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: true (vLLM extension) so outputs reach max_tokens."),
+    max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger error share (0-1) is past the knee."),
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),
 ) -> None:
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
@@ -133,6 +143,10 @@ def bench(
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
         _positive(name, value)
+    if plot is not None and not plot.resolve().parent.is_dir():
+        raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
+    if not 0 <= max_error_rate < 1:
+        raise UsageError(f"--max-error-rate {max_error_rate} is not a fraction", fix="e.g. --max-error-rate 0.01 (1%)")
     levels = _concurrencies(concurrency)
     key = _api_key(api_key_env)
     base = normalize_base_url(url)
@@ -155,7 +169,7 @@ def bench(
     else:
         pool = workload.synthetic(need, input_len, output_len, seed)
 
-    report = _run_with_progress(cfg, pool, loadgen_check)
+    report = _run_with_progress(cfg, pool, loadgen_check, max_error_rate)
     _table(report)
     if plot is not None:
         from deployctl.bench.plot import write_plot
@@ -173,7 +187,7 @@ def bench(
         raise CheckFailed(f"no request to {base} succeeded ({reasons})", fix="check that the server is up and the URL, model and API key are right")
 
 
-def _run_with_progress(cfg, pool, loadgen_check: bool):
+def _run_with_progress(cfg, pool, loadgen_check: bool, max_error_rate: float):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from deployctl.bench.report import run_bench
@@ -193,4 +207,4 @@ def _run_with_progress(cfg, pool, loadgen_check: bool):
                 info += f"  P99 TTFT {p.stats.ttft_ms['p99']:.0f} ms  P99 TPOT {p.stats.tpot_ms['p99'] or 0:.1f} ms"
             progress.update(tasks[p.index], completed=p.done, info=info)
 
-        return run_bench(cfg, pool, on_progress, measure_loadgen=loadgen_check)
+        return run_bench(cfg, pool, on_progress, measure_loadgen=loadgen_check, max_error_rate=max_error_rate)

@@ -19,8 +19,10 @@ def preflight(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     skip_weights: bool = typer.Option(False, "--skip-weights", help="Do not verify the weights against the manifest."),
 ) -> None:
-    """Facts from each host (in parallel), then checks with fixes. Exit 1 when any check fails."""
+    """Facts from each host (in parallel), then checks with fixes. Exit 1 when any check fails, 4 when
+    a host cannot be reached (the other hosts are still checked and reported)."""
     from deployctl.config import load_config
+    from deployctl.errors import EXIT_CHECK_FAILED, EXIT_REMOTE
     from deployctl.preflight import run_preflight
 
     cfg = load_config(config)
@@ -34,8 +36,10 @@ def preflight(
         print_json(report.to_json())
     else:
         _print_report(report)
+    if any(c.name == "reach" for h in report.hosts for c in h.checks):
+        raise typer.Exit(EXIT_REMOTE)  # a host could not be probed at all
     if not report.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 class _HostProgress:

@@ -175,7 +175,8 @@ def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) ->
 def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     """The service port is free on the bind address (a listener of our own running release is fine)."""
     port = facts.get("port") or {}
-    where = f"port {cfg.server.port} on {cfg.server.bind} on {host.name}"
+    number = host.server_port or cfg.server.port
+    where = f"port {number} on {cfg.server.bind} on {host.name}"
     if port.get("free"):
         return Check("port", "pass", f"{where} is free")
     holders = port.get("holders") or []
@@ -187,11 +188,11 @@ def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
         h = foreign[0]
         if h.get("pid") is None:
             return Check("port", "fail", f"{where} is held by a listener at {h['address']} of a process deployctl cannot see",
-                         f"run `ss -ltnp 'sport = :{cfg.server.port}'` as root to find it, stop it, or set server.port")
+                         f"run `ss -ltnp 'sport = :{number}'` as root to find it, stop it, or set server.port")
         cmd = f": {h['cmdline']}" if h.get("cmdline") else ""
         return Check("port", "fail", f"{where} is held by pid {h['pid']} ({h.get('name')}{cmd})",
                      f"stop it (kill {h['pid']}) or set server.port to a free port")
-    return Check("port", "fail", f"cannot bind {cfg.server.bind}:{cfg.server.port} on {host.name}: {port.get('bind_error')}",
+    return Check("port", "fail", f"cannot bind {cfg.server.bind}:{number} on {host.name}: {port.get('bind_error')}",
                  "set server.bind to an address of this host, or server.port to a free port")
 
 
@@ -274,7 +275,8 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     """All checks for one host, in a fixed order. ``facts["error"]`` (the probe failed) gives one
     "reach" check instead."""
     if facts.get("error"):
-        return [Check("reach", "fail", f"{host.name}: {facts['error']}", facts.get("fix"))]
+        error = facts["error"] if host.name in facts["error"] else f"{host.name}: {facts['error']}"
+        return [Check("reach", "fail", error, facts.get("fix"))]
     environ = os.environ if environ is None else environ
     try:
         sized, reason = plan_from_facts(cfg, host, facts)

@@ -1,6 +1,11 @@
 """Paged attention in plain torch: write this step's K/V into the block-paged cache, then attend over each
-request's blocks. Decodes (one query token each) run as one batched gather over their block tables; prefill
-chunks run per request with scaled_dot_product_attention."""
+request's blocks. Decodes (one query token each) run as batched gathers over their block tables, in groups of
+similar context length to limit padding; prefill
+chunks run per request with scaled_dot_product_attention.
+
+Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim] (head-major, so that a gather over slot
+indices yields [KVH, ..., L, D] directly, the layout attention wants, without another copy). Slot of token at
+position p of a request: block_table[p // block_size] * block_size + p % block_size."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,29 +23,36 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decodes [start, end) of the flat batch with similar context lengths, attended to in one batched call."""
+    start: int
+    end: int
+    slots: torch.Tensor  # [(end - start) * context_len] cache slots, each context padded with slot 0
+    context_len: int  # L: the group's longest context, rounded up to whole blocks
+    mask: torch.Tensor  # [1, end - start, 1, L] bool, True where the slot belongs to the context
+
+
+@dataclass
 class AttentionMetadata:
     """Built once per step by the model runner, shared by every layer.
 
     Flat batch order: the num_decodes decode tokens first, then the prefill chunks."""
-    slot_mapping: torch.Tensor  # [T] cache slot of each token (block_id * block_size + offset)
+    slot_mapping: torch.Tensor  # [T] cache slot of each token
     num_decodes: int = 0
-    decode_block_tables: torch.Tensor | None = None  # [D, max_blocks] block ids, padded with 0
-    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks*block_size] additive mask (0 or -inf)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D]; caches [num_blocks, block_size, KVH, D]. Returns [T, H, D]."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
-    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-    flat_k.index_copy_(0, meta.slot_mapping, k)
-    flat_v.index_copy_(0, meta.slot_mapping, v)
+    """q [T, H, D], k/v [T, KVH, D]; caches [KVH, num_slots, D]. Returns [T, H, D]."""
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if len(meta.decode_groups) == 1 and not meta.prefills:
+        return _decode(q, k_cache, v_cache, meta.decode_groups[0], scale)
     out = torch.empty_like(q)
-    d = meta.num_decodes
-    if d:
-        out[:d] = _decode(q[:d], k_cache, v_cache, meta, scale)
+    for group in meta.decode_groups:
+        out[group.start:group.end] = _decode(q[group.start:group.end], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
         qs = q[chunk.start:chunk.end].transpose(0, 1)  # [H, q, D]
         if chunk.slots is None:
@@ -48,8 +60,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             vs = v[chunk.start:chunk.end].transpose(0, 1)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            ks = flat_k[chunk.slots].transpose(0, 1)  # [KVH, L, D]
-            vs = flat_v[chunk.slots].transpose(0, 1)
+            ks = k_cache.index_select(1, chunk.slots)  # [KVH, L, D]
+            vs = v_cache.index_select(1, chunk.slots)
             n_q, n_ctx = chunk.end - chunk.start, chunk.context_len
             rows = torch.arange(n_q, device=q.device).unsqueeze(1) + (n_ctx - n_q)
             mask = torch.arange(n_ctx, device=q.device).unsqueeze(0) <= rows
@@ -58,17 +70,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     return out
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
             scale: float) -> torch.Tensor:
-    """One query per request: gather each request's blocks [D, L, KVH, Dh] and attend with grouped heads."""
+    """One query per request: gather each request's context [KVH, D, L, Dh] and attend with grouped heads."""
     n, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = k_cache.shape[0]
     group = num_heads // num_kv_heads
-    tables = meta.decode_block_tables
-    ks = k_cache[tables].flatten(1, 2).permute(0, 2, 3, 1)  # [D, KVH, Dh, L]
-    vs = v_cache[tables].flatten(1, 2).transpose(1, 2)  # [D, KVH, L, Dh]
-    qg = q.view(n, num_kv_heads, group, head_dim)
-    scores = torch.matmul(qg, ks).mul_(scale).float()  # [D, KVH, G, L]
-    scores.add_(meta.decode_mask)
-    probs = torch.softmax(scores, dim=-1).to(vs.dtype)
-    return torch.matmul(probs, vs).reshape(n, num_heads, head_dim)
+    ks = k_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
+    vs = v_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
+    qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
+    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=g.mask, scale=scale)  # [KVH, D, G, Dh]
+    return o.transpose(0, 1).reshape(n, num_heads, head_dim)

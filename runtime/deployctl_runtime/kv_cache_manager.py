@@ -53,9 +53,13 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (tokens), once, however many steps it waited."""
+        if self.enable_caching:
+            self.prefix_cache_queries += num_tokens
+            self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:

@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import torch
 
-from deployctl_runtime.attention import AttentionMetadata, PrefillChunk
+from deployctl_runtime.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from deployctl_runtime.loader import load_weights
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.models import model_class
 from deployctl_runtime.sampler import Sampler
 from deployctl_runtime.scheduler import ModelRunnerOutput, SchedulerOutput
 
+DECODE_GROUP_SIZE = 16  # decodes sorted by context length are attended to in groups of this many
+
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:
-    """Loads the weights, owns the KV cache ([num_blocks, block_size, num_kv_heads, head_dim] per layer for K and
-    for V), turns a SchedulerOutput into one forward pass and samples one token per request that reached its end."""
+    """Loads the weights, owns the KV cache ([num_kv_heads, num_blocks * block_size, head_dim] per layer for K
+    and for V), turns a SchedulerOutput into one forward pass and samples one token per request that reached its end."""
 
     def __init__(self, cfg: ModelConfig, model_dir: str, device: str, dtype: str, block_size: int, seed: int = 0):
         self.cfg = cfg
@@ -32,6 +34,7 @@ class ModelRunner:
         self.model = model.eval()
         self.sampler = Sampler(self.device, seed)
         self.num_blocks = 0
+        self.decode_group_size = DECODE_GROUP_SIZE
         self.kv_cache: torch.Tensor | None = None
 
     def weights_bytes(self) -> int:
@@ -40,7 +43,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.cfg
         self.num_blocks = num_blocks
-        self.kv_cache = torch.zeros(c.num_hidden_layers, 2, num_blocks, self.block_size, c.num_key_value_heads,
+        self.kv_cache = torch.zeros(c.num_hidden_layers, 2, c.num_key_value_heads, num_blocks * self.block_size,
                                     c.head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[i, 0]
@@ -78,7 +81,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         bs = self.block_size
-        items = sorted(sched.scheduled, key=lambda s: s.num_scheduled_tokens != 1)  # decodes first (stable)
+        # decodes first, shortest context first (so groups pad little), then prefill chunks
+        items = sorted(sched.scheduled, key=lambda s: (s.num_scheduled_tokens != 1,
+                                                       s.request.num_computed_tokens if s.num_scheduled_tokens == 1
+                                                       else 0))
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -97,7 +103,9 @@ class ModelRunner:
                 decode_tables.append(table[:-(-end // bs)])
                 decode_lens.append(end)
             else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                for b in range(start // bs, (end - 1) // bs + 1):  # one range per block, not per token
+                    base = table[b] * bs - b * bs
+                    slots.extend(range(base + max(start, b * bs), base + min(end, (b + 1) * bs)))
                 ctx_slots = None
                 if start > 0:
                     nb = -(-end // bs)
@@ -110,13 +118,9 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
                                  num_decodes=len(decode_lens), prefills=prefills)
-        if decode_lens:
-            width = max(len(t) for t in decode_tables)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
-            lens = torch.tensor(decode_lens, device=dev)
-            valid = torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1)
-            mask = torch.zeros(valid.shape, dtype=torch.float32, device=dev).masked_fill_(~valid, float("-inf"))
-            meta.decode_block_tables, meta.decode_mask = tables, mask[:, None, None, :]
+        size = self.decode_group_size
+        for g in range(0, len(decode_lens), size):
+            meta.decode_groups.append(self._decode_group(g, decode_tables[g:g + size], decode_lens[g:g + size]))
         hidden = self.model(torch.tensor(token_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), meta)
         out = ModelRunnerOutput()
@@ -126,3 +130,11 @@ class ModelRunner:
             for req, tok, lp in zip(sample_reqs, tokens, logprobs):
                 out.sampled[req.request_id] = (tok, lp)
         return out
+
+    def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev)
+        slots = (table.unsqueeze(2) * bs + torch.arange(bs, device=dev)).flatten()
+        valid = torch.arange(width * bs, device=dev).unsqueeze(0) < torch.tensor(lens, device=dev).unsqueeze(1)
+        return DecodeGroup(start, start + len(lens), slots, width * bs, valid[None, :, None, :])

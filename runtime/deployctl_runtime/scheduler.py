@@ -106,6 +106,8 @@ class Scheduler:
                 if self.kv.allocate_slots(req, num_new, hits) is None:
                     break
                 self.waiting.popleft()
+                if req.num_computed_tokens == 0:
+                    self.kv.record_prefix_query(req.num_tokens, num_hit_tokens)
                 if req.num_preemptions == 0 and req.num_computed_tokens == 0:
                     req.num_cached_tokens = num_hit_tokens
                 req.num_computed_tokens += num_hit_tokens

@@ -33,6 +33,8 @@ def test_run_files_and_errors_on_ssh_and_local(ssh_fleet, tmp_path):
             assert host.name in str(err) and "exit code 7" in str(err) and err.exit_code == 7
             assert type(err).exit_code == 4  # the CLI exit code stays on the class
             assert host.run(["cat"], input="piped\n").stdout == "piped\n"
+            big = "x" * 200_000 + "\n"  # a shipped script's size: must not trickle in byte by byte
+            assert host.run(["wc", "-c"], input=big, timeout=10).stdout.strip() == str(len(big))
 
             target = f"{root}/releases/r1/runtime.env"
             host.put_text("K=v\n", target, mode=0o600)

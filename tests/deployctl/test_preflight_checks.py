@@ -196,3 +196,47 @@ def test_recorded_facts_have_the_probe_keys(name):
     from deployctl.probe import FACT_KEYS
 
     assert set(FACT_KEYS) <= set(facts(name))
+
+
+def test_cli_table_and_summary_line():
+    from deployctl.cli._app import out_console
+    from deployctl.cli.preflight import _print_report
+
+    cfg = config("  max_model_len: 4096\n  max_num_seqs: 8")
+    rep = check_facts(cfg, [(cfg.hosts[0], facts("rtx4090_shared"))], {})
+    with out_console.capture() as cap:
+        _print_report(rep)
+    text = cap.get()
+    assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
+    assert "preflight FAILED on gpu-a: 1 host(s), 8 pass, 0 warn, 1 fail" in text
+
+
+def test_port_check_uses_the_hosts_own_server_port():
+    from deployctl.preflight.gather import probe_params
+
+    cfg = parse_config(f"""
+service: {{name: chat-8b}}
+model: {{path: /models/llama-3-8b-instruct}}
+server: {{port: 8080}}
+hosts:
+  - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/d, server_port: 9001}}
+""")
+    assert probe_params(cfg, cfg.hosts[0])["port"] == 9001
+    f = facts("h200")
+    f["port"] = {"bind": "127.0.0.1", "port": 9001, "free": False, "bind_error": None,
+                 "holders": [{"address": "127.0.0.1:9001", "pid": 5, "name": "nginx", "cmdline": "nginx: worker"}]}
+    c = {c.name: c for c in check_facts(cfg, [(cfg.hosts[0], f)], {}).hosts[0].checks}["port"]
+    assert c.status == "fail" and c.message.startswith("port 9001 on 127.0.0.1 on gpu-a is held by pid 5 (nginx")
+
+
+def test_cli_unknown_host_is_a_config_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text("service: {name: s}\nmodel: {path: /m}\nhosts:\n  - {name: gpu-a, address: local, deploy_root: /tmp/x}\n")
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "preflight", "-c", str(cfg), "--host", "gpu-z"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 3 and "no host named 'gpu-z'" in proc.stderr and "gpu-a" in proc.stderr

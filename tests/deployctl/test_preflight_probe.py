@@ -88,3 +88,14 @@ def test_time_wait_alone_does_not_count():
     assert "06" in states  # TIME_WAIT is there
     f = run_probe(port=port, python="/nonexistent/python")
     assert f["port"]["free"] is True and f["port"]["holders"] == []
+
+
+def test_shipped_scripts_import_only_the_standard_library():
+    """probe.py and weights.py run with a host's bare python: stdlib only (pynvml where present)."""
+    import ast
+
+    for name in ("probe.py", "weights.py"):
+        tree = ast.parse((REPO / "deployctl" / name).read_text())
+        mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert mods - set(sys.stdlib_module_names) <= {"pynvml"}, (name, mods - set(sys.stdlib_module_names))

@@ -108,3 +108,20 @@ def test_preemption_requeues_newest_at_head_and_recomputes_from_zero():
     assert list(sched.waiting) == [b] and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert b.all_token_ids == list(range(20, 27)) + [1]  # its sampled token is kept and recomputed
     assert sched.num_preemptions_total == 1
+
+
+def test_prefix_cache_counters_count_each_admitted_request_once_in_tokens():
+    kv = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32)
+    a = Request("a", list(range(10, 26)), SamplingParams(max_tokens=2, ignore_eos=True))  # 16 tokens, 4 blocks
+    sched.add_request(a)
+    fake_step(sched, 1)
+    b = Request("b", list(range(10, 22)) + [99, 98, 97, 96, 95, 94, 93, 92, 91, 90, 89, 88, 87],
+                SamplingParams(max_tokens=2, ignore_eos=True))  # 25 tokens: shares 3 blocks, needs 4 more
+    sched.add_request(b)
+    fake_step(sched, 1)  # a holds 5 blocks (17 tokens + 1 slot), b needs 4 new: only 3 free, b waits
+    assert b.status == RequestStatus.WAITING
+    while sched.has_unfinished_requests():
+        fake_step(sched, 1)
+    assert kv.prefix_cache_queries == 16 + 25  # b's repeated lookups while waiting count once
+    assert kv.prefix_cache_hits == 12 and b.num_cached_tokens == 12

@@ -24,7 +24,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.rotary = [rotary]  # shared; a list so it is not registered once per layer
         self.scale = self.head_dim ** -0.5
-        self.k_cache = self.v_cache = torch.empty(0)  # [num_blocks, block_size, KVH, D], set by the model runner
+        self.k_cache = self.v_cache = torch.empty(0)  # [KVH, num_slots, D], set by the model runner
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]

@@ -101,21 +101,22 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
     if ctx.cfg.log_requests:
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)
-    await gen.start()
-    ctx.http_started()
     builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.tokenizer)
+    ctx.http_started()
+    try:
+        await gen.start()
+    except BaseException:
+        ctx.http_finished()
+        raise
     if prep.request.stream:
         return _stream_response(ctx, gen, builder, rec)
     events = gen.events()
+    consume = asyncio.ensure_future(_consume(events))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        consume = asyncio.ensure_future(_drain(events))
-        watch = asyncio.ensure_future(_wait_disconnect(request))
         await asyncio.wait({consume, watch}, return_when=asyncio.FIRST_COMPLETED)
-        watch.cancel()
         if not consume.done():  # the client is gone: stop generating now (C07)
-            consume.cancel()
-            await asyncio.gather(consume, return_exceptions=True)
-            rec.status_override = 499  # type: ignore[attr-defined]
+            rec.status_override = 499
             return Response(status_code=499)
         consume.result()
         gen.result()
@@ -123,12 +124,16 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
         if ctx.cfg.log_requests:
             log.info("request %s: output %r", rec.request_id, [c.text for c in gen.choices])
         return JSONResponse(builder.full(gen.choices, rec))
-    finally:
+    finally:  # also on cancellation: stop the consumer (which aborts what still runs), then close
+        watch.cancel()
+        if not consume.done():
+            consume.cancel()
+        await asyncio.gather(consume, watch, return_exceptions=True)
         await events.aclose()
         ctx.http_finished()
 
 
-async def _drain(events) -> None:
+async def _consume(events) -> None:
     async for _ in events:
         pass
 

@@ -93,11 +93,3 @@ def run_serve(args: argparse.Namespace) -> int:
 
     return serve(ServerContext(cfg, faults), keys)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m deployctl_runtime.server ...` takes serve's flags)."""
-    parser = argparse.ArgumentParser(prog="deployctl-runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_parser(sub)
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)

@@ -14,10 +14,7 @@ from .state import ServerContext
 from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
-
-
-class RequestTimeout(Exception):
-    pass
+CUT_OFF = object()  # put on a Generation's queue to end it now with finish_reason "abort" (drain timeout)
 
 
 class Generation:
@@ -30,9 +27,8 @@ class Generation:
     def __init__(self, ctx: ServerContext, prep: Prepared, rec: RequestRecord):
         self.ctx, self.prep, self.rec = ctx, prep, rec
         self.queue: asyncio.Queue = asyncio.Queue()
-        skip = True
         self.choices = [
-            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip), StopStringMatcher(sp.stop))
+            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip_special_tokens=True), StopStringMatcher(sp.stop))
             for k, (ids, sp) in enumerate(zip(prep.prompts, prep.params))
         ]
         self._by_id = dict(zip(prep.sub_ids, self.choices))
@@ -48,6 +44,7 @@ class Generation:
         n = len(self.prep.sub_ids)
         ctx.admit(n)
         ctx.inflight_seqs += n
+        ctx.generations.add(self)
         try:
             await ctx.engine.add(self.prep.sub_ids, self.prep.prompts, self.prep.params, self.queue)
         except asyncio.CancelledError:
@@ -56,12 +53,17 @@ class Generation:
             raise
         except Exception as exc:
             self._release(self._open)
-            reason = getattr(exc, "reason", None)
-            if reason is None:
-                raise
-            ctx.metrics.request_rejected.labels(reason=reason).inc()
             param = "messages" if self.prep.chat else "prompt"
-            raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param, reason) from None
+            reason = getattr(exc, "reason", None)
+            if reason is not None:  # RequestRejected: this request can never be served (e.g. too_many_blocks)
+                ctx.metrics.request_rejected.labels(reason=reason).inc()
+                raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param,
+                               reason) from None
+            if isinstance(exc, ValueError):  # the engine's own validation: "<field>: <why>"
+                field_name = str(exc).split(":", 1)[0]
+                raise APIError(400, str(exc), "invalid_request_error",
+                               field_name if field_name.isidentifier() else param, "invalid_value") from None
+            raise
         self.rec.prompt_tokens = sum(len(p) for p in self.prep.prompts[:: self.prep.request.n])
         ctx.metrics.prompt_tokens.inc(self.rec.prompt_tokens)
 
@@ -69,6 +71,8 @@ class Generation:
         ids = [i for i in ids if i in self._open]
         self._open.difference_update(ids)
         self.ctx.inflight_seqs -= len(ids)
+        if not self._open:
+            self.ctx.generations.discard(self)
 
     async def events(self) -> AsyncIterator[list[Event]]:
         deadline = self.rec.arrival + self.ctx.cfg.request_timeout_s
@@ -125,6 +129,10 @@ class Generation:
         m = self.ctx.metrics
         events: list[Event] = []
         for out in batch:
+            if out is CUT_OFF:
+                log.info("request %s: cut off at the drain timeout", self.rec.request_id)
+                events.extend(self._end_open("abort"))
+                break
             if isinstance(out, EngineDead):
                 self.engine_error = out.message
                 events.extend(self._end_open("error"))

@@ -6,7 +6,8 @@ tokens and the max concurrency at max_model_len) and starts the step loop; only 
 `ready`. A load failure logs one clear line and ends the process with exit code 1.
 
 SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
-up to --drain-timeout-s, what is left is aborted, and the process exits 0. A second signal exits at once.
+up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]), and
+the process exits 0. A second signal exits at once.
 """
 from __future__ import annotations
 
@@ -126,6 +127,12 @@ class DrainingServer(uvicorn.Server):
         except asyncio.TimeoutError:
             log.warning("drain timeout (%.0f s): %d request(s) still in flight are cut off", ctx.cfg.drain_timeout_s,
                         ctx.inflight_http)
+            from .generation import CUT_OFF
+
+            for gen in list(ctx.generations):  # end them well-formed: finish_reason "abort", then [DONE]
+                gen.queue.put_nowait(CUT_OFF)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ctx.idle.wait(), 2.0)
         self.should_exit = True
 
 
@@ -141,7 +148,7 @@ def serve(ctx: ServerContext, api_keys: list[str]) -> int:
 
     app = create_app(ctx, api_keys, lifespan=lifespan)
     config = uvicorn.Config(app, host=ctx.cfg.host, port=ctx.cfg.port, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on", timeout_keep_alive=5)
+                            timeout_graceful_shutdown=3, lifespan="on", timeout_keep_alive=5)
     server = DrainingServer(config, ctx)
     server.run()
     if not server.started and ctx.exit_code == 0:

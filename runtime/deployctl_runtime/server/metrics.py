@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "deployctl_runtime_"
@@ -54,6 +54,7 @@ class Metrics:
     """One registry per server. `get_stats` returns the latest EngineStats (or None before the engine exists)."""
 
     def __init__(self, get_stats: Callable[[], object | None]):
+        disable_created_metrics()  # no *_created series: scrapers and quantile math do not need them
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_EngineStatsCollector(get_stats))

@@ -46,9 +46,7 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            code = status["code"] or getattr(rec, "status_override", 0) or 499
-            if getattr(rec, "status_override", 0):
-                code = rec.status_override
+            code = rec.status_override or status["code"] or 499
             level = logging.INFO if path.startswith("/v1/") else logging.DEBUG
             if access_log.isEnabledFor(level):
                 ttft = f"{(rec.first_token_at - rec.arrival) * 1000:.1f}" if rec.first_token_at else "-"

@@ -8,9 +8,13 @@ text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), r
 Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
 max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
 max_tokens defaults to the remaining context, max_model_len - prompt.
+
+Choices: a list of prompts times n gives choice index prompt_i * n + j; with a seed, choice j samples with
+seed + j (reproducible, yet distinct). Unsupported: echo (400), top_logprobs alternatives (lists come back empty).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -24,6 +28,7 @@ from .state import ServerContext
 from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
+_SERIAL = itertools.count()
 
 
 @dataclass
@@ -36,6 +41,7 @@ class RequestRecord:
     completion_tokens: int = 0
     first_token_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    status_override: int = 0  # 499 when the client went away before the response
 
 
 @dataclass
@@ -106,6 +112,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     else:
         logprobs = req.logprobs
     all_prompts, params, sub_ids = [], [], []
+    serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id
     for i, (ids, mt) in enumerate(zip(prompts, max_tokens)):
         for j in range(req.n):
             sp = SamplingParams(
@@ -125,7 +132,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
                 raise invalid(str(exc), field_name) from None
             all_prompts.append(ids)
             params.append(sp)
-            sub_ids.append(f"{request_id}-{i * req.n + j}")
+            sub_ids.append(f"{request_id}#{serial}-{i * req.n + j}")
     return Prepared(req, chat, all_prompts, params, sub_ids)
 
 

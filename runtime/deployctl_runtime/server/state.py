@@ -36,6 +36,7 @@ class ServerContext:
     inflight_http: int = 0  # inference HTTP requests being answered (drain waits for 0)
     inflight_seqs: int = 0  # engine requests added and not finished (back-pressure)
     idle: asyncio.Event | None = None
+    generations: set = field(default_factory=set)  # live Generation objects (drain timeout cuts them off)
     exit_code: int = 0
     metrics: Metrics = None  # type: ignore[assignment]
 

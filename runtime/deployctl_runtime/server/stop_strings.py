@@ -3,8 +3,10 @@
 Text arrives in deltas that may cut a stop string anywhere. The matcher holds back the longest tail of the unsent
 text that is a prefix of some stop string, since the next delta may complete it; everything before that tail is safe
 to send. When a stop string appears, the text before it is released and the rest (stop string included) is dropped.
+Generation stops at the stop string that completes first (earliest end; on a tie the one starting earlier), as if
+text arrived one character at a time, so the result does not depend on where token boundaries fall.
 Invariant: no character of a stop string is ever released; concatenating every release equals the full text cut
-just before the earliest stop string (or the whole text, after `flush()`).
+just before that stop string (or the whole text, after `flush()`).
 """
 from __future__ import annotations
 
@@ -25,14 +27,14 @@ class StopStringMatcher:
         if not self._stops:
             return delta
         buf = self._pending + delta
-        hit_at, hit = -1, None
+        best: tuple[int, int, str] | None = None  # (end, start, stop) of the match that completes first
         for s in self._stops:
             i = buf.find(s)
-            if i != -1 and (hit_at == -1 or i < hit_at):
-                hit_at, hit = i, s
-        if hit is not None:
-            self.stopped, self.matched, self._pending = True, hit, ""
-            return buf[:hit_at]
+            if i != -1 and (best is None or (i + len(s), i) < best[:2]):
+                best = (i + len(s), i, s)
+        if best is not None:
+            self.stopped, self.matched, self._pending = True, best[2], ""
+            return buf[: best[1]]
         hold = self._held_tail(buf)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]

@@ -4,7 +4,8 @@ Known behaviour: at most ``max_concurrency`` requests generate at once (the rest
 wait counts in their TTFT); a request's first token comes ``ttft_s`` after it is admitted and each further token
 ``tpot_s`` after the previous one (scheduled on absolute times, so delays do not drift); it streams exactly
 ``max_tokens`` tokens and reports them in ``usage``. ``pattern`` makes the n-th request (0-based, in arrival
-order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, or "hang" (never answers).
+order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, "hang" (headers, then nothing) or "drop" (two
+tokens, then the connection breaks).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 
 @dataclass
@@ -33,6 +35,7 @@ class FakeConfig:
     auth_seen: list = field(default_factory=list)
     arrivals: list = field(default_factory=list)
     bodies: list = field(default_factory=list)
+    client_ports: list = field(default_factory=list)
 
 
 def _error(status: int, message: str, type_: str) -> JSONResponse:
@@ -43,12 +46,21 @@ def _error(status: int, message: str, type_: str) -> JSONResponse:
 def build_app(cfg: FakeConfig) -> FastAPI:
     app = FastAPI()
     state = {"sem": None, "in_flight": 0}
+    registry = CollectorRegistry()  # vLLM-style names under the prefix "fake_"
+    ttft_hist = Histogram("fake_time_to_first_token_seconds", "TTFT", buckets=(0.05, 0.1, 0.2, 0.4, 0.8, 1.6),
+                          registry=registry)
+    e2e_hist = Histogram("fake_e2e_request_latency_seconds", "E2E", buckets=(0.1, 0.2, 0.4, 0.8, 1.6, 3.2),
+                         registry=registry)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
 
-    async def generate(body: dict, chat: bool):
+    async def generate(body: dict, chat: bool, arrival: float):
         n = int(body.get("max_tokens", 16))
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -65,14 +77,22 @@ def build_app(cfg: FakeConfig) -> FastAPI:
                     await asyncio.sleep(max(0.0, t0 + cfg.ttft_s + i * cfg.tpot_s - time.perf_counter()))
                     choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
                     choice["finish_reason"] = "length" if i == n - 1 else None
+                    if i == 0:
+                        ttft_hist.observe(time.perf_counter() - arrival)
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [choice]})}\n\n"
                 prompt = body.get("prompt") or " ".join(m.get("content", "") for m in body.get("messages", []))
                 usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n, "total_tokens": len(prompt.split()) + n}
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [], 'usage': usage})}\n\n"
+                e2e_hist.observe(time.perf_counter() - arrival)
                 yield "data: [DONE]\n\n"
             finally:
                 state["in_flight"] -= 1
+
+    async def drop():  # two tokens, then the connection breaks mid-stream
+        for i in range(2):
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': f' t{i}'}, 'text': f' t{i}'}]})}\n\n"
+        raise ConnectionResetError("injected: backend died mid-stream")
 
     async def hang():  # headers, then nothing: cancelled when the client goes away
         await asyncio.sleep(3600)
@@ -83,6 +103,7 @@ def build_app(cfg: FakeConfig) -> FastAPI:
         cfg.arrivals.append(time.perf_counter())
         body = await request.json()
         cfg.bodies.append(body)
+        cfg.client_ports.append(request.client.port if request.client else None)
         status = cfg.pattern[cfg.num_arrived % len(cfg.pattern)]
         cfg.num_arrived += 1
         cfg.statuses.append(status)
@@ -90,9 +111,11 @@ def build_app(cfg: FakeConfig) -> FastAPI:
             return _error(429, "queue full", "rate_limit_exceeded")
         if status == 500:
             return _error(500, "injected failure", "server_error")
+        if status == "drop":
+            return StreamingResponse(drop(), media_type="text/event-stream")
         if status == "hang":
             return StreamingResponse(hang(), media_type="text/event-stream")
-        return StreamingResponse(generate(body, chat), media_type="text/event-stream")
+        return StreamingResponse(generate(body, chat, cfg.arrivals[-1]), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -32,8 +32,12 @@ def test_rate_mode_sends_on_the_poisson_schedule():
         (level,) = run_ladder(ladder, workload.synthetic(16, "4", "3", seed=0))
     assert level.num_ok == 16 and level.rate == 15.0
     expected = poisson_arrivals(15.0, 16, seed=5 + 16)
-    seen = [t - cfg.arrivals[0] for t in cfg.arrivals]
-    assert seen == pytest.approx(expected, abs=0.03)
+    lags = [seen - want for seen, want in zip(cfg.arrivals, expected)]  # the level's start + delivery lag each
+    base = sorted(lags)[len(lags) // 2]
+    spread = sorted(abs(lag - base) for lag in lags)
+    # most arrivals within 15 ms of the schedule (a busy machine may delay a few, never by much)
+    assert spread[len(spread) * 3 // 4] < 0.015 and spread[-1] < 0.15, spread
+    assert sum(b - a for a, b in zip(expected, expected[1:])) > 0.5  # the schedule itself spans the level
 
 
 def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
@@ -54,6 +58,36 @@ def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
     assert all(b["stream"] and b["stream_options"] == {"include_usage": True} and b["model"] == "fake-model"
                for b in cfg.bodies)
     assert doc["levels"][0]["total_output_tokens"] == 9
+    assert len(set(cfg.client_ports)) == 1  # one keep-alive connection carried all three streams
     data.write_text('{"prompt": "ok"}\nnot json\n')
     rc, _, err = run_bench("--url", srv.url, "--dataset", str(data), "--no-loadgen-check")
     assert rc == 3 and "line 2: not JSON" in err
+
+
+def test_a_level_stops_sending_after_max_level_seconds():
+    cfg = FakeConfig(ttft_s=0.1, tpot_s=0.01, max_concurrency=4)
+    with FakeServer(cfg) as srv:
+        ladder = LadderConfig(target=Target(srv.url, model=cfg.model), concurrencies=(1,), requests_per_level=50,
+                              max_level_s=0.5)
+        (level,) = run_ladder(ladder, workload.synthetic(50, "4", "2", seed=0))
+    # each request takes ~0.11 s: about 5 fit in 0.5 s, and the ones sent all finish
+    assert 2 <= level.num_requests <= 6 and level.num_ok == level.num_requests == cfg.num_arrived
+
+
+def test_server_histograms_are_scraped_around_each_level():
+    cfg = FakeConfig(ttft_s=0.15, tpot_s=0.01, max_concurrency=2)
+    with FakeServer(cfg) as srv:
+        base = dict(target=Target(srv.url, model=cfg.model), concurrencies=(1, 2), requests_per_level=3)
+        levels = run_ladder(LadderConfig(**base, metrics_url=srv.url + "/metrics", metrics_prefix="fake_"),
+                            workload.synthetic(3, "4", "3", seed=0))
+        (wrong,) = run_ladder(LadderConfig(**{**base, "concurrencies": (1,)}, metrics_url=srv.url + "/metrics"),
+                              workload.synthetic(3, "4", "3", seed=0))
+        (missing,) = run_ladder(LadderConfig(**{**base, "concurrencies": (1,)}, metrics_url=srv.url + "/nope"),
+                                workload.synthetic(3, "4", "3", seed=0))
+    for level in levels:  # each window holds exactly that level's requests
+        assert level.server["ttft_ms"]["count"] == level.server["ttft_ms"]["client_count"] == level.num_ok == 3
+        assert level.server["e2e_ms"]["count"] == 3
+        # all TTFTs are ~150 ms: in the (0.1, 0.2] bucket on both sides
+        assert 100 < level.server["ttft_ms"]["p50"] <= 200 and 100 < level.server["ttft_ms"]["client_p50"] <= 200
+    assert "no deployctl_runtime_* latency histograms" in wrong.server["error"]
+    assert "404" in missing.server["error"] and missing.num_ok == 3

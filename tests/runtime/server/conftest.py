@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+RUNTIME_DIR = Path(__file__).resolve().parents[3] / "runtime"
 PORT_LINE = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
 
@@ -20,7 +21,9 @@ class ServerProcess:
     """`python -m deployctl_runtime serve ... --port 0` in a subprocess; stderr is collected in `log`."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, key: str | None = None):
-        full_env = {**os.environ, **(env or {})}
+        # one intra-op thread: on a shared 2-core CI box, torch's spinning OpenMP threads cost 10-20x CPU per step
+        full_env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RUNTIME_DIR), full_env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "deployctl_runtime", "serve", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)
         self.lines: list[str] = []
@@ -78,6 +81,15 @@ class ServerProcess:
                 out[name] = float(value)
         return out
 
+    def wait_metrics(self, predicate, timeout: float = 2.0) -> dict[str, float]:
+        """Poll /metrics until predicate(metrics) holds; return the last metrics (the caller asserts)."""
+        deadline = time.monotonic() + timeout
+        m = self.metrics()
+        while not predicate(m) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            m = self.metrics()
+        return m
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -90,11 +102,9 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    subprocess.run([sys.executable, "-m", "deployctl_runtime", "tiny-model", str(out)], check=True,
-                   capture_output=True)
-    return out
+def tiny_model(tiny_llama) -> Path:
+    """The runtime's tiny Llama checkpoint (tests/runtime/conftest.py), with its manifest.sha256."""
+    return tiny_llama
 
 
 @pytest.fixture

@@ -279,3 +279,69 @@ def test_c06_multibyte_characters_never_streamed_as_halves(server, tokenizer):
         for delta, _ in chunks[:-1]:  # before the end, only complete characters of the final text go out
             sent += delta
             assert reference.startswith(sent), (sent, reference)
+
+
+# ---- metrics and access log -------------------------------------------------------------------------------------
+CONTRACT_METRICS = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio", "num_gpu_blocks",
+                    "num_free_blocks", "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+                    "prefix_cache_queries_total", "prefix_cache_hits_total", "request_success_total",
+                    "request_rejected_total", "time_to_first_token_seconds", "time_per_output_token_seconds",
+                    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"]
+
+
+def test_metrics_named_as_in_the_contract_and_updated_live(server):
+    before = server.metrics()
+    r = post(server, "/v1/completions", {"prompt": "metrics please", "max_tokens": 5, "ignore_eos": True})
+    assert r.status_code == 200
+    after = server.metrics()
+    names = {k.split("{")[0] for k in after}
+    for name in CONTRACT_METRICS:
+        full = "deployctl_runtime_" + name
+        assert full in names or full + "_bucket" in names, full
+    p = "deployctl_runtime_"
+    assert after[p + "generation_tokens_total"] - before[p + "generation_tokens_total"] == 5
+    assert after[p + "prompt_tokens_total"] - before[p + "prompt_tokens_total"] == r.json()["usage"]["prompt_tokens"]
+    assert after[p + 'request_success_total{finish_reason="length"}'] > before[p + 'request_success_total{finish_reason="length"}']
+    assert after[p + "time_to_first_token_seconds_count"] == before[p + "time_to_first_token_seconds_count"] + 1
+    assert after[p + "inter_token_latency_seconds_count"] == before[p + "inter_token_latency_seconds_count"] + 4
+    assert after[p + "num_gpu_blocks"] > 0 and 0 <= after[p + "kv_cache_usage_ratio"] <= 1
+    ttft_edges = sorted(float(k.split('le="')[1].rstrip('"}')) for k in after
+                        if k.startswith(p + "time_to_first_token_seconds_bucket") and "+Inf" not in k)
+    tpot_edges = sorted(float(k.split('le="')[1].rstrip('"}')) for k in after
+                        if k.startswith(p + "time_per_output_token_seconds_bucket") and "+Inf" not in k)
+    assert ttft_edges[0] == 0.005 and ttft_edges[-1] >= 300 and len(ttft_edges) >= 30
+    assert tpot_edges[0] == 0.001 and tpot_edges[-1] == 2.0
+    assert sum(1 for e in tpot_edges if 0.01 <= e <= 0.1) >= 10  # dense around typical TPOT
+
+
+def test_access_log_line_without_prompt_text(server):
+    r = post(server, "/v1/completions", {"prompt": "zebrafish secret", "max_tokens": 3},
+             headers={"X-Request-Id": "acc-log-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "acc-log-1"
+    bad = post(server, "/v1/completions", {"prompt": "zebrafish", "max_tokens": -1},
+               headers={"X-Request-Id": "acc-log-2"})
+    assert bad.status_code == 400
+    import time
+
+    time.sleep(0.3)
+    lines = [ln for ln in server.lines if "deployctl_runtime.access" in ln]
+    ok = next(ln for ln in lines if "request_id=acc-log-1" in ln)
+    assert "status=200" in ok and "prompt_tokens=" in ok and "completion_tokens=3" in ok
+    assert "ttft_ms=" in ok and "ttft_ms=-" not in ok and "total_ms=" in ok
+    assert "status=400" in next(ln for ln in lines if "request_id=acc-log-2" in ln)
+    assert "zebrafish" not in server.log
+
+
+def test_prompt_list_and_token_ids_with_n(server, tokenizer):
+    ids = tokenizer.encode("hello world").ids
+    r = post(server, "/v1/completions", {"prompt": ["hello world", "good night"], "n": 2, "max_tokens": 3,
+                                         "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert out["usage"]["completion_tokens"] == 12
+    texts = [c["text"] for c in out["choices"]]
+    assert texts[0] == texts[1]  # greedy: both choices of a prompt agree
+    by_ids = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert by_ids.json()["choices"][0]["text"] == texts[0]
+    assert by_ids.json()["usage"]["prompt_tokens"] == len(ids)

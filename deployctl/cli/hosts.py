@@ -1,0 +1,106 @@
+"""`deployctl hosts trust NAME` and `deployctl hosts check [NAME]`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+
+hosts_app = typer.Typer(help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
+
+
+def _select(config: Path, name: Optional[str]):
+    from deployctl.config import load_config
+    from deployctl.errors import UsageError
+
+    cfg = load_config(config)
+    if name is None:
+        return list(cfg.hosts)
+    for host in cfg.hosts:
+        if host.name == name:
+            return [host]
+    names = ", ".join(h.name for h in cfg.hosts)
+    raise UsageError(f"host {name!r} is not in {config}", fix=f"use one of: {names}")
+
+
+@hosts_app.command("trust")
+@handle_errors
+def trust(
+    name: str = typer.Argument(..., help="Host name from deploy.yaml."),
+    config: Path = CONFIG_OPT,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Record the key without asking (scripts)."),
+    replace: bool = typer.Option(False, "--replace", help="Replace a changed key (host reinstalled)."),
+) -> None:
+    """Show the SHA256 fingerprint NAME offers and record it in deployctl's known_hosts on confirmation."""
+    from deployctl.errors import CheckFailed, UsageError
+    from deployctl.hostkeys import known_hosts_path, lookup, probe_host_key, record_host_key
+    from deployctl.hosts import HostKeyChanged
+
+    (host,) = _select(config, name)
+    if host.is_local:
+        raise UsageError(f"host {name} has address: local", fix="local hosts are not reached over SSH")
+    probe = probe_host_key(host)
+    where = f"{name} ({probe.known_hosts_name})"
+    if probe.status == "trusted":
+        err_console.print(f"{where} is already trusted: {probe.key_type} {probe.fingerprint}")
+        return
+    if probe.status == "changed" and not replace:
+        raise HostKeyChanged(
+            f"host key changed for {name} ({probe.known_hosts_name}): offered {probe.fingerprint}, "
+            f"known_hosts has {probe.expected_fingerprint}", host=name, fingerprint=probe.fingerprint,
+            expected=probe.expected_fingerprint or "",
+            fix=f"if {name} was reinstalled, verify the new key out of band and rerun with --replace")
+    out_console.print(f"{where} offers {probe.key_type} {probe.fingerprint}", markup=False, soft_wrap=True)
+    if probe.status == "changed":
+        out_console.print(f"  replacing {probe.expected_fingerprint}", markup=False)
+    if not yes and not typer.confirm("Trust this key?", default=False, err=True):
+        raise CheckFailed(f"did not trust the host key of {name}", fix="rerun and answer y, or pass --yes")
+    path = record_host_key(probe.hostname, probe.port, probe.key, replace=replace)
+    err_console.print(f"recorded {probe.fingerprint} for {probe.known_hosts_name} in {path}", soft_wrap=True)
+    stale = [k for k in lookup(probe.hostname, probe.port).values() if k.asbytes() != probe.key.asbytes()]
+    if stale:
+        err_console.print(f"warning: another known_hosts file still holds an old key for "
+                          f"{probe.known_hosts_name}; remove it with `ssh-keygen -R '{probe.known_hosts_name}'`"
+                          f" (deployctl's file: {known_hosts_path()})", soft_wrap=True)
+
+
+@hosts_app.command("check")
+@handle_errors
+def check(
+    name: Optional[str] = typer.Argument(None, help="Only this host (default: every host)."),
+    config: Path = CONFIG_OPT,
+    timeout: float = typer.Option(20.0, "--timeout", help="Seconds per host for `true` to come back."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    """Run `true` on each host in parallel and report every host's outcome. Exit 4 if any failed."""
+    from deployctl.errors import RemoteError
+    from deployctl.hosts import Host, run_on_hosts
+
+    hosts = [Host.from_config(h) for h in _select(config, name)]
+
+    def probe(host: Host) -> float:
+        try:
+            return host.run(["true"], timeout=timeout).duration_s
+        finally:
+            host.close()
+
+    outcomes = run_on_hosts(hosts, probe)
+    failed = [o for o in outcomes if o.error is not None]
+    if as_json:
+        print_json({"ok": not failed, "hosts": [
+            {"host": o.host, "ok": o.error is None, "duration_s": o.value,
+             "error": str(o.error) if o.error else None,
+             "error_type": type(o.error).__name__ if o.error else None} for o in outcomes]})
+    else:
+        width = max(len(o.host) for o in outcomes)
+        for o in outcomes:
+            line = f"{o.host:<{width}}  ok  {o.value:.2f} s" if o.error is None else f"{o.host:<{width}}  FAIL  {o.error}"
+            out_console.print(line, markup=False, soft_wrap=True, highlight=False)
+    if failed:
+        raise RemoteError(f"{len(failed)} of {len(outcomes)} hosts failed the check: "
+                          + ", ".join(o.host for o in failed))

@@ -1,0 +1,193 @@
+"""`deployctl render`: every file of a target for every host, written under one output directory.
+
+Layout under ``out_dir`` (paths are stable; tests keep golden copies):
+- systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
+               (all hosts stable), ``prometheus/alerts.rules.yaml``
+- container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router and alerts
+- k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env, and alerts
+
+The same inputs (deploy.yaml, API key, release id, templates) give the same bytes. The default release id is
+``<UTC timestamp>-<sha256[:7]>`` of (runtime version, files rendered with a placeholder id, model manifest); the
+timestamp is SOURCE_DATE_EPOCH when set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from deployctl.errors import ConfigError, UsageError
+from deployctl.render import (RenderedFile, host_port, release_context, render_nginx, render_release, render_template,
+                              runtime_args)
+
+if TYPE_CHECKING:
+    from deployctl.config import DeployConfig
+
+TARGETS = ("systemd", "container", "k8s", "k8s-rollout")
+# request_rejected_total{reason} values that are the client's fault, and those that mean "prompt too long".
+LENGTH_REASONS = "context_length_exceeded|length|too_long"
+CLIENT_REASONS = LENGTH_REASONS + "|invalid_request|invalid_request_error|bad_request"
+_PLACEHOLDER_ID = "0"
+
+
+def runtime_version() -> str:
+    """The installed deployctl-runtime distribution's version (metadata only: never imports it), or 'unknown'."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deployctl-runtime")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def api_key_from_env(cfg: DeployConfig, env: Mapping[str, str]) -> str | None:
+    """The API key named by server.api_key_env. Raises ConfigError (exit 3) when the variable is unset."""
+    name = cfg.server.api_key_env
+    if not name:
+        return None
+    value = env.get(name)
+    if not value:
+        raise ConfigError(f"server.api_key_env is {name} but {name} is not set in this environment",
+                          fix=f"export {name}=<key> (it is written only to the 0600 runtime.env)")
+    return value
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:g}%"
+
+
+def render_alerts(cfg: DeployConfig) -> RenderedFile:
+    """Prometheus alert rules from deploy.yaml ``slo:`` (prometheus/alerts.rules.yaml)."""
+    ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct,
+           "job": cfg.slo.prometheus_job or cfg.service.name,
+           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS}
+    return RenderedFile("prometheus/alerts.rules.yaml", render_template("alerts.rules.yaml.j2", ctx))
+
+
+def _probe_url(cfg: DeployConfig, port: int) -> str:
+    bind = cfg.server.bind
+    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else (f"[{bind}]" if ":" in bind else bind)
+    return f"http://{host}:{port}/readyz"
+
+
+def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
+    c = cfg.container
+    base = c.base_image or ("nvidia/cuda:12.4.1-runtime-ubuntu22.04" if cfg.engine.device == "cuda"
+                            else "python:3.11-slim")
+    return {"container": c, "image": c.image or f"deployctl/{cfg.service.name}:{release_id}", "base_image": base,
+            "startup_s": math.ceil(cfg.server.startup_timeout_s), "rollout_cfg": cfg.rollout}
+
+
+def _container_files(cfg: DeployConfig, release_id: str, api_key: str | None) -> list[RenderedFile]:
+    out: list[RenderedFile] = []
+    for host in cfg.hosts:
+        release = {f.path: f for f in render_release(cfg, host, release_id, api_key=api_key)}
+        ctx = {**release_context(cfg, host, release_id), **_container_ctx(cfg, release_id)}
+        url = _probe_url(cfg, ctx["port"])
+        ctx["healthcheck"] = ["CMD", "python3", "-c", "import sys, urllib.request; "
+                              f"sys.exit(0 if urllib.request.urlopen('{url}', timeout=4).status == 200 else 1)"]
+        d = f"hosts/{host.name}/"
+        out += [RenderedFile(d + "Dockerfile", render_template("Dockerfile.j2", ctx)),
+                RenderedFile(d + "compose.yaml", render_template("compose.yaml.j2", ctx)),
+                RenderedFile(d + "runtime.yaml", release["runtime.yaml"].content),
+                RenderedFile(d + "runtime.env", release["runtime.env"].content, 0o600)]
+    return out
+
+
+def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollout: bool) -> list[RenderedFile]:
+    if cfg.server.is_loopback or not cfg.server.api_key_env:
+        raise ConfigError(f"server.bind is {cfg.server.bind}: pods must listen on the pod IP for probes and the Service",
+                          fix="set server.bind: 0.0.0.0 and server.api_key_env for the k8s targets")
+    host = cfg.hosts[0]  # pods share one runtime.yaml; the per-host port does not apply
+    args = runtime_args(cfg, host, release_id)
+    args["port"] = cfg.server.port
+    yaml_text = render_template("runtime.yaml.j2", {"service": cfg.service, "where": "every pod",
+                                                    "release_id": release_id, "runtime_args": args})
+    sha = hashlib.sha256(yaml_text.encode()).hexdigest()
+    name = cfg.service.name
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "deployctl",
+              "deployctl/release": release_id}
+    ctx = {**release_context(cfg, host, release_id), **_container_ctx(cfg, release_id), "port": cfg.server.port,
+           "labels": labels, "pod_labels": labels, "config_sha256": sha, "runtime_yaml": yaml_text,
+           "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
+           "replicas": len(cfg.hosts), "rollout": rollout, "pause_s": math.ceil(cfg.rollout.pause_s),
+           "startup_failure_threshold": max(1, math.ceil(cfg.server.startup_timeout_s / 10))}
+    env = [f for f in render_release(cfg, host, release_id, api_key=api_key) if f.path == "runtime.env"][0]
+    return [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx)),
+            RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
+                         render_template("k8s-workload.yaml.j2", ctx)),
+            RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
+            RenderedFile("k8s/runtime.env", env.content, 0o600)]
+
+
+def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: str | None) -> list[RenderedFile]:
+    """Every file of ``target`` (paths relative to the output directory). Raises UsageError, ConfigError."""
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
+    if target == "systemd":
+        files = [RenderedFile(f"hosts/{h.name}/{f.path}", f.content, f.mode)
+                 for h in cfg.hosts for f in render_release(cfg, h, release_id, api_key=api_key)]
+    elif target == "container":
+        files = _container_files(cfg, release_id, api_key)
+    else:
+        files = _k8s_files(cfg, release_id, api_key, rollout=target == "k8s-rollout")
+    if cfg.router and target in ("systemd", "container"):
+        conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
+        files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
+    files.append(render_alerts(cfg))
+    return files
+
+
+def default_release_id(cfg: DeployConfig, *, target: str, api_key: str | None, env: Mapping[str, str]) -> str:
+    """``YYYYmmddTHHMMSSZ-<7 hex>``: UTC time (SOURCE_DATE_EPOCH if set) and the short sha256 of the runtime
+    version, the files rendered with a placeholder id, and the model manifest when readable here."""
+    h = hashlib.sha256(runtime_version().encode())
+    for f in render_files(cfg, target=target, release_id=_PLACEHOLDER_ID, api_key=api_key):
+        if f.path.endswith("runtime.env"):
+            continue
+        h.update(f.path.encode() + b"\0" + f.content.encode() + b"\0")
+    manifest = Path(cfg.model.path) / cfg.model.manifest
+    h.update(manifest.read_bytes() if manifest.is_file() else str(manifest).encode())
+    epoch = env.get("SOURCE_DATE_EPOCH")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(int(epoch) if epoch and epoch.isdigit() else None))
+    return f"{stamp}-{h.hexdigest()[:7]}"
+
+
+def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
+    """Write ``files`` under ``out_dir`` (atomic per file, exact modes; 0600 files never exist with wider modes)."""
+    paths = []
+    for f in files:
+        path = out_dir / f.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, f.mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f.content)
+        os.chmod(tmp, f.mode)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
+               env: Mapping[str, str]) -> list[Path]:
+    """Render ``target`` for every host into ``out_dir`` and return the written paths (RENDER.json last).
+    Raises UsageError (exit 2), ConfigError (exit 3)."""
+    api_key = api_key_from_env(cfg, env)
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
+    rid = release_id or default_release_id(cfg, target=target, api_key=api_key, env=env)
+    files = render_files(cfg, target=target, release_id=rid, api_key=api_key)
+    index = {"release_id": rid, "target": target, "service": cfg.service.name,
+             "files": {f.path: {"sha256": f.sha256 if not f.path.endswith("runtime.env") else None,
+                                "mode": oct(f.mode)} for f in files}}
+    files.append(RenderedFile("RENDER.json", json.dumps(index, indent=2, sort_keys=True) + "\n"))
+    return write_files(files, Path(out_dir))
+
+
+__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "host_port", "render_all", "render_alerts",
+           "render_files", "runtime_version", "write_files"]

@@ -1,0 +1,203 @@
+"""Rendered files checked by the tools that read them: systemd-analyze, nginx -t, promtool, kubernetes-validate.
+
+Each check returns a ``ValidationResult``; a missing tool raises ``ToolMissing`` (exit 1) naming the package
+to install. Nothing here prints.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployctl.errors import CheckFailed
+
+if TYPE_CHECKING:
+    from deployctl.config import DeployConfig
+
+# systemd-analyze messages that only say the release is not installed on this machine yet.
+_NOT_INSTALLED = (re.compile(r"Command .+ is not executable: No such file or directory"),)
+_K8S_VERSION = "1.30.0"  # oldest Kubernetes the manifests must work on (the preStop sleep action is 1.30)
+
+
+class ToolMissing(CheckFailed):
+    """A validation tool is not installed (exit 1)."""
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One tool's verdict on one file: ``ok``, the tool's own output, and notes on what was adapted to check it."""
+
+    tool: str
+    path: str
+    ok: bool
+    output: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _which(tool: str, package: str) -> str:
+    path = shutil.which(tool) or next((p for p in (f"/usr/sbin/{tool}", f"/usr/bin/{tool}") if Path(p).exists()), None)
+    if path is None:
+        raise ToolMissing(f"{tool} is not installed, so rendered files cannot be validated",
+                          fix=f"apt-get install -y {package} (tests/setup.sh installs it)")
+    return path
+
+
+def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def verify_systemd(unit: Path) -> ValidationResult:
+    """``systemd-analyze verify UNIT``. The one message that only means "this release is not installed here"
+    (an Exec* executable missing) is noted, not failed; anything else (unknown keys, bad values) fails."""
+    done = _run([_which("systemd-analyze", "systemd"), "verify", str(unit)])
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    expected = [line for line in lines if any(p.search(line) for p in _NOT_INSTALLED)]
+    unexpected = [line for line in lines if line not in expected]
+    return ValidationResult("systemd-analyze verify", str(unit), not unexpected, "\n".join(lines),
+                            tuple(f"expected before install: {line}" for line in expected))
+
+
+def nginx_test(prefix: Path | str, conf: Path | str) -> ValidationResult:
+    """``nginx -t -p PREFIX -c CONF`` on files in place (the rollout runs this on the router before a reload)."""
+    done = _run([_which("nginx", "nginx"), "-t", "-p", str(prefix), "-c", str(conf)])
+    return ValidationResult("nginx -t", str(conf), done.returncode == 0, done.stderr.strip())
+
+
+def _resolves(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return True
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(name, None)
+        return True
+    except OSError:
+        return False
+
+
+def check_nginx_conf(cfg: DeployConfig, conf: Path) -> ValidationResult:
+    """``nginx -t`` on a rendered router conf, included from a standalone main conf in a temp prefix.
+
+    The access log is redirected into the prefix and upstream host names this machine cannot resolve are
+    replaced by 127.0.0.1 (nginx resolves them at load); both are listed in ``notes``."""
+    from deployctl.render import render_nginx_main
+
+    text = conf.read_text()
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="deployctl-nginx-") as tmp:
+        for d in ("logs", "temp"):
+            Path(tmp, d).mkdir()
+        for m in re.finditer(r"^\s*access_log\s+(\S+)", text, re.M):
+            text = text.replace(m.group(1), f"{tmp}/logs/access.json")
+            notes.append(f"access_log {m.group(1)} checked as {tmp}/logs/access.json")
+        for host in sorted({m.group(1) for m in re.finditer(r"^\s*server\s+(\S+):\d+", text, re.M)}):
+            if not _resolves(host):
+                text = re.sub(rf"(^\s*server\s+){re.escape(host)}:", r"\g<1>127.0.0.1:", text, flags=re.M)
+                notes.append(f"upstream {host} does not resolve here; checked as 127.0.0.1")
+        Path(tmp, "router.conf").write_text(text)
+        Path(tmp, "nginx.conf").write_text(render_nginx_main(cfg, prefix=tmp, include_path=f"{tmp}/router.conf"))
+        result = nginx_test(tmp, f"{tmp}/nginx.conf")
+    return ValidationResult("nginx -t", str(conf), result.ok, result.output, tuple(notes))
+
+
+def check_alert_rules(path: Path) -> ValidationResult:
+    """``promtool check rules FILE``."""
+    done = _run([_which("promtool", "prometheus"), "check", "rules", str(path)])
+    return ValidationResult("promtool check rules", str(path), done.returncode == 0,
+                            (done.stdout + done.stderr).strip())
+
+
+def run_rule_tests(test_file: Path) -> ValidationResult:
+    """``promtool test rules FILE``: alert expressions evaluated against input series (unit tests for rules)."""
+    done = _run([_which("promtool", "prometheus"), "test", "rules", str(test_file)])
+    return ValidationResult("promtool test rules", str(test_file), done.returncode == 0,
+                            (done.stdout + done.stderr).strip())
+
+
+def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> ValidationResult:
+    """Schema check of every document in ``path`` with kubernetes-validate (offline, strict). An Argo Rollout has
+    no bundled schema: its pod template is checked as a Deployment's and its canary steps by shape."""
+    import yaml
+
+    try:
+        import kubernetes_validate as kv
+    except ImportError:
+        raise ToolMissing("kubernetes-validate is not installed, so manifests cannot be validated",
+                          fix="pip install kubernetes-validate") from None
+    problems, notes = [], []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        kind = doc.get("kind")
+        if kind == "Rollout" and doc.get("apiVersion") == "argoproj.io/v1alpha1":
+            spec = doc.get("spec", {})
+            problems += _rollout_step_problems(spec.get("strategy", {}))
+            doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": doc.get("metadata", {}),
+                   "spec": {k: spec[k] for k in ("replicas", "revisionHistoryLimit", "selector", "template") if k in spec}}
+            notes.append("Rollout: pod template checked against the apps/v1 Deployment schema, steps by shape")
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as exc:
+            path_str = ".".join(str(p) for p in exc.path)
+            problems.append(f"{kind} {path_str}: {exc.message}")
+        except (kv.SchemaNotFoundError, kv.InvalidSchemaError) as exc:
+            problems.append(f"{kind}: no schema in kubernetes-validate {version}: {exc}")
+    return ValidationResult("kubernetes-validate", str(path), not problems, "\n".join(problems), tuple(notes))
+
+
+def _rollout_step_problems(strategy: dict) -> list[str]:
+    steps = (strategy.get("canary") or {}).get("steps")
+    if not isinstance(steps, list) or not steps:
+        return ["Rollout spec.strategy.canary.steps: missing or empty"]
+    problems = []
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or len(step) != 1:
+            problems.append(f"Rollout steps[{i}]: one key per step, got {step!r}")
+        elif "setWeight" in step and not (isinstance(step["setWeight"], int) and 0 <= step["setWeight"] <= 100):
+            problems.append(f"Rollout steps[{i}].setWeight: 0..100, got {step['setWeight']!r}")
+        elif "pause" in step and not re.fullmatch(r"\d+[smh]?", str((step["pause"] or {}).get("duration", "0"))):
+            problems.append(f"Rollout steps[{i}].pause.duration: like 300s, got {step['pause']!r}")
+        elif not {"setWeight", "pause"} & set(step):
+            problems.append(f"Rollout steps[{i}]: unknown step {sorted(step)}")
+    return problems
+
+
+def check_compose(path: Path) -> ValidationResult:
+    """Parse compose.yaml and check what the runtime needs: GPU reservation (cuda), /readyz healthcheck,
+    read-only weights mount, env_file. (No compose schema tool is installable here.)"""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    svc = (doc.get("services") or {}).get("runtime") or {}
+    problems = []
+    if "/readyz" not in " ".join(map(str, (svc.get("healthcheck") or {}).get("test", []))):
+        problems.append("services.runtime.healthcheck.test does not probe /readyz")
+    if not any(v.get("read_only") for v in svc.get("volumes", []) if isinstance(v, dict)):
+        problems.append("services.runtime.volumes: the weights mount is not read_only")
+    if svc.get("env_file") != ["runtime.env"]:
+        problems.append("services.runtime.env_file is not [runtime.env]")
+    return ValidationResult("compose parse", str(path), not problems, "\n".join(problems))
+
+
+def validate_tree(cfg: DeployConfig, out_dir: Path) -> list[ValidationResult]:
+    """Every check that applies to the files under ``out_dir`` (as written by render_all)."""
+    results = []
+    for path in sorted(out_dir.rglob("*")):
+        if path.suffix == ".service":
+            results.append(verify_systemd(path))
+        elif path.parent.name == "router" and path.suffix == ".conf":
+            results.append(check_nginx_conf(cfg, path))
+        elif path.name == "alerts.rules.yaml":
+            results.append(check_alert_rules(path))
+        elif path.parent.name == "k8s" and path.suffix == ".yaml":
+            results.append(check_k8s_manifest(path))
+        elif path.name == "compose.yaml":
+            results.append(check_compose(path))
+    return results

@@ -1,0 +1,48 @@
+"""deploy.yaml builders shared by the render tests (a helper module, not a test file)."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+API_KEY = "sk-render-test-0123456789abcdef"
+
+BASE: dict[str, Any] = {
+    "service": {"name": "chat-7b"},
+    "model": {"path": "/models/llm-7b-chat", "served_name": "llm-7b-chat", "dtype": "bfloat16"},
+    "engine": {"device": "cuda", "max_model_len": 8192, "max_num_seqs": 64},
+    "server": {"bind": "0.0.0.0", "port": 8080, "api_key_env": "LLM_API_KEY", "request_timeout_s": 120,
+               "drain_timeout_s": 30, "startup_timeout_s": 600},
+    "hosts": [
+        {"name": "gpu-a", "address": "10.0.0.11", "user": "deploy", "deploy_root": "/opt/deployctl/chat-7b",
+         "python": "/opt/deployctl/venv/bin/python"},
+        {"name": "gpu-b", "address": "10.0.0.12", "user": "deploy", "deploy_root": "/opt/deployctl/chat-7b",
+         "python": "/opt/deployctl/venv/bin/python", "gpu": 1},
+    ],
+    "router": {"kind": "nginx", "host": "local", "listen": 8088, "upstream_conf": "/etc/nginx/conf.d/chat-7b.conf",
+               "access_log": "/var/log/nginx/chat-7b.access.json"},
+}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def config_dict(**sections: Any) -> dict:
+    """BASE with ``sections`` merged in (dicts merge key by key; other values replace)."""
+    return merge(BASE, sections)
+
+
+def make_config(**sections: Any):
+    from deployctl.config import parse_config
+
+    return parse_config(yaml.safe_dump(config_dict(**sections), sort_keys=False), "test-deploy.yaml")
+
+
+def write_config(path, **sections: Any):
+    path.write_text(yaml.safe_dump(config_dict(**sections), sort_keys=False))
+    return path

@@ -1,0 +1,215 @@
+"""Release files: the systemd unit (checked by systemd-analyze verify), runtime.yaml, the 0600 env file;
+secrets only in that file; undefined template variables fail naming template and variable (exit 3);
+`deployctl render` is byte-for-byte reproducible."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployctl.errors import ConfigError
+from deployctl.render import render_release
+from deployctl.validate import verify_systemd
+from render_support import API_KEY, make_config, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _unit(text: str) -> dict[str, list[str]]:
+    """systemd unit -> {"Section.Key": [values in order]}."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, value = line.split("=", 1)
+        out.setdefault(f"{section}.{key}", []).append(value)
+    return out
+
+
+def _files(cfg, host=None, api_key=API_KEY, **kw):
+    return {f.path: f for f in render_release(cfg, host or cfg.hosts[0], "r20261130-abc", api_key=api_key, **kw)}
+
+
+def test_cuda_unit_has_the_production_lessons():
+    cfg = make_config(server={"drain_timeout_s": 40, "startup_timeout_s": 900})
+    unit = _unit(_files(cfg)["chat-7b.service"].content)
+    assert "nvidia-persistenced.service" in unit["Unit.After"][0] and "nvidia-persistenced.service" in unit["Unit.Wants"][0]
+    pre = unit["Service.ExecStartPre"][0]
+    assert pre.startswith("/usr/bin/timeout ") and "nvidia-smi -i 0" in pre  # bounded GPU wait
+    assert unit["Service.Restart"] == ["on-failure"] and int(unit["Service.RestartSec"][0]) >= 5
+    assert int(unit["Service.TimeoutStartSec"][0]) >= 900
+    assert int(unit["Service.TimeoutStopSec"][0]) > 40
+    assert unit["Service.KillMode"] == ["control-group"]
+    assert unit["Service.EnvironmentFile"] == ["/opt/deployctl/chat-7b/releases/r20261130-abc/runtime.env"]
+    assert unit["Service.DevicePolicy"] == ["closed"]
+    assert {"/dev/nvidiactl rw", "/dev/nvidia0 rw", "/dev/nvidia-uvm rw"} <= set(unit["Service.DeviceAllow"])
+    assert "Service.PrivateDevices" not in unit
+    assert unit["Service.ExecStart"] == ["/opt/deployctl/venv/bin/python -m deployctl_runtime serve --config "
+                                         "/opt/deployctl/chat-7b/releases/r20261130-abc/runtime.yaml"]
+    assert unit["Service.Environment"][-1] == "CUDA_VISIBLE_DEVICES=0"
+    # The second host's GPU index reaches its unit.
+    other = _unit(_files(cfg, cfg.hosts[1])["chat-7b.service"].content)
+    assert "/dev/nvidia1 rw" in other["Service.DeviceAllow"] and "nvidia-smi -i 1" in other["Service.ExecStartPre"][0]
+
+
+def test_cpu_unit_has_no_gpu_wait():
+    unit = _unit(_files(make_config(engine={"device": "cpu"}))["chat-7b.service"].content)
+    assert "Service.ExecStartPre" not in unit and "Service.DeviceAllow" not in unit
+    assert "nvidia" not in unit["Unit.After"][0] and unit["Service.DevicePolicy"] == ["closed"]
+
+
+def test_runtime_yaml_carries_serve_flags_and_release_id():
+    cfg = make_config(engine={"num_gpu_blocks_override": 512})
+    files = _files(cfg, cfg.hosts[1], extra_runtime_args={"max_num_seqs": 8, "enable_chunked_prefill": False})
+    data = yaml.safe_load(files["runtime.yaml"].content)
+    assert data == {"model": "/models/llm-7b-chat", "served_model_name": "llm-7b-chat", "host": "0.0.0.0",
+                    "port": 8080, "device": "cuda", "dtype": "bfloat16", "max_model_len": 8192, "max_num_seqs": 8,
+                    "max_num_batched_tokens": 8192, "block_size": 16, "gpu_memory_utilization": 0.9,
+                    "enable_prefix_caching": True, "enable_chunked_prefill": False, "max_queued_requests": 256,
+                    "num_gpu_blocks_override": 512, "release_id": "r20261130-abc"}
+    manifest = files["manifest.sha256"].content
+    assert "runtime.env" not in manifest and f"{files['runtime.yaml'].sha256}  runtime.yaml" in manifest
+
+
+def test_env_file_is_0600_and_the_only_holder_of_the_key():
+    files = _files(make_config())
+    assert files["runtime.env"].mode == 0o600
+    assert f"DEPLOYCTL_RUNTIME_API_KEY={API_KEY}\n" in files["runtime.env"].content
+    assert [p for p, f in files.items() if API_KEY in f.content] == ["runtime.env"]
+
+
+def test_bad_api_key_is_refused_without_echoing_it():
+    with pytest.raises(ConfigError) as err:
+        _files(make_config(), api_key='abc"; rm -rf /')
+    assert "rm -rf" not in str(err.value) and "14 characters" in str(err.value)
+
+
+def test_unsafe_path_is_refused():
+    cfg = make_config(hosts=[{"name": "gpu-a", "address": "x", "deploy_root": "/opt/my app"}])
+    with pytest.raises(ConfigError, match=r"hosts\[gpu-a\].deploy_root '/opt/my app'"):
+        render_release(cfg, cfg.hosts[0], "r1", api_key=None)
+
+
+def test_systemd_analyze_verify_accepts_installed_release(tmp_path):
+    root = tmp_path / "root"
+    cfg = make_config(engine={"device": "cpu"},
+                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": sys.executable}])
+    rel = root / "releases" / "r1"
+    rel.mkdir(parents=True)
+    for f in render_release(cfg, cfg.hosts[0], "r1", api_key=API_KEY):
+        (rel / f.path).write_text(f.content)
+    result = verify_systemd(rel / "chat-7b.service")
+    assert result.ok and not result.notes, result.output
+
+
+def test_systemd_analyze_verify_notes_missing_executable_and_fails_unknown_keys(tmp_path, monkeypatch):
+    cfg = make_config()
+    unit = tmp_path / "chat-7b.service"
+    unit.write_text(_files(cfg)["chat-7b.service"].content)
+    result = verify_systemd(unit)
+    assert result.ok and any("is not executable" in n for n in result.notes), result.output
+    # A template edit that systemd does not understand fails the check, naming the key.
+    override = tmp_path / "tpl"
+    override.mkdir()
+    text = (REPO / "templates" / "runtime.service.j2").read_text().replace("KillMode=", "KilMode=")
+    (override / "runtime.service.j2").write_text(text)
+    monkeypatch.setenv("DEPLOYCTL_TEMPLATES", str(override))
+    unit.write_text(_files(cfg)["chat-7b.service"].content)
+    bad = verify_systemd(unit)
+    assert not bad.ok and "Unknown key 'KilMode'" in bad.output
+
+
+def _cli(args, env_extra=None, cwd=None):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "LLM_API_KEY": API_KEY, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "deployctl", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=120)
+
+
+def test_undefined_template_variable_fails_with_exit_3(tmp_path):
+    override = tmp_path / "tpl"
+    override.mkdir()
+    text = (REPO / "templates" / "launch.sh.j2").read_text()
+    assert "{{ timeout_stop_s }}" in text and "{{ host.python | sh }}" in text
+    (override / "launch.sh.j2").write_text(text.replace("{{ timeout_stop_s }}", "{{ timeout_stop_seconds }}"))
+    cfg = write_config(tmp_path / "deploy.yaml")
+    done = _cli(["render", "--out", str(tmp_path / "out"), "-c", str(cfg), "--release-id", "r1"],
+                {"DEPLOYCTL_TEMPLATES": str(override)})
+    assert done.returncode == 3, done.stderr
+    assert "template launch.sh.j2 line" in done.stderr and "'timeout_stop_seconds'" in done.stderr
+    # An attribute that does not exist is named the same way.
+    (override / "launch.sh.j2").write_text(text.replace("{{ host.python | sh }}", "{{ host.interpreter | sh }}"))
+    done = _cli(["render", "--out", str(tmp_path / "out"), "-c", str(cfg), "--release-id", "r1"],
+                {"DEPLOYCTL_TEMPLATES": str(override)})
+    assert done.returncode == 3 and "'interpreter'" in done.stderr and "launch.sh.j2" in done.stderr
+
+
+def test_missing_api_key_variable_is_a_config_error(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml")
+    env = {k: v for k, v in os.environ.items() if k != "LLM_API_KEY"}
+    done = subprocess.run([sys.executable, "-m", "deployctl", "render", "--out", str(tmp_path / "o"), "-c", str(cfg)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 3 and "LLM_API_KEY is not set" in done.stderr
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _render(cfg_path: Path, out: Path, target: str = "systemd", release_id: str | None = "r1", env=None):
+    from deployctl.config import load_config
+    from deployctl.render import render_all
+
+    return render_all(load_config(cfg_path), out, target=target, release_id=release_id,
+                      env={"LLM_API_KEY": API_KEY, **(env or {})})
+
+
+@pytest.mark.parametrize("target", ["systemd", "container", "k8s-rollout"])
+def test_render_cli_is_reproducible_validated_and_keeps_the_key_in_the_env_file(tmp_path, target):
+    cfg = write_config(tmp_path / "deploy.yaml")
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = _cli(["render", "--out", str(a), "-t", target, "-c", str(cfg), "--release-id", "r1"])
+    assert first.returncode == 0, first.stderr
+    assert "FAILED" not in first.stderr and "ok " in first.stderr
+    _render(cfg, b, target)  # the same inputs in another process: the same bytes and modes
+    tree = _tree(a)
+    assert tree == _tree(b)
+    holders = {p: mode for p, (data, mode) in tree.items() if API_KEY.encode() in data}
+    assert holders and all(p.endswith("runtime.env") and mode == 0o600 for p, mode in holders.items()), holders
+
+
+def test_default_release_id_is_timestamp_and_content_hash(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml")
+    env = {"SOURCE_DATE_EPOCH": "1780000000"}
+    ids = []
+    for out in ("a", "b"):
+        _render(cfg, tmp_path / out, release_id=None, env=env)
+        ids.append(yaml.safe_load((tmp_path / out / "RENDER.json").read_text())["release_id"])
+    assert ids[0] == ids[1] and ids[0].startswith("20260528T") and len(ids[0].split("-")[1]) == 7
+    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
+    write_config(cfg, engine={"max_num_seqs": 32})
+    _render(cfg, tmp_path / "c", release_id=None, env=env)
+    other = yaml.safe_load((tmp_path / "c" / "RENDER.json").read_text())["release_id"]
+    assert other.split("-")[0] == ids[0].split("-")[0] and other != ids[0]  # another config, another hash
+
+
+def test_tools_missing_is_a_clear_error(monkeypatch, tmp_path):
+    from deployctl.validate import ToolMissing, check_alert_rules
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    with pytest.raises(ToolMissing, match=r"promtool is not installed.*apt-get install -y prometheus"):
+        check_alert_rules(tmp_path / "x.yaml")
