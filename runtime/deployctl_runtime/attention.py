@@ -54,19 +54,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     for group in meta.decode_groups:
         out[group.start:group.end] = _decode(q[group.start:group.end], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
-        qs = q[chunk.start:chunk.end].transpose(0, 1)  # [H, q, D]
+        # 4-D inputs ([1, heads, tokens, D]): torch's CPU flash kernel takes them; 3-D falls back to the math path
+        qs = q[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         if chunk.slots is None:
-            ks = k[chunk.start:chunk.end].transpose(0, 1)
-            vs = v[chunk.start:chunk.end].transpose(0, 1)
+            ks = k[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
+            vs = v[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            ks = k_cache.index_select(1, chunk.slots)  # [KVH, L, D]
-            vs = v_cache.index_select(1, chunk.slots)
+            ks = k_cache.index_select(1, chunk.slots).unsqueeze(0)  # [1, KVH, L, D]
+            vs = v_cache.index_select(1, chunk.slots).unsqueeze(0)
             n_q, n_ctx = chunk.end - chunk.start, chunk.context_len
             rows = torch.arange(n_q, device=q.device).unsqueeze(1) + (n_ctx - n_q)
             mask = torch.arange(n_ctx, device=q.device).unsqueeze(0) <= rows
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[chunk.start:chunk.end] = o.transpose(0, 1)
+        out[chunk.start:chunk.end] = o[0].transpose(0, 1)
     return out
 
 

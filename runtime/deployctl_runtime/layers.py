@@ -44,27 +44,28 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class RotaryEmbedding(nn.Module):
-    """Non-interleaved RoPE (rotate_half), cos/sin cached for max_position positions."""
+    """Non-interleaved RoPE (HF's rotate_half form): x * cos + rotate_half(x) * sin, with rotate_half(x) =
+    [-x2, x1] folded into a signed sin table, so one position costs a gather, a cat and an addcmul."""
 
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.half = head_dim // 2
+        self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
+        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, H, D], k [T, KVH, D] -> rotated copies."""
+        """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype)."""
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        swapped = torch.cat((xf[..., self.half:], xf[..., :self.half]), dim=-1)
+        return torch.addcmul(xf * cos, swapped, sin).to(x.dtype)
 
 
 class GatedMLP(nn.Module):
@@ -77,4 +78,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
