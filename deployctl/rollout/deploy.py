@@ -13,6 +13,8 @@ its own abort; a promote ends the current pause.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -77,11 +79,15 @@ class Deployment:
         self.switched: set[str] = set()
         self.state: Optional[RolloutState] = None
         self.verdicts: list[dict] = []
+        self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------------------------------ control
     def check(self) -> None:
         """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
-        (RemoteError otherwise: losing a host mid-rollout aborts it)."""
+        (RemoteError otherwise: losing a host mid-rollout aborts it). After Ctrl-C, raise KeyboardInterrupt (in
+        worker threads too, so that parallel host steps stop at their next check)."""
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt
         c = self.fleet.store.read_control(strict=True)
         if c.generation == self.gen:
             return
@@ -105,6 +111,24 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> DeployResult:
+        """Run the deploy. Ctrl-C (SIGINT, when called from the main thread) aborts to a consistent state and
+        raises Interrupted (exit 130)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._run()
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):
+            self._interrupted.set()
+            signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts the abort itself
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _run(self) -> DeployResult:
         t0 = time.monotonic()
         fl = self.fleet
         try:
@@ -151,6 +175,7 @@ class Deployment:
                 raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
             return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))
         except KeyboardInterrupt:
+            self._interrupted.set()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
         except _Abort as a:
             self._abort(plan, a.reason, verdict=a.verdict)

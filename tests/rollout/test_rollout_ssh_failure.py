@@ -45,7 +45,9 @@ def test_ssh_failure_mid_rollout_aborts_and_stable_keeps_serving(rollout_env):
         assert st["rollout"]["status"] == "aborted"
 
         env.fleet.start(canary)
-        r = env.cli("rollback")
+        r = env.cli("rollback", "--to", "20000101T000000Z-notthere")
+        assert r.returncode == 1 and "release 20000101T000000Z-notthere is not on" in r.stderr
+        r = env.cli("rollback", "--to", v1)
         assert r.returncode == 0, r.stderr
         assert [env.current(n) for n in env.names] == [v1, v1]
         assert {env.release_served(n) for n in env.names} == {v1}
