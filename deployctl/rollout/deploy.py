@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, RolloutAborted
+from deployctl.errors import DeployctlError, HealthError, RolloutAborted
 from deployctl.rollout import hostops, launcher, release
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
@@ -296,6 +296,10 @@ class Deployment:
             self.say("warn", f"could not record the abort on every host: {e}")
         where = f"traffic back on {plan.from_release}" if plan.from_release else "nothing serves"
         extra = f"; not restored: {'; '.join(problems)}" if problems else ""
+        if cause is not None and isinstance(cause, HealthError) and not plan.from_release:
+            # a first deploy that fails verification: nothing to go back to, the health failure is the story (5)
+            raise HealthError(f"first deploy failed: {reason}; {where}{extra}",
+                              fix="fix the release and deploy again") from cause
         if interrupted:
             raise Interrupted(f"deploy interrupted: {where}{extra}",
                               fix="run `deployctl status` to check, then `deployctl deploy` again")

@@ -60,7 +60,13 @@ def test_lock_owner_stale_and_release(hosts):
     assert "another deploy holds the lock on a" in str(err.value) and "(deploy)" in str(err.value)
     assert "in progress" in str(err.value)
     assert not second.held
+    # --break-lock removes even a live owner's lock; the first owner's release then leaves the new lock alone
+    told = []
+    second.acquire(break_lock=True, on_break=lambda host, owner, why: told.append((host, owner["pid"])))
+    assert told == [("a", os.getpid()), ("b", os.getpid())]
     first.release()
+    assert [i.owner["token"] for i in first.inspect()] == [second.record["token"]] * 2
+    second.release()
     assert first.inspect() == []
 
     # a lock left by a dead process on this machine
