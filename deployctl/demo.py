@@ -60,9 +60,10 @@ class Traffic:
                 try:
                     try:
                         r = self._one(client, completions)
-                    except httpx.RemoteProtocolError:
-                        # nginx closed an idle keep-alive connection (old workers after a reload) just as the request
-                        # went out: nothing was processed; clients such as openai's retry this once, and so do we
+                    except (httpx.RemoteProtocolError, httpx.ReadError):
+                        # nginx closed an idle keep-alive connection (old workers exit after a reload) just as the
+                        # request went out on it; clients such as openai's retry a dropped connection, and so do we,
+                        # once (counted in ``retried``)
                         with self._lock:
                             self.retried += 1
                         r = self._one(client, completions)

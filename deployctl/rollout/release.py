@@ -213,7 +213,7 @@ test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this hos
 ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
-prefix=$(PYTHONPATH= {q(h.python)} -S -c 'import sys; print(sys.prefix)')
+prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
 marker="$prefix/.deployctl-runtime-installed"
 exec 9>>"$prefix/.deployctl-runtime.lock"
 flock -w {int(timeout)} 9
