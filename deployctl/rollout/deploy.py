@@ -68,11 +68,13 @@ class Deployment:
 
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
-                 skip_preflight: bool = os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1"):
+                 skip_preflight: Optional[bool] = None):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
         self.say = emitter(progress)
         self.confirm = confirm
-        self.skip_preflight = skip_preflight
+        # DEPLOYCTL_SKIP_PREFLIGHT=1: tests that exercise other parts skip the gate's few seconds per deploy
+        self.skip_preflight = (os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1" if skip_preflight is None
+                               else skip_preflight)
         self.fleet = Fleet(cfg, self.say)
         self.gen = 0
         self.promote_requested = False

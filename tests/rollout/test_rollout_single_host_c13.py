@@ -2,6 +2,7 @@
 a completion streamed from the real runtime through the rendered nginx arrives spread out, ending data: [DONE]."""
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
@@ -28,9 +29,19 @@ def _stream(url: str) -> tuple[list[float], list[str]]:
 def test_single_host_in_place_and_streaming_through_nginx(rollout_env):
     env = rollout_env(1)
     host = env.names[0]
+    gate = {"DEPLOYCTL_SKIP_PREFLIGHT": "0"}
+    # the preflight gate: the runtime's port held by a stranger stops the deploy before anything changes
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", env.host(host)["server_port"]))
+        holder.listen()
+        r = env.cli("deploy", "--yes", env=gate)
+    assert r.returncode == 1, r.stderr
+    assert f"preflight failed on {host}: port" in r.stderr and "nothing was changed" in r.stderr
+    assert env.current(host) is None
     # the first release streams a token every 25 ms at least (test-only fault), so spreading is measurable
-    r = env.cli("deploy", "--yes", env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=25"})
+    r = env.cli("deploy", "--yes", env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=25", **gate})
     assert r.returncode == 0, r.stderr
+    assert "preflight passed" in r.stderr
     v1 = env.current(host)
 
     direct_t, direct = _stream(env.runtime_url(host))
