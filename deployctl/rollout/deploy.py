@@ -247,7 +247,6 @@ class Deployment:
             return
         fl = self.fleet
         an = Analyzer(self.cfg, fl.router, fl.hosts, new, old)
-        self.promote_requested = False
         deadline = time.monotonic() + pause
         win = an.open_window()
         passes, last = 0, None
@@ -255,7 +254,8 @@ class Deployment:
             next_eval = min(deadline, time.monotonic() + a.interval_s)
             while time.monotonic() < next_eval:
                 self.check()
-                if self.promote_requested:
+                if self.promote_requested:  # sent during this pause or just before it
+                    self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
                     return
                 time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
