@@ -107,3 +107,34 @@ def test_state_generation_and_history_merge(hosts):
     open(path, "w").write(lines[0] + "\n")
     hist = store.read_history()
     assert [h["action"] for h in hist] == ["deploy", "rollback"] and hist[-1]["id"] == rec["id"]
+
+
+def test_upload_writes_an_immutable_release_dir(tmp_path, hosts):
+    from deployctl.config import parse_config
+    from deployctl.render import render_release
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.sha256").write_text("ab" * 32 + "  model.safetensors\n")
+    h = hosts[0]
+    cfg = parse_config(f"""
+service: {{name: svc}}
+model: {{path: {model}}}
+engine: {{device: cpu}}
+hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher: process}}]
+""")
+    wheel = tmp_path / "deployctl_runtime-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04 not really a wheel")
+    info = release.make_release_info(cfg, wheel, (model / "manifest.sha256").read_text())
+    rdir = release.upload(h, cfg, info, wheel, render_release(cfg, cfg.hosts[0], info.id, api_key="s3cret-key"))
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in sorted(tmp_path.joinpath(rdir).iterdir())}
+    assert modes["runtime.env"] == "0o600" and modes["launch.sh"] == "0o755" and wheel.name in modes
+    assert (tmp_path / rdir / "model.manifest.sha256").read_text() == (model / "manifest.sha256").read_text()
+    meta = json.loads((tmp_path / rdir / "release.json").read_text())
+    assert meta["id"] == info.id and meta["model_manifest_hash"] == info.model_manifest_hash
+    assert meta["config_hash"] and meta["deployctl_version"] and meta["runtime_wheel_sha256"] == info.runtime_wheel_sha256
+    assert wheel.name in (tmp_path / rdir / "manifest.sha256").read_text()
+    assert not any(p.name.endswith((".partial", ".tar")) for p in (tmp_path / rdir).parent.iterdir())
+    before = (tmp_path / rdir / "runtime.env").stat().st_mtime_ns
+    assert release.upload(h, cfg, info, wheel, []) == rdir  # present: never rewritten
+    assert (tmp_path / rdir / "runtime.env").stat().st_mtime_ns == before
