@@ -1,7 +1,8 @@
 """C20 (../shared/cases/rollout.md): a rollback sent from a second shell during a long canary pause wins within
 seconds; the deploy exits 6 "aborted by rollback" and never promotes; history records both; a second rollback is a
-no-op. Variant: the deploy is killed with SIGKILL mid-rollout; the stale lock is detected and rollback restores a
-consistent fleet."""
+no-op. Then, on the same fleet: `deployctl abort` from a second shell; Ctrl-C (SIGINT) of a deploy; and a deploy
+killed with SIGKILL mid-rollout, whose stale lock is detected and broken by rollback. Each leaves every host on the
+previous release with all traffic on it."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,14 @@ def _canary_running(env, before):
     return st.get("release") != before and st.get("weight") == 10 and st.get("status") == "running"
 
 
-def test_rollback_during_canary_pause_wins_and_kill_9_then_rollback(rollout_env):
+def _consistent_on(env, release):
+    assert [env.current(n) for n in env.names] == [release] * len(env.names)
+    assert {env.release_served(n) for n in env.names} == {release}
+    conf = env.upstream_conf()
+    assert "down" not in conf and "weight=" not in conf
+
+
+def test_rollback_abort_ctrl_c_and_kill_9_during_canary_pause(rollout_env):
     env = rollout_env(2, steps=[10, 100], pause_s=600, analysis={"interval_s": 2, "min_requests": 5})
     r = env.cli("deploy", "--yes")
     assert r.returncode == 0, r.stderr
@@ -65,6 +73,33 @@ def test_rollback_during_canary_pause_wins_and_kill_9_then_rollback(rollout_env)
         again = env.cli("rollback")
         assert again.returncode == 0, again.stderr
         assert "nothing to roll back" in again.stdout
+
+        # `deployctl abort` from a second shell
+        deploy = env.popen("deploy", "--yes", "--canary", "10")
+        wait_for(lambda: _canary_running(env, v1), 240, "the canary at 10% (abort)", deploy)
+        r = env.cli("abort")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("aborted"), r.stdout
+        _, err = deploy.communicate(timeout=60)
+        assert deploy.returncode == 6, err
+        assert "rollout aborted: aborted by" in err.strip().splitlines()[-1]
+        _consistent_on(env, v1)
+
+        # Ctrl-C of the deploy
+        deploy = env.popen("deploy", "--yes", "--canary", "10")
+        wait_for(lambda: _canary_running(env, v1), 240, "the canary at 10% (Ctrl-C)", deploy)
+        deploy.send_signal(signal.SIGINT)
+        _, err = deploy.communicate(timeout=120)
+        assert deploy.returncode == 130, err
+        last = err.strip().splitlines()[-1]
+        assert f"deploy interrupted: traffic back on {v1}" in last and "deployctl status" in last
+        _consistent_on(env, v1)
+        st = env.status()
+        assert st["lock"] is None and st["rollout"]["status"] == "interrupted"
+        results = [(h["action"], h["result"]) for h in env.history()]
+        assert ("deploy", "aborted") in results and ("deploy", "interrupted") in results
+        r = env.cli("promote")
+        assert r.returncode == 0 and "no rollout in progress" in r.stdout
 
         # kill -9 of a deploy mid-rollout, then rollback
         deploy = env.popen("deploy", "--yes", "--canary", "10")
