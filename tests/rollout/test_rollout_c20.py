@@ -1,8 +1,9 @@
 """C20 (../shared/cases/rollout.md): a rollback sent from a second shell during a long canary pause wins within
 seconds; the deploy exits 6 "aborted by rollback" and never promotes; history records both; a second rollback is a
-no-op. Then, on the same fleet: `deployctl abort` from a second shell; Ctrl-C (SIGINT) of a deploy; and a deploy
-killed with SIGKILL mid-rollout, whose stale lock is detected and broken by rollback. Each leaves every host on the
-previous release with all traffic on it."""
+no-op. Then, on the same fleet: `deployctl abort` from a second shell; Ctrl-C (SIGINT) of a deploy; a deploy killed
+with SIGKILL mid-rollout, whose stale lock is detected and broken by rollback; and sshd stopped on the canary host
+mid-rollout (acceptance: the deploy aborts, the other host still serves the previous release). Each leaves the
+fleet on the previous release with all traffic on it; the background traffic through nginx never fails."""
 from __future__ import annotations
 
 import os
@@ -119,6 +120,33 @@ def test_rollback_abort_ctrl_c_and_kill_9_during_canary_pause(rollout_env):
         assert st["lock"] is None and st["rollout"]["status"] == "rolled_back"
         assert all(h["healthy"] and h["weight"] == 50.0 for h in st["hosts"])
         assert httpx.get(env.url + "/v1/models", timeout=10).headers["x-deployctl-release"] == v1
+
+        # sshd stopped on the canary host mid-rollout: abort; the other host keeps serving the previous release
+        canary, stable = env.names
+        deploy = env.popen("deploy", "--yes", "--canary", "10")
+        wait_for(lambda: _canary_running(env, v1), 240, "the canary at 10% (ssh failure)", deploy)
+        t0 = time.monotonic()
+        env.fleet.stop(canary)
+        _, err = deploy.communicate(timeout=120)
+        print(f"sshd stopped on {canary}: deploy exited {deploy.returncode} after {time.monotonic() - t0:.1f} s")
+        assert deploy.returncode == 6, err
+        last = err.strip().splitlines()[-1]
+        assert "rollout aborted" in last and canary in last and f"traffic back on {v1}" in last
+        assert canary_port not in env.upstream_conf()  # could not be put back: out of the upstream
+        for _ in range(50):
+            resp = httpx.get(env.url + "/v1/models", timeout=10)
+            assert resp.status_code == 200 and resp.headers["x-deployctl-release"] == v1
+        st = env.status()
+        rows = {h["host"]: h for h in st["hosts"]}
+        assert rows[stable]["current_release"] == v1 and rows[stable]["healthy"] and rows[stable]["weight"] == 100.0
+        assert "unreachable" in rows[canary]["detail"]
+        assert st["rollout"]["status"] == "aborted"
+        env.fleet.start(canary)
+        r = env.cli("rollback", "--to", "20000101T000000Z-notthere")
+        assert r.returncode == 1 and "release 20000101T000000Z-notthere is not on" in r.stderr
+        r = env.cli("rollback", "--to", v1)
+        assert r.returncode == 0, r.stderr
+        _consistent_on(env, v1)
     finally:
         traffic.stop()
     ok, failed = traffic.snapshot()
