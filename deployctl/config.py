@@ -60,7 +60,7 @@ class EngineConfig(_Frozen):
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if v & (v - 1):
-            raise ValueError(f"block_size must be a power of two (8, 16, 32, …), got {v}")
+            raise ValueError("block_size must be a power of two (8, 16, 32, …)")  # the caller adds "(got V)"
         return v
 
 
@@ -209,18 +209,32 @@ class DeployConfig(_Frozen):
 # Loading with file:line positions
 
 
-def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None) -> dict[tuple, int]:
-    """Map every key path (tuple of str/int) to its 1-based line in the YAML source."""
+def _line_index(node: yaml.Node, prefix: tuple = (), out: Optional[dict] = None,
+                active: Optional[set] = None) -> dict[tuple, int]:
+    """Map every key path (tuple of str/int) to its 1-based line in the YAML source.
+
+    Raises ConfigError for a duplicate key, and for an alias that refers to a node containing it (`&a [*a]`)."""
     out = {} if out is None else out
+    active = set() if active is None else active
+    if id(node) in active:
+        raise ConfigError(f"line {node.start_mark.line + 1}: a YAML alias refers to the node that contains it "
+                          "(recursive data)", fix="use the anchor (&name) only on a node outside its alias (*name)")
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        active.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = prefix + (key_node.value,)
+            if path in out and key_node.value != "<<":
+                dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
+                raise ConfigError(f"duplicate key {dotted!r} on lines {out[path]} and {key_node.start_mark.line + 1}",
+                                  fix="keep one of them (YAML would silently use the last)")
             out[path] = key_node.start_mark.line + 1
-            _line_index(value_node, path, out)
+            _line_index(value_node, path, out, active)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             out[prefix + (i,)] = item.start_mark.line + 1
-            _line_index(item, prefix + (i,), out)
+            _line_index(item, prefix + (i,), out, active)
+    active.discard(id(node))
     return out
 
 
@@ -276,7 +290,10 @@ def parse_config(text: str, source: str = "deploy.yaml") -> DeployConfig:
         raise ConfigError(f"{pos}: YAML syntax error: {problem}", fix="fix the indentation or quoting there") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with service, model, engine, server, hosts; got {type(data).__name__}")
-    lines = _line_index(node) if node is not None else {}
+    try:
+        lines = _line_index(node) if node is not None else {}
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc.message}", fix=exc.fix) from None
     try:
         return DeployConfig.model_validate(data)
     except ValidationError as exc:
@@ -289,10 +306,13 @@ def load_config(path: str | Path) -> DeployConfig:
     """Read and validate deploy.yaml at ``path``. Raises ConfigError (exit 3)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file", fix="run `deployctl init MODEL_DIR` to write one, or pass -c PATH") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          fix="save the file as UTF-8") from None
     return parse_config(text, str(p))
 

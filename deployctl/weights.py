@@ -35,13 +35,15 @@ MANIFEST_NAME = "manifest.sha256"
 CHUNK = 4 * 2**20
 LFS_PREFIX = b"version https://git-lfs.github.com/spec/"
 _SKIP_DIRS = {".git", ".cache", "__pycache__"}
+# the runtime's hash cache (deployctl_runtime/server/verify.py CACHE_NAME): rewritten at every start, not a model file
+_SKIP_FILES = {".deployctl-verify-cache.json"}
 ProgressFn = Callable[[int], None]  # called with the number of bytes just hashed (or found cached)
 
 
 @dataclass(frozen=True)
 class FileIssue:
     """One problem with one file. kind: missing, missing_shard, git_lfs_pointer, size_mismatch,
-    bad_header, sha256_mismatch, incomplete_leftover, no_manifest, bad_manifest, unlisted."""
+    bad_header, sha256_mismatch, incomplete_leftover, no_manifest, bad_manifest, unlisted, bad_name."""
 
     file: str
     kind: str
@@ -206,13 +208,14 @@ def read_manifest(path: Path) -> Dict[str, str]:
 
 
 def model_files(model_dir: Path, manifest_name: str = MANIFEST_NAME) -> List[str]:
-    """Relative paths of the regular files a manifest covers (no manifest, .git, *.incomplete)."""
+    """Relative paths of the regular files a manifest covers (no manifest, .git, *.incomplete, the runtime's cache)."""
     out = []
     for root, dirs, files in os.walk(model_dir):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
         for name in sorted(files):
             rel = os.path.relpath(os.path.join(root, name), model_dir)
-            if rel != manifest_name and not name.endswith(".incomplete") and not name.endswith(".lock"):
+            if (rel != manifest_name and name not in _SKIP_FILES and not name.endswith(".incomplete")
+                    and not name.endswith(".lock")):
                 out.append(rel)
     return out
 
@@ -332,7 +335,13 @@ def write_manifest(model_dir: Path, *, manifest: str = MANIFEST_NAME, cache: Opt
                         f"{p.relative_to(model_dir)}: leftover of an interrupted download")
               for p in sorted(model_dir.rglob("*.incomplete"))]
     for rel in rels:
-        issues.extend(sanity_issues(model_dir / rel, rel))
+        if "\n" in rel or "\r" in rel:
+            issues.append(FileIssue(rel, "bad_name", f"{rel!r}: a file name with a line break cannot be listed in "
+                                    "a sha256sum manifest; rename or remove it"))
+        elif not (model_dir / rel).is_file():  # a dangling or looping symlink
+            issues.append(FileIssue(rel, "missing", f"{rel}: broken symlink (its target does not exist)"))
+        else:
+            issues.extend(sanity_issues(model_dir / rel, rel))
     if issues:
         return None, issues
     hashes = hash_files([model_dir / r for r in rels], cache=cache, progress=progress)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from deployctl.cli._app import app
 from deployctl.cli import plan as _plan  # noqa: F401  (registers init, plan)
+from deployctl.cli import runbook as _runbook  # noqa: F401  (registers runbook list, show, run)
 from deployctl.cli import hosts as _hosts  # noqa: F401  (registers hosts trust, hosts check)
 from deployctl.cli import render as _render  # noqa: F401  (registers render)
 from deployctl.cli import preflight as _preflight  # noqa: F401  (registers preflight, manifest)

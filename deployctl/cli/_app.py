@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from deployctl.errors import EXIT_INTERRUPTED, DeployctlError
 
@@ -48,7 +49,7 @@ def print_json(document: Any) -> None:
 
 def fail(err: DeployctlError) -> typer.Exit:
     """Print ``err`` as one line on stderr and return the typer.Exit carrying its code."""
-    err_console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
     # The class attribute: host errors (deployctl.hosts) use the instance's .exit_code for the remote
     # command's exit status, as INTERFACES.md says; the process exit code is the class's.
     return typer.Exit(type(err).exit_code)

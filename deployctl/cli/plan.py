@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, escape, handle_errors, out_console, print_json
 
 CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
@@ -51,11 +51,14 @@ def plan(
 ) -> None:
     """Capacity plan: weights, KV bytes/token, KV pool, max concurrency; fits or not. Exit 1 when not."""
     from deployctl.capacity import verdict
-    from deployctl.config import EngineConfig, load_config
+    from deployctl.config import EngineConfig, ModelConfig, load_config
     from deployctl.errors import ConfigError
     from deployctl.sizing import override_engine, size_plan
     from deployctl.units import parse_bytes
 
+    dtypes = ModelConfig.model_fields["dtype"].annotation.__args__  # the values deploy.yaml and the runtime accept
+    if dtype is not None and dtype not in dtypes:
+        raise ConfigError(f"--dtype: {dtype!r} is not a dtype the runtime serves", fix=f"use one of: {', '.join(dtypes)}")
     # --model-config alone plans without deploy.yaml; with both, deploy.yaml's engine settings apply.
     cfg = load_config(config) if (model_config is None or config.exists()) else None
     engine = cfg.engine if cfg else EngineConfig()
@@ -111,4 +114,4 @@ def _print_plan(sized, status: str, message: str) -> None:
     table.add_row("largest max_num_seqs", f"{p.max_feasible_num_seqs}", "at max_model_len")
     out_console.print(table)
     color = {"pass": "green", "warn": "yellow", "fail": "red"}[status]
-    out_console.print(f"[{color}]{'fits' if p.fits else 'does not fit'}[/]: {message}")
+    out_console.print(f"[{color}]{'fits' if p.fits else 'does not fit'}[/]: {escape(message)}")

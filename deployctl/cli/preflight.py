@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, escape, handle_errors, out_console, print_json
 
 _COLORS = {"pass": "green", "warn": "yellow", "fail": "red"}
 
@@ -26,7 +26,7 @@ def preflight(
     from deployctl.preflight import run_preflight
 
     cfg = load_config(config)
-    names = list(host) if host else None
+    names = list(dict.fromkeys(host)) if host else None  # a repeated --host is probed once
     if names:
         for n in names:
             cfg.host(n)  # ConfigError naming the known hosts
@@ -88,7 +88,7 @@ def _print_report(report) -> None:
         table.add_column("fix", overflow="fold")
         for c in h.checks:
             color = _COLORS[c.status]
-            table.add_row(c.name, f"[{color}]{c.status}[/]", c.message, c.fix or "")
+            table.add_row(c.name, f"[{color}]{c.status}[/]", escape(c.message), escape(c.fix or ""))
         out_console.print(table)
     n = report.counts()
     bad = [h.host for h in report.hosts if not h.ok]
@@ -110,7 +110,7 @@ def manifest(
 
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such directory", fix="pass the model directory (with config.json and *.safetensors)")
-    total = sum((model_dir / r).stat().st_size for r in model_files(model_dir, name))
+    total = sum((model_dir / r).stat().st_size for r in model_files(model_dir, name) if (model_dir / r).is_file())
     with Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err_console,
                   transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("hash", total=total)
@@ -118,7 +118,7 @@ def manifest(
                                      progress=lambda n: progress.advance(task, n))
     if issues:
         for i in issues[1:]:
-            err_console.print(f"[red]{i.kind}[/]: {i.message}")
+            err_console.print(f"[red]{i.kind}[/]: {escape(i.message)}")
         raise CheckFailed(f"not writing {model_dir / name}: {issues[0].message}",
                           fix="re-download the named files, then run `deployctl manifest` again")
     err_console.print(f"wrote {out} ({len(model_files(model_dir, name))} files)")

@@ -58,7 +58,15 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
     hc: HostConfig = host.config
     report = on_progress or (lambda *a: None)
     report(hc.name, "probe", 0, None)
-    res = host.run(script_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
+    from deployctl.hosts import RemoteCommandError
+
+    try:
+        res = host.run(script_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
+    except RemoteCommandError as exc:  # its message quotes the probe's whole (base64) command line
+        why = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else "no output"
+        raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.exit_code}: {why})",
+                          fix="set hosts[].python to a working Python 3.8+ there (the runtime environment's "
+                              "python)") from None
     facts = _parse_json(res.stdout, hc.name, "the probe")
     facts["weights"] = None
     if verify_weights and (facts.get("model") or {}).get("exists"):

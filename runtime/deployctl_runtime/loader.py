@@ -55,7 +55,11 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     for file in safetensors_files(model_dir):
-        with safe_open(str(file), framework="pt") as f:
+        try:
+            handle = safe_open(str(file), framework="pt")
+        except Exception as exc:  # SafetensorError: truncated or corrupt header
+            raise CheckpointError(f"model: {file} is not a readable safetensors file ({exc}); re-download it") from exc
+        with handle as f:
             for name in f.keys():
                 if name.endswith(IGNORED_SUFFIXES):
                     continue

@@ -37,7 +37,10 @@ class ModelConfig:
         if not path.is_file():
             raise ValueError(f"model: {path} not found; point --model at an HF checkpoint directory with config.json")
         try:
-            return cls.from_dict(json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+            return cls.from_dict(data)
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"model: {path} is not a usable HF config ({type(exc).__name__}: {exc})") from exc
 

@@ -86,12 +86,13 @@ def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -
     reaches top_p (the most likely token always stays)."""
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=logits.device)
     ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
     drop = ranks >= ks.unsqueeze(1)
     ps = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype).unsqueeze(1)
     masked = sorted_logits.masked_fill(drop, float("-inf"))
     cum = torch.softmax(masked, dim=-1).cumsum(dim=-1)
     drop |= (cum - torch.softmax(masked, dim=-1)) >= ps  # mass before this token already reaches top_p
+    drop[:, 0] = False  # the most likely token always stays (a top_p that underflows to 0 included)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+SAMPLING_EPS = 1e-5
+
+
 @dataclass
 class SamplingParams:
     """How to pick each next token and when to stop.
@@ -59,4 +62,6 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Temperatures below 1e-5 are greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by them
+        # overflows to inf/NaN, and their limit is the argmax anyway.
+        return self.temperature < SAMPLING_EPS or self.top_k == 1

@@ -30,7 +30,10 @@ def load_tokenizer(model_dir: str | Path, config_eos_ids: tuple[int, ...] = ()) 
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise ValueError(f"model: {path} not found; the runtime needs a fast tokenizer (tokenizer.json)")
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
+        raise ValueError(f"model: {path} is not a usable tokenizer.json ({exc}); re-download it") from exc
     tok_cfg = _read_json(model_dir / "tokenizer_config.json")
     gen_cfg = _read_json(model_dir / "generation_config.json")
     chat_template = tok_cfg.get("chat_template")

@@ -25,7 +25,7 @@ def config(engine: str = "", server: str = "") -> object:
 service: {{name: chat-8b}}
 model: {{path: /models/llama-3-8b-instruct}}
 engine:
-  device: cuda
+{"" if "device:" in engine else "  device: cuda"}
 {engine}
 server:
   port: 8080

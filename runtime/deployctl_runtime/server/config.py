@@ -76,11 +76,16 @@ def load_config(cli: dict[str, Any], config_path: str | None) -> ServeConfig:
         import yaml
 
         try:
-            loaded = yaml.safe_load(Path(config_path).read_text()) or {}
+            loaded = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
         except OSError as exc:
             raise ValueError(f"--config {config_path}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--config {config_path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                             f"{exc.start})") from None
         except yaml.YAMLError as exc:
-            raise ValueError(f"--config {config_path}: not valid YAML ({exc})") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{config_path}:{mark.line + 1}:{mark.column + 1}" if mark else config_path
+            raise ValueError(f"--config {where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"--config {config_path}: must be a mapping of serve settings")
         for key in loaded:

@@ -58,6 +58,7 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         engine = LLMEngine.from_engine_args(EngineArgs(**cfg.engine_args()), log=log.info)
         ctx.tokenizer = engine.tokenizer
         ctx.vocab_size = engine.tokenizer.get_vocab_size(with_added_tokens=True)
+        ctx.max_token_chars = max(map(len, engine.tokenizer.get_vocab(with_added_tokens=True)), default=1)
         ctx.model_name = engine.model_name
         ctx.max_model_len = engine.max_model_len
         ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)

@@ -16,6 +16,14 @@ MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 
 
+class _CrossFieldError(ValueError):
+    """A rule over several fields (model validator); `param` names the field the client should change."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -65,7 +73,8 @@ class _SamplingFields(_Strict):
     @model_validator(mode="after")
     def _min_le_max(self):
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise _CrossFieldError("min_tokens",
+                                   f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         return self
 
     @property
@@ -136,7 +145,8 @@ class ChatCompletionRequest(_SamplingFields):
     def _max_completion_tokens(self):
         if self.max_completion_tokens is not None:
             if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
-                raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
+                raise _CrossFieldError("max_completion_tokens",
+                                       "max_tokens and max_completion_tokens disagree; send one of them")
             self.max_tokens = self.max_completion_tokens
         return self
 
@@ -169,6 +179,9 @@ def parse_request(model: type[T], raw: bytes) -> T:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
+        cross = (first.get("ctx") or {}).get("error")
+        if isinstance(cross, _CrossFieldError):
+            raise invalid(f"'{cross.param}': {cross}", cross.param, "invalid_value") from None
         if first["type"] in ("json_invalid", "json_type") or not first["loc"]:
             raise invalid(f"request body is not a valid JSON object: {first['msg']}", None, "invalid_json") from None
         # prefer the error of the union member whose type matched (pydantic lists one error per member)

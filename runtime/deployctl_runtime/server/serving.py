@@ -7,7 +7,8 @@ text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), r
 
 Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
 max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
-max_tokens defaults to the remaining context, max_model_len - prompt.
+max_tokens defaults to the remaining context, max_model_len - prompt. A text so long that it cannot fit whatever the
+tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
 Choices: a list of prompts times n gives choice index prompt_i * n + j; with a seed, choice j samples with
 seed + j (reproducible, yet distinct). Unsupported: echo (400), top_logprobs alternatives (lists come back empty).
@@ -29,6 +30,7 @@ from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
 _SERIAL = itertools.count()
+_MAX_TOP_K = 2**63 - 1  # any k >= vocab keeps every token; larger ones overflow the sampler's int64 tensor
 
 
 @dataclass
@@ -57,18 +59,40 @@ def new_request_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
+def _check_text_bound(ctx: ServerContext, text: str, param: str) -> None:
+    """Reject, before tokenizing, a text that has at least max_model_len tokens whatever the tokenizer does.
+
+    No token covers more than ctx.max_token_chars characters of the normalized text, and pre-tokenizers may drop
+    whitespace, so tokens >= non-whitespace characters / max_token_chars. Tokenizing megabytes holds the GIL for
+    seconds to minutes (BPE is superlinear on a long word), stalling every other request and /healthz."""
+    bound = ctx.max_model_len * max(ctx.max_token_chars, 1)
+    if len(text) < bound:
+        return
+    norm = ctx.tokenizer.normalizer.normalize_str(text) if ctx.tokenizer.normalizer is not None else text
+    visible = len(norm) - sum(norm.count(c) for c in " \t\n\r")
+    if visible >= bound:
+        raise invalid(f"This model's maximum context length is {ctx.max_model_len} tokens. However, your {param} has "
+                      f"{len(text)} characters, at least {visible // max(ctx.max_token_chars, 1)} tokens; shorten it "
+                      f"to under {ctx.max_model_len} tokens.", param, "context_length_exceeded")
+
+
 def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool) -> list[list[int]]:
     tok = ctx.tokenizer
     if chat:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
         text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        _check_text_bound(ctx, text, "messages")
         return [tok.encode(text, add_special_tokens=False).ids]
     p = req.prompt
     if isinstance(p, str):
+        _check_text_bound(ctx, p, "prompt")
         return [tok.encode(p).ids]
     if all(isinstance(x, int) for x in p):
         return [list(p)]
+    for x in p:
+        if isinstance(x, str):
+            _check_text_bound(ctx, x, "prompt")
     return [tok.encode(x).ids if isinstance(x, str) else list(x) for x in p]
 
 
@@ -97,6 +121,19 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
     return out
 
 
+def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
+    """400 when prompts x n engine requests exceed what the server ever holds (running + queued): a 429 would make
+    the client retry a request that can never be admitted."""
+    p = None if chat else req.prompt
+    num_prompts = len(p) if isinstance(p, list) and not all(isinstance(x, int) for x in p) else 1
+    capacity = ctx.cfg.max_num_seqs + ctx.cfg.max_queued_requests
+    if num_prompts * req.n > capacity:
+        raise invalid(f"this request asks for {num_prompts * req.n} choices ({num_prompts} prompt(s) x n {req.n}); "
+                      f"the server holds at most {capacity} at once (--max-num-seqs {ctx.cfg.max_num_seqs} + "
+                      f"--max-queued-requests {ctx.cfg.max_queued_requests}); send fewer prompts or a smaller n",
+                      "n" if req.n > 1 else "prompt", "too_many_choices")
+
+
 async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) -> Prepared:
     """Validate everything that can be validated before generation. Raises APIError."""
     from deployctl_runtime.sampling_params import SamplingParams
@@ -105,6 +142,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     if req.model is not None and req.model != ctx.served_name:
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
                        "(see /v1/models)", "not_found_error", "model", "model_not_found")
+    _check_num_choices(ctx, req, chat)
     prompts = _tokenize_prompts(ctx, req, chat)
     max_tokens = _check_lengths(ctx, req, prompts, chat)
     if chat:
@@ -119,7 +157,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
                 max_tokens=mt, min_tokens=min(req.min_tokens, mt),
                 temperature=1.0 if req.temperature is None else float(req.temperature),
                 top_p=1.0 if req.top_p is None else float(req.top_p),
-                top_k=-1 if req.top_k in (None, 0) else req.top_k,
+                top_k=-1 if req.top_k in (None, 0) else min(req.top_k, _MAX_TOP_K),
                 seed=None if req.seed is None else (req.seed + j) % (2**63),
                 ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,

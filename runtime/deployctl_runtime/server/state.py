@@ -33,6 +33,7 @@ class ServerContext:
     model_name: str = ""
     max_model_len: int = 0
     vocab_size: int = 0
+    max_token_chars: int = 0  # longest vocabulary entry in characters: bounds how much text one token covers
     inflight_http: int = 0  # inference HTTP requests being answered (drain waits for 0)
     inflight_seqs: int = 0  # engine requests added and not finished (back-pressure)
     idle: asyncio.Event | None = None

@@ -1,0 +1,159 @@
+"""What a failed runbook step does. ``describe`` says it in one line (dry-run, confirmation prompt);
+``perform`` does it and returns one line saying what happened. Both raise DeployctlError subclasses.
+
+restart / start / stop: the runtime on the host (service.py: the rollout's launcher). Starts wait for /readyz 200.
+free_port: stop the process holding server.port (observed by a ``port`` check): the runtime's group when it is
+ours, else SIGTERM then SIGKILL to the holder. adjust: set deploy.yaml keys, re-render the host's runtime.yaml,
+restart. rollback / abort: deployctl.rollout.rollback (fleet-wide, as the commands); drain: this host out of the
+router's split (deployctl.rollout.router). escalate: nothing changes; the message is the result.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from deployctl.errors import ConfigError
+from deployctl.runbook import service
+from deployctl.runbook.checks import Observation, Target
+from deployctl.runbook.model import Action
+
+
+def _settings(action: Action, t: Target) -> dict[str, Any]:
+    out = {}
+    for key, value in action.set.items():
+        if isinstance(value, str):
+            value = t.fill(value)
+            value = _coerce(value)
+        out[key] = value
+    return out
+
+
+def _coerce(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def describe(action: Action, obs: Observation, t: Target) -> str:
+    """One line: what ``perform`` would do on ``t``."""
+    name = t.host_cfg.name
+    a = action.action
+    if a == "escalate":
+        return f"escalate: {t.fill(action.message)}"
+    if a == "free_port":
+        who = "the runtime" if obs.value == "runtime" else f"pid {obs.fields.get('pid')} ({obs.fields.get('process')})"
+        return f"free port {t.variables['port']} on {name}: stop {who}"
+    if a == "adjust":
+        changes = ", ".join(f"{k} = {v!r}" for k, v in _settings(action, t).items())
+        return f"adjust {changes} in {t.config_path or 'deploy.yaml'}, re-render runtime.yaml on {name}, restart the runtime"
+    if a in ("restart", "start", "stop"):
+        return f"{a} the runtime on {name}"
+    from deployctl.runbook.text import ACTION_TEXT
+
+    return f"{ACTION_TEXT[a]}, from {name}" + ("" if a == "drain" else " (fleet-wide)")
+
+
+def perform(action: Action, obs: Observation, t: Target) -> str:
+    """Do ``action`` on ``t``; returns what happened. Raises DeployctlError when it cannot."""
+    a = action.action
+    if a == "escalate":
+        return f"escalated: {t.fill(action.message)}"
+    if a == "start":
+        return service.start(t) + "; " + _wait_ready(t, action.timeout_s)
+    if a == "stop":
+        return service.stop(t)
+    if a == "restart":
+        return service.stop(t) + "; " + service.start(t) + "; " + _wait_ready(t, action.timeout_s)
+    if a == "free_port":
+        return _free_port(obs, t)
+    if a == "adjust":
+        return _adjust(action, t) + "; " + _wait_ready(t, action.timeout_s)
+    return _rollout(a, t)
+
+
+def _wait_ready(t: Target, timeout: float) -> str:
+    """Poll /readyz until 200: a (re)start is done when the runtime serves. Raises HealthError (exit 5)."""
+    import time
+
+    from deployctl.errors import HealthError
+
+    start = time.monotonic()
+    while True:
+        r = t.http("/readyz", timeout=5)
+        if r["status"] == 200:
+            return f"ready after {time.monotonic() - start:.1f} s"
+        if time.monotonic() - start > timeout:
+            raise HealthError(f"the runtime on {t.host_cfg.name} is not ready {timeout:g} s after the start "
+                              f"(/readyz: {r['status'] or r['error']})", fix=f"read {t.variables['log_file']}")
+        time.sleep(0.5)
+
+
+def _free_port(obs: Observation, t: Target) -> str:
+    if obs.value == "runtime":
+        return service.stop(t)
+    pid = obs.fields.get("pid")
+    if not pid:
+        return f"port {t.variables['port']} was already free"
+    how = service.kill(t, int(pid))
+    return f"stopped pid {pid} ({obs.fields.get('process')}) holding port {t.variables['port']}" + (" with SIGKILL" if how == "KILL" else "")
+
+
+def _adjust(action: Action, t: Target) -> str:
+    from pathlib import Path
+
+    from deployctl.config import parse_config
+    from deployctl.runbook.context import host_variables
+    from deployctl.runbook.render_bridge import rerender_runtime_yaml
+    from deployctl.runbook.yamledit import set_key
+
+    if not t.config_path:
+        raise ConfigError("action adjust needs the deploy.yaml it changes", fix="pass -c deploy.yaml")
+    path = Path(t.config_path)
+    text = path.read_text()
+    changes = _settings(action, t)
+    for key, value in changes.items():
+        try:
+            text = set_key(text, key, value)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: cannot set {key}: {exc}") from None
+    new_cfg = parse_config(text, str(path))  # refuses values deploy.yaml would refuse, before anything changes
+    path.write_text(text)
+    t.cfg = new_cfg
+    t.variables = host_variables(new_cfg, t.host_cfg)
+    where = rerender_runtime_yaml(t)
+    done = ", ".join(f"{k} = {v!r}" for k, v in changes.items())
+    return f"set {done} in {path}; re-rendered {where}; " + service.stop(t) + "; " + service.start(t)
+
+
+def _rollout(name: str, t: Target) -> str:
+    """abort / rollback: fleet-wide, as `deployctl abort` / `deployctl rollback`; drain: this host's router weight
+    to 0, the rest of the split as it is."""
+    from deployctl.rollout.rollback import rollback, signal
+
+    if name == "abort":
+        return signal(t.cfg, "abort")
+    if name == "rollback":
+        r = rollback(t.cfg)
+        if r.noop:
+            return f"every host already runs {r.target}: nothing to roll back"
+        return f"rolled back to {r.target} on {', '.join(r.changed) or 'no host'} in {r.duration_s:.1f} s"
+    return _drain(t)
+
+
+def _drain(t: Target) -> str:
+    from deployctl.hosts import Host
+    from deployctl.rollout.router import Router, Split, router_host_config
+
+    host = Host.from_config(router_host_config(t.cfg))
+    try:
+        router = Router(t.cfg, host)
+        split = router.read_split() or {"stable": [h.name for h in t.cfg.hosts], "canary": [], "weight": 0,
+                                         "drained": []}
+        drained = sorted(set(split.get("drained") or []) | {t.host_cfg.name})
+        shares = router.apply(Split(tuple(split["stable"]), tuple(split["canary"]), int(split["weight"]),
+                                    tuple(drained)))
+    finally:
+        host.close()
+    return f"drained {t.host_cfg.name}: traffic " + ", ".join(f"{h} {w:g}%" for h, w in shares.items())

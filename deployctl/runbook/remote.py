@@ -1,0 +1,118 @@
+"""Small standard-library scripts that run on a host with the host's own python (``python -c``), so they work
+the same over SSH and for ``address: local``, and reach a runtime bound to the host's loopback.
+
+Each prints one JSON object on stdout. Arguments travel as one JSON argv item.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# An HTTP request to the runtime. The API key, when the release has one, is read on the host from
+# <current>/runtime.env (never on a command line). Connection failures are a status of 0, not an error.
+HTTP_PROBE = r"""
+import json, sys, time, urllib.request, urllib.error
+a = json.loads(sys.argv[1])
+headers = {"Content-Type": "application/json"}
+try:
+    for line in open(a["env_file"]):
+        k, _, v = line.strip().partition("=")
+        if k == "DEPLOYCTL_RUNTIME_API_KEY" and v:
+            headers["Authorization"] = "Bearer " + v.strip().strip('"').split(",")[0]
+except OSError:
+    pass
+data = json.dumps(a["json"]).encode() if a.get("json") is not None else None
+req = urllib.request.Request(a["url"], data=data, method=a["method"], headers=headers)
+t0 = time.monotonic()
+out = {"status": 0, "body": "", "error": None}
+try:
+    with urllib.request.urlopen(req, timeout=a["timeout"]) as r:
+        out["status"], out["body"] = r.status, r.read().decode("utf-8", "replace")
+except urllib.error.HTTPError as e:
+    out["status"], out["body"] = e.code, e.read().decode("utf-8", "replace")
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+out["elapsed_s"] = time.monotonic() - t0
+print(json.dumps(out))
+"""
+
+# Who listens on a TCP port: /proc/net/tcp{,6} socket inodes → /proc/PID/fd. "runtime" when the holder is the
+# pid of the pidfile or a descendant of it (the launcher's child), or runs in the systemd unit's cgroup; "other"
+# otherwise; "free" when nobody listens.
+PORT_HOLDER = r"""
+import json, os, sys
+a = json.loads(sys.argv[1])
+inodes = set()
+for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        for line in open(f).read().splitlines()[1:]:
+            p = line.split()
+            if p[3] == "0A" and int(p[1].rsplit(":", 1)[1], 16) == a["port"]:
+                inodes.add(p[9])
+    except OSError:
+        pass
+holder = None
+for pid in filter(str.isdigit, os.listdir("/proc")) if inodes else ():
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            if os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes:
+                holder = int(pid)
+                break
+    except OSError:
+        continue
+    if holder:
+        break
+def ppid(p):
+    try:
+        return int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+try:
+    ours = int(open(a["pid_file"]).read().split()[0])
+except (OSError, ValueError, IndexError):
+    ours = None
+value, chain = "free", []
+if inodes:
+    value = "other"
+    try:
+        if holder and a.get("unit") and ("/" + a["unit"]) in open(f"/proc/{holder}/cgroup").read():
+            value = "runtime"
+    except OSError:
+        pass
+    p = holder
+    while p and p > 1 and len(chain) < 64:
+        chain.append(p)
+        if p == ours:
+            value = "runtime"
+        p = ppid(p)
+name = None
+if holder:
+    try:
+        name = open(f"/proc/{holder}/comm").read().strip()
+    except OSError:
+        pass
+print(json.dumps({"value": value, "pid": holder, "process": name, "pidfile_pid": ours}))
+"""
+
+# Is the pidfile's process alive?
+PROCESS_ALIVE = r"""
+import json, os, sys
+a = json.loads(sys.argv[1])
+try:
+    pid = int(open(a["pid_file"]).read().split()[0])
+except (OSError, ValueError, IndexError):
+    pid = None
+alive = False
+if pid:
+    try:
+        os.kill(pid, 0)
+        alive = not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        alive = False
+print(json.dumps({"value": alive, "pid": pid}))
+"""
+
+
+def script_argv(python: str, script: str, args: dict[str, Any]) -> list[str]:
+    """argv that runs ``script`` with ``args`` on a host."""
+    return [python, "-c", script, json.dumps(args)]
