@@ -60,9 +60,10 @@ class Traffic:
                 try:
                     try:
                         r = self._one(client, completions)
-                    except httpx.RemoteProtocolError:
-                        # nginx closed an idle keep-alive connection (old workers after a reload) just as the request
-                        # went out: nothing was processed; clients such as openai's retry this once, and so do we
+                    except (httpx.RemoteProtocolError, httpx.ReadError):
+                        # nginx closed an idle keep-alive connection (old workers exit after a reload) just as the
+                        # request went out on it; clients such as openai's retry a dropped connection, and so do we,
+                        # once (counted in ``retried``)
                         with self._lock:
                             self.retried += 1
                         r = self._one(client, completions)
@@ -192,7 +193,7 @@ def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = Fa
     traffic = Traffic(res.nginx_url, cfg.model.name)
     try:
         say("step", "release 1: first deploy (nothing serves yet: all hosts at once)")
-        res.release_1 = Deployment(cfg, progress=progress, skip_preflight=True).run().release
+        res.release_1 = Deployment(cfg, progress=progress, skip_preflight=False).run().release
         traffic.start()
         say("step", f"release 2: canary at 5% for {pause_s:g} s with traffic, analysis, promote to 100%")
         seen = {}
@@ -209,7 +210,7 @@ def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = Fa
             if progress:
                 progress(ev)
 
-        res.release_2 = Deployment(cfg, canary_pct=5, progress=watch, skip_preflight=True).run().release
+        res.release_2 = Deployment(cfg, canary_pct=5, progress=watch, skip_preflight=False).run().release
         if "start" in seen and "end" in seen:
             res.canary_split = dict(seen["end"] - seen["start"])
         say("step", "rollback to release 1")

@@ -17,8 +17,10 @@ from pathlib import Path
 from deployctl.errors import CheckFailed
 
 
-def overlay_venv(path: Path, base_python: str = sys.executable) -> Path:
-    """Create (or reuse) the overlay venv at ``path``; returns its python. Raises CheckFailed."""
+def overlay_venv(path: Path, base_python: str = sys.executable, *, threads: int | None = 1) -> Path:
+    """Create (or reuse) the overlay venv at ``path``; returns its python. ``threads``: default for
+    OMP_NUM_THREADS in every process of the env (several CPU runtimes on one small machine oversubscribe
+    otherwise; an explicit OMP_NUM_THREADS wins). Raises CheckFailed."""
     path = Path(path)
     py = path / "bin" / "python"
     if py.exists():
@@ -32,6 +34,8 @@ def overlay_venv(path: Path, base_python: str = sys.executable) -> Path:
     own = subprocess.check_output([str(py), "-c", "import site; print(site.getsitepackages()[0])"], env=env,
                                   text=True).strip()
     lines = "".join(f"import site; site.addsitedir({s!r})\n" for s in sites)
+    if threads:
+        lines += f"import os; os.environ.setdefault('OMP_NUM_THREADS', '{int(threads)}')\n"
     Path(own, "_deployctl_base_env.pth").write_text(lines)
     return py
 

@@ -127,6 +127,8 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
         "max_num_batched_tokens": e.max_num_batched_tokens, "block_size": e.block_size,
         "gpu_memory_utilization": e.gpu_memory_utilization, "enable_prefix_caching": e.enable_prefix_caching,
         "enable_chunked_prefill": e.enable_chunked_prefill, "max_queued_requests": cfg.server.max_queued_requests,
+        "request_timeout_s": cfg.server.request_timeout_s, "drain_timeout_s": cfg.server.drain_timeout_s,
+        "log_requests": cfg.server.log_prompts,
     }
     if e.num_gpu_blocks_override is not None:
         args["num_gpu_blocks_override"] = e.num_gpu_blocks_override

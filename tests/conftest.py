@@ -18,7 +18,6 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
-from fleet_nginx import *  # noqa: F401,F403  (nginx_server: real nginx, own prefix and port)
 from rollout_env import *  # noqa: F401,F403  (rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -13,12 +13,14 @@ its own abort; a promote ends the current pause.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, RolloutAborted
+from deployctl.errors import DeployctlError, HealthError, RolloutAborted
 from deployctl.rollout import hostops, launcher, release
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
@@ -66,22 +68,28 @@ class Deployment:
 
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
-                 skip_preflight: bool = os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1"):
+                 skip_preflight: Optional[bool] = None):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
         self.say = emitter(progress)
         self.confirm = confirm
-        self.skip_preflight = skip_preflight
+        # DEPLOYCTL_SKIP_PREFLIGHT=1: tests that exercise other parts skip the gate's few seconds per deploy
+        self.skip_preflight = (os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1" if skip_preflight is None
+                               else skip_preflight)
         self.fleet = Fleet(cfg, self.say)
         self.gen = 0
         self.promote_requested = False
         self.switched: set[str] = set()
         self.state: Optional[RolloutState] = None
         self.verdicts: list[dict] = []
+        self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------------------------------ control
     def check(self) -> None:
         """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
-        (RemoteError otherwise: losing a host mid-rollout aborts it)."""
+        (RemoteError otherwise: losing a host mid-rollout aborts it). After Ctrl-C, raise KeyboardInterrupt (in
+        worker threads too, so that parallel host steps stop at their next check)."""
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt
         c = self.fleet.store.read_control(strict=True)
         if c.generation == self.gen:
             return
@@ -105,6 +113,24 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> DeployResult:
+        """Run the deploy. Ctrl-C (SIGINT, when called from the main thread) aborts to a consistent state and
+        raises Interrupted (exit 130)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._run()
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):
+            self._interrupted.set()
+            signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts the abort itself
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _run(self) -> DeployResult:
         t0 = time.monotonic()
         fl = self.fleet
         try:
@@ -151,6 +177,7 @@ class Deployment:
                 raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
             return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))
         except KeyboardInterrupt:
+            self._interrupted.set()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
         except _Abort as a:
             self._abort(plan, a.reason, verdict=a.verdict)
@@ -220,7 +247,6 @@ class Deployment:
             return
         fl = self.fleet
         an = Analyzer(self.cfg, fl.router, fl.hosts, new, old)
-        self.promote_requested = False
         deadline = time.monotonic() + pause
         win = an.open_window()
         passes, last = 0, None
@@ -228,7 +254,8 @@ class Deployment:
             next_eval = min(deadline, time.monotonic() + a.interval_s)
             while time.monotonic() < next_eval:
                 self.check()
-                if self.promote_requested:
+                if self.promote_requested:  # sent during this pause or just before it
+                    self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
                     return
                 time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
@@ -271,6 +298,10 @@ class Deployment:
             self.say("warn", f"could not record the abort on every host: {e}")
         where = f"traffic back on {plan.from_release}" if plan.from_release else "nothing serves"
         extra = f"; not restored: {'; '.join(problems)}" if problems else ""
+        if cause is not None and isinstance(cause, HealthError) and not plan.from_release:
+            # a first deploy that fails verification: nothing to go back to, the health failure is the story (5)
+            raise HealthError(f"first deploy failed: {reason}; {where}{extra}",
+                              fix="fix the release and deploy again") from cause
         if interrupted:
             raise Interrupted(f"deploy interrupted: {where}{extra}",
                               fix="run `deployctl status` to check, then `deployctl deploy` again")

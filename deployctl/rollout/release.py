@@ -170,57 +170,78 @@ def release_files(info: ReleaseInfo, files: list) -> list:
     return kept + [release_manifest(kept, {info.runtime_wheel: info.runtime_wheel_sha256})]
 
 
+def _tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path) -> None:
+    import io
+    import tarfile
+
+    fault = os.environ.get(FAULT_ENV)
+    with tarfile.open(out, "w") as tar:
+        tar.add(str(wheel), arcname=wheel.name)
+        for f in release_files(info, files):
+            content = f.content
+            if fault and posixpath.basename(f.path) == "runtime.env":
+                content = content.rstrip("\n") + f"\n{FAULT_ENV}={fault}\n"
+            data = content.encode()
+            ti = tarfile.TarInfo(f.path)
+            ti.size, ti.mode, ti.mtime = len(data), f.mode, 0
+            tar.addfile(ti, io.BytesIO(data))
+
+
 def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300) -> str:
     """Write the release directory on ``host`` (skipped when a complete one with this id exists): the runtime
-    wheel, the rendered files (deployctl.render.RenderedFile) with release.json and manifest.sha256 completed
-    (``release_files``) and the model's manifest as model.manifest.sha256 (the weights are never copied). The
-    directory is filled under ``<id>.partial`` and renamed into place. Returns the release dir."""
+    wheel and the rendered files (deployctl.render.RenderedFile; modes kept, runtime.env 0600) with release.json
+    and manifest.sha256 completed (``release_files``), sent as one tar file, plus the model's manifest copied on
+    the host as model.manifest.sha256 (the weights are never copied). The directory is filled under
+    ``<id>.partial`` and renamed into place. Returns the release dir. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, info.id)
-    if host.exists(posixpath.join(rdir, "release.json")):
-        return rdir
-    tmp = rdir + ".partial"
     q = shlex.quote
-    host.run(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)} {q(state_dir(h))} {q(shared_dir(h, 'logs'))} "
-             f"{q(shared_dir(h, 'run'))}", timeout=30)
-    host.put(wheel, posixpath.join(tmp, wheel.name), timeout=timeout)
-    fault = os.environ.get(FAULT_ENV)
-    for f in release_files(info, files):
-        content = f.content
-        if fault and posixpath.basename(f.path) == "runtime.env":
-            content = content.rstrip("\n") + f"\n{FAULT_ENV}={fault}\n"
-        host.put_text(content, posixpath.join(tmp, f.path), mode=f.mode)
+    tmp = rdir + ".partial"
+    with tempfile.TemporaryDirectory() as work:
+        tar = Path(work) / "release.tar"
+        _tarball(info, wheel, files, tar)
+        r = host.run(f"test -f {q(posixpath.join(rdir, 'release.json'))} && echo present || "
+                     f"mkdir -p {q(releases_dir(h))} {q(state_dir(h))} {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}",
+                     timeout=30)
+        if r.stdout.strip() == "present":
+            return rdir
+        host.put(tar, rdir + ".tar", mode=0o600, timeout=timeout)
     manifest = posixpath.join(cfg.model.path, cfg.model.manifest)
-    host.run(f"cp {q(manifest)} {q(posixpath.join(tmp, 'model.manifest.sha256'))}", timeout=30)
-    host.run(f"rm -rf {q(rdir)} && mv {q(tmp)} {q(rdir)}", timeout=30)
+    host.run(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)} && tar -xf {q(rdir + '.tar')} -C {q(tmp)} && "
+             f"rm -f {q(rdir + '.tar')} && cp {q(manifest)} {q(posixpath.join(tmp, 'model.manifest.sha256'))} && "
+             f"rm -rf {q(rdir)} && mv {q(tmp)} {q(rdir)}", timeout=60)
     return rdir
 
 
 def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
     """In one remote command: point ``current`` at the release atomically (``switch_current``), then install
     its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
-    already has torch and the other dependencies) unless shared/run/installed-runtime records this python with a
-    wheel of the same sha256 (byte-identical code). Returns whether pip ran. Raises RemoteError."""
+    already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
+    (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
+    env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
+    running runtime of another release may be using). Returns whether pip ran. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, release_id)
     q = shlex.quote
     link = current_link(h)
-    marker = q(shared_dir(h, "run", "installed-runtime"))
     script = f"""set -e
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
-want="{h.python} ${{sha:-{release_id}}}"
-mkdir -p "$(dirname {marker})"
-if [ "$(cat {marker} 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi
-rm -f {marker}
-cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+want=${{sha:-{release_id}}}
+prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
+marker="$prefix/.deployctl-runtime-installed"
+exec 9>>"$prefix/.deployctl-runtime.lock"
+flock -w {int(timeout)} 9
+if [ "$(cat "$marker" 2>/dev/null)" = "$want" ]; then echo skipped; exit 0; fi
+rm -f "$marker"
+cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \\
   --no-index deployctl_runtime-*.whl
-printf '%s\n' "$want" > {marker}
+printf '%s\\n' "$want" > "$marker"
 echo installed
 """
-    r = host.run(["bash", "-c", script], timeout=timeout)
+    r = host.run(["bash", "-c", script], timeout=timeout + 30)
     return "installed" in r.stdout
 
 

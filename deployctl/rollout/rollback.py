@@ -79,7 +79,8 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
         in_progress = st is not None and st.in_progress
-        if all(v == target for v in current.values()) and even and not in_progress and not fleet.inspect_lock():
+        if (all(v == target for v in current.values()) and even and not in_progress
+                and not fleet.inspect_lock()):
             say("info", f"every host already runs {target}: nothing to do")
             return RollbackResult(target, True)
         missing = [n for n in fleet.hosts if current[n] != target and not found[n][1]]

@@ -27,10 +27,9 @@ import string
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from deployctl.config import _line_index
+from deployctl.yamlsource import parse_yaml
 from deployctl.errors import ConfigError
 from deployctl.runbook.expect import Expect
 
@@ -268,16 +267,10 @@ def _cross_check(rb: Runbook, source: str, lines: dict[tuple, int]) -> None:
 
 def parse_runbook(text: str, source: str, name: str) -> Runbook:
     """Parse and validate one runbook. Raises ConfigError ``SOURCE:LINE: problem`` (exit 3)."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        pos = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{pos}: YAML syntax error: {getattr(exc, 'problem', None) or exc}; fix the indentation or quoting") from None
+    data, lines = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: a runbook is a mapping with title, when and steps; got {type(data).__name__}")
-    lines = {(): 1, **_line_index(node)}
+    lines = {(): 1, **lines}
     try:
         rb = Runbook.model_validate({**data, "name": name, "path": source})
     except ValidationError as exc:

@@ -1,9 +1,6 @@
-"""The fleet fixtures themselves: sshd stop/start makes a host unreachable and back; nginx starts on its
-own prefix and port, reloads, and stops."""
+"""The sshd fleet fixture itself: stop/start makes a host unreachable and back. (The nginx fixture,
+tests/nginx_fixture.py, is exercised by the render and rollout tests.)"""
 from __future__ import annotations
-
-import socket
-import urllib.request
 
 from deployctl.hosts import Host, HostUnreachable
 
@@ -25,23 +22,3 @@ def test_ssh_fleet_hosts_and_stop_start(ssh_fleet):
     fleet.start("gpu-b")
     assert host.run(["echo", "back"]).stdout == "back\n"
     host.close()
-
-
-def test_nginx_server_start_reload_stop(nginx_server):
-    nginx = nginx_server()
-    nginx.include.write_text(f"server {{ listen 127.0.0.1:{nginx.port}; location / {{ return 200 'one'; }} }}\n")
-    assert nginx.test().returncode == 0
-    nginx.start()
-    assert urllib.request.urlopen(nginx.url, timeout=5).read() == b"one"
-    nginx.include.write_text(f"server {{ listen 127.0.0.1:{nginx.port}; location / {{ return 200 'two'; }} }}\n")
-    nginx.reload()
-    assert urllib.request.urlopen(nginx.url, timeout=5).read() == b"two"
-    assert nginx.access_log.read_text().count("GET / ") == 2
-    nginx.include.write_text("server { listen nonsense; }\n")
-    assert nginx.test().returncode != 0
-    nginx.stop()
-    try:
-        socket.create_connection(("127.0.0.1", nginx.port), timeout=1).close()
-        raise AssertionError("nginx still listening after stop")
-    except OSError:
-        pass

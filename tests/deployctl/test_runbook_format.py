@@ -63,7 +63,9 @@ def test_errors_name_file_line_and_problem(old, new, expected):
 def test_duplicate_step_ids_and_syntax_errors():
     step = GOOD.split("steps:\n", 1)[1]
     assert "rb.yaml:9: step id 'a' is used twice" in _err(GOOD + step)
-    assert _err("title: [\n").startswith("rb.yaml:2: YAML syntax error")
+    err = _err("title: [\n")
+    assert err.startswith("rb.yaml:2:") and "YAML syntax error" in err
+    assert "duplicate key 'title' on lines 1 and 2" in _err("title: a\ntitle: b\n")
 
 
 def test_list_reports_bad_file_with_line_and_still_lists_the_others(tmp_path):

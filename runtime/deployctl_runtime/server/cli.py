@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import sys
 
@@ -91,5 +92,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from .lifecycle import serve
     from .state import ServerContext
 
-    return serve(ServerContext(cfg, faults), keys)
+    rc = serve(ServerContext(cfg, faults), keys)
+    # Drained and shut down: leave now. Interpreter teardown (torch, the engine and loader threads) took
+    # another 5-6 s after "Finished server process", which a rollback spends waiting on a restart.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 

@@ -1,0 +1,140 @@
+"""Releases, the deploy lock and the shared state on real directories through the Host layer (address: local):
+atomic `current` switch, pruning that spares current and previous, lock ownership and staleness, generation
+counter and merged history."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import datetime, timezone
+
+import pytest
+
+from deployctl.config import HostConfig
+from deployctl.hosts import Host
+from deployctl.rollout import release
+from deployctl.rollout.lock import DeployLock, LockHeld
+from deployctl.rollout.state import RolloutState, StateStore
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    out = [Host.from_config(HostConfig(name=n, address="local", deploy_root=str(tmp_path / n), launcher="process"))
+           for n in ("a", "b")]
+    yield out
+    for h in out:
+        h.close()
+
+
+def _fake_release(host, rid):
+    d = os.path.join(host.config.deploy_root, "releases", rid)
+    os.makedirs(d)
+    with open(os.path.join(d, "release.json"), "w") as f:
+        json.dump({"id": rid}, f)
+
+
+def test_switch_and_prune(hosts):
+    h = hosts[0]
+    ids = [f"20261130T00000{i}Z-0000000{i}" for i in range(6)]
+    for rid in ids:
+        _fake_release(h, rid)
+    release.switch_current(h, ids[1])
+    assert release.current_release(h) == ids[1]
+    release.switch_current(h, ids[2])
+    assert os.readlink(os.path.join(h.config.deploy_root, "current")) == f"releases/{ids[2]}"
+    assert not os.path.exists(os.path.join(h.config.deploy_root, "current.new"))
+    gone = release.prune(h, keep=2, protect={ids[0]})
+    assert gone == [ids[1], ids[3]]
+    assert release.list_releases(h) == [ids[0], ids[2], ids[4], ids[5]]
+    with pytest.raises(Exception):
+        release.switch_current(h, "20991231T000000Z-missing0")  # no such release: current unchanged
+    assert release.current_release(h) == ids[2]
+
+
+def test_lock_owner_stale_and_release(hosts):
+    first = DeployLock(hosts, command="deploy")
+    first.acquire()
+    second = DeployLock(hosts, command="deploy")
+    with pytest.raises(LockHeld) as err:
+        second.acquire(break_stale=True)  # live owner: never broken as stale
+    assert "another deploy holds the lock on a" in str(err.value) and "(deploy)" in str(err.value)
+    assert "in progress" in str(err.value)
+    assert not second.held
+    # --break-lock removes even a live owner's lock; the first owner's release then leaves the new lock alone
+    told = []
+    second.acquire(break_lock=True, on_break=lambda host, owner, why: told.append((host, owner["pid"])))
+    assert told == [("a", os.getpid()), ("b", os.getpid())]
+    first.release()
+    assert [i.owner["token"] for i in first.inspect()] == [second.record["token"]] * 2
+    second.release()
+    assert first.inspect() == []
+
+    # a lock left by a dead process on this machine
+    dead = {"owner": "x@y", "machine": socket.gethostname(), "pid": 2 ** 22 + 4242, "command": "deploy",
+            "started": datetime.now(timezone.utc).isoformat(), "token": "t"}
+    for h in hosts:
+        os.makedirs(os.path.join(h.config.deploy_root, "state"), exist_ok=True)
+        with open(os.path.join(h.config.deploy_root, "state", "lock"), "w") as f:
+            f.write(json.dumps(dead) + "\n")
+    infos = first.inspect()
+    assert len(infos) == 2 and all(i.stale and "not running" in i.why_stale for i in infos)
+    with pytest.raises(LockHeld) as err:
+        DeployLock(hosts, command="deploy").acquire()
+    assert "stale" in str(err.value) and "--break-lock" in str(err.value)
+    broken = []
+    third = DeployLock(hosts, command="rollback")
+    third.acquire(break_stale=True, on_break=lambda host, owner, why: broken.append(host))
+    assert broken == ["a", "b"]
+    assert [i.owner["command"] for i in third.inspect()] == ["rollback", "rollback"]
+    third.release()
+    assert third.inspect() == []
+
+
+def test_state_generation_and_history_merge(hosts):
+    store = StateStore(hosts)
+    assert store.read_control().generation == 0
+    c1 = store.send("deploy")
+    c2 = store.send("rollback", reason="r1")
+    assert (c1.generation, c2.generation, store.read_control().command) == (1, 2, "rollback")
+    st = RolloutState(release="r2", from_release="r1", generation=1, weight=5)
+    store.write_rollout(st)
+    assert store.read_rollout().weight == 5
+    store.append_history("deploy", release="r2", result="ok")
+    rec = store.append_history("rollback", release="r1", result="ok")
+    # one host missed a record (it was down): the merged history still has every record once
+    path = os.path.join(hosts[1].config.deploy_root, "state", "history.jsonl")
+    lines = open(path).read().splitlines()
+    open(path, "w").write(lines[0] + "\n")
+    hist = store.read_history()
+    assert [h["action"] for h in hist] == ["deploy", "rollback"] and hist[-1]["id"] == rec["id"]
+
+
+def test_upload_writes_an_immutable_release_dir(tmp_path, hosts):
+    from deployctl.config import parse_config
+    from deployctl.render import render_release
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.sha256").write_text("ab" * 32 + "  model.safetensors\n")
+    h = hosts[0]
+    cfg = parse_config(f"""
+service: {{name: svc}}
+model: {{path: {model}}}
+engine: {{device: cpu}}
+hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher: process}}]
+""")
+    wheel = tmp_path / "deployctl_runtime-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04 not really a wheel")
+    info = release.make_release_info(cfg, wheel, (model / "manifest.sha256").read_text())
+    rdir = release.upload(h, cfg, info, wheel, render_release(cfg, cfg.hosts[0], info.id, api_key="s3cret-key"))
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in sorted(tmp_path.joinpath(rdir).iterdir())}
+    assert modes["runtime.env"] == "0o600" and modes["launch.sh"] == "0o755" and wheel.name in modes
+    assert (tmp_path / rdir / "model.manifest.sha256").read_text() == (model / "manifest.sha256").read_text()
+    meta = json.loads((tmp_path / rdir / "release.json").read_text())
+    assert meta["id"] == info.id and meta["model_manifest_hash"] == info.model_manifest_hash
+    assert meta["config_hash"] and meta["deployctl_version"] and meta["runtime_wheel_sha256"] == info.runtime_wheel_sha256
+    assert wheel.name in (tmp_path / rdir / "manifest.sha256").read_text()
+    assert not any(p.name.endswith((".partial", ".tar")) for p in (tmp_path / rdir).parent.iterdir())
+    before = (tmp_path / rdir / "runtime.env").stat().st_mtime_ns
+    assert release.upload(h, cfg, info, wheel, []) == rdir  # present: never rewritten
+    assert (tmp_path / rdir / "runtime.env").stat().st_mtime_ns == before
