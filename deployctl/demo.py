@@ -42,7 +42,7 @@ def _nginx() -> str:
 class Traffic:
     """Background clients sending requests through nginx; counts answers per release and failures."""
 
-    def __init__(self, url: str, model: str, *, workers: int = 4, completion_workers: int = 1, max_tokens: int = 4):
+    def __init__(self, url: str, model: str, *, workers: int = 3, completion_workers: int = 2, max_tokens: int = 4):
         self.url, self.model, self.max_tokens = url, model, max_tokens
         self.workers, self.completion_workers = workers, completion_workers
         self.by_release: Counter = Counter()
@@ -128,7 +128,9 @@ def write_config(work: Path, *, python: str, model: Path, nginx_port: int, pause
                    "upstream_conf": str(prefix / "conf.d" / "demo-chat.conf"), "nginx_conf": str(prefix / "nginx.conf"),
                    "nginx_prefix": str(prefix), "access_log": str(prefix / "logs" / "access.json")},
         "rollout": {"canary_hosts": 1, "steps": [5, 100], "pause_s": pause_s,
-                    "analysis": {"interval_s": max(1.0, pause_s / 2), "min_requests": 5, "max_error_rate": 0.01},
+                    "analysis": {"interval_s": max(1.0, pause_s / 2), "min_requests": 5, "max_error_rate": 0.01,
+                                 # CPU latency on a shared machine jitters by tens of ms between identical releases
+                                 "min_p99_delta_s": 0.1},
                     "keep_releases": 3},
     }
     path = work / "deploy.yaml"

@@ -21,6 +21,11 @@ def demo(
     from deployctl.cli.rollout import progress_printer
     from deployctl.demo import run_demo
 
+    from deployctl.errors import UsageError
+
+    if workdir is not None and workdir.exists() and any(workdir.iterdir()):
+        # a second demo in the same folder would pick new ports beside the first one's releases and nginx
+        raise UsageError(f"--workdir {workdir} is not empty", fix="give an empty or new folder, or leave --workdir out")
     work = workdir or Path(tempfile.mkdtemp(prefix="deployctl-demo-"))
     r = run_demo(work, progress=progress_printer, keep=keep, pause_s=pause)
     total = sum(r.canary_split.values())

@@ -39,3 +39,10 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path, rollout_cache):
     for h in ("host-a", "host-b"):
         assert not (hosts / h / "shared" / "run" / "runtime.pid").exists()
     assert not (work / "nginx" / "nginx.pid").exists()
+
+
+def test_demo_refuses_a_used_workdir(tmp_path):
+    (tmp_path / "deploy.yaml").write_text("# an earlier demo\n")
+    r = subprocess.run([sys.executable, "-m", "deployctl", "demo", "--workdir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not empty" in r.stderr and "Traceback" not in r.stderr
