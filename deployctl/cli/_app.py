@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -28,7 +29,8 @@ app = typer.Typer(
 # Human output goes to stderr so that `--json` leaves stdout to one JSON document.
 err_console = Console(stderr=True, highlight=False)
 # Tables and reports a person reads (never used together with --json).
-out_console = Console(highlight=False)
+# Piped into a file or `less`, rich would assume 80 columns and cut release ids and timestamps in tables.
+out_console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200)
 _state = {"debug": False}
 
 
