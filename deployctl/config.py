@@ -18,6 +18,9 @@ from deployctl.errors import ConfigError
 from deployctl.units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
+# Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
+# timeouts and k8s manifests, which reject infinity and absurd values.
+MAX_SECONDS = 7 * 24 * 3600
 
 
 class _Frozen(BaseModel):
@@ -68,12 +71,12 @@ class ServerConfig(_Frozen):
     bind: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_key_env: Optional[str] = None
-    request_timeout_s: float = Field(120, gt=0)
+    request_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS)
     max_queued_requests: int = Field(256, gt=0)
-    drain_timeout_s: float = Field(30, gt=0)
+    drain_timeout_s: float = Field(30, gt=0, le=MAX_SECONDS)
     # Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s
     # startup probe budget and the container healthcheck's start period.
-    startup_timeout_s: float = Field(600, gt=0)
+    startup_timeout_s: float = Field(600, gt=0, le=MAX_SECONDS)
     log_prompts: bool = False
 
     @property
@@ -95,7 +98,7 @@ class HostConfig(_Frozen):
     gpu: int = Field(0, ge=0)
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
-    connect_timeout_s: float = Field(10, gt=0)
+    connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
 
     @property
@@ -118,7 +121,7 @@ class RouterConfig(_Frozen):
 
 
 class AnalysisConfig(_Frozen):
-    interval_s: float = Field(30, gt=0)
+    interval_s: float = Field(30, gt=0, le=MAX_SECONDS)
     min_requests: int = Field(20, ge=1)
     max_error_rate: float = Field(0.01, ge=0, le=1)
     max_p99_ttft_ratio: float = Field(2.0, gt=0)
@@ -150,7 +153,7 @@ class ContainerConfig(_Frozen):
 class RolloutConfig(_Frozen):
     canary_hosts: int = Field(1, ge=1)
     steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100])
-    pause_s: float = Field(300, ge=0)
+    pause_s: float = Field(300, ge=0, le=MAX_SECONDS)
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     keep_releases: int = Field(5, ge=2)
 

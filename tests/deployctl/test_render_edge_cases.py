@@ -1,0 +1,54 @@
+"""`deployctl render` against hostile deploy.yaml values: every rendered file passes the tool that reads it, or
+the render is refused with one line and exit 3 (exit 2 for a bad --out). Never a traceback, never an injected
+line in a unit file, Dockerfile or nginx conf."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from render_support import API_KEY, write_config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "LLM_API_KEY": API_KEY,
+       "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])}
+
+
+def render(cfg: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deployctl", "render", "-c", str(cfg), "--out", str(out),
+                           "--release-id", "r1", "--no-validate", *extra],
+                          env=ENV, capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == code, (proc.returncode, err)
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def _host(**kw):
+    return {"name": "gpu-a", "address": "10.0.0.11", "deploy_root": "/opt/d", "python": "/usr/bin/python3", **kw}
+
+
+def test_infinite_request_timeout_is_a_config_error(tmp_path):
+    # `.inf` passed gt=0; math.ceil(inf) in the router render raised OverflowError (a traceback)
+    cfg = write_config(tmp_path / "deploy.yaml", server={"request_timeout_s": float("inf")})
+    assert_refused(render(cfg, tmp_path / "out"), 3, "server.request_timeout_s")
+
+
+def test_absurd_startup_timeout_is_a_config_error(tmp_path):
+    # 1e308 s rendered TimeoutStartSec=1e308-digits, which systemd-analyze rejects: refuse it up front
+    cfg = write_config(tmp_path / "deploy.yaml", server={"startup_timeout_s": 1e308})
+    assert_refused(render(cfg, tmp_path / "out"), 3, "server.startup_timeout_s")
+
+
+def test_infinite_pause_is_a_config_error_for_k8s(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", rollout={"pause_s": float("inf")})
+    assert_refused(render(cfg, tmp_path / "out", "--target", "k8s-rollout"), 3, "rollout.pause_s")
