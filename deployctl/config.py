@@ -21,6 +21,8 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 # Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
 # timeouts and k8s manifests, which reject infinity and absurd values.
 MAX_SECONDS = 7 * 24 * 3600
+# A login name (POSIX portable, 32 characters): it is written after User= in units and used for SSH.
+USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
 
 
 class _Frozen(BaseModel):
@@ -90,7 +92,7 @@ class ServerConfig(_Frozen):
 class HostConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     address: str  # "local" runs on this machine without SSH
-    user: Optional[str] = None
+    user: Optional[str] = Field(None, pattern=USER_PATTERN)
     port: int = Field(22, ge=1, le=65535)
     deploy_root: str
     python: str = "python3"
@@ -109,7 +111,7 @@ class HostConfig(_Frozen):
 class RouterConfig(_Frozen):
     kind: Literal["nginx"] = "nginx"
     host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
-    user: Optional[str] = None  # SSH settings when host is an address, not a name from hosts:
+    user: Optional[str] = Field(None, pattern=USER_PATTERN)  # SSH settings when host is an address, not a name from hosts:
     port: int = Field(22, ge=1, le=65535)
     ssh_key: Optional[str] = None
     listen: int = Field(80, ge=1, le=65535)

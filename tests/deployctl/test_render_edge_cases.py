@@ -52,3 +52,23 @@ def test_absurd_startup_timeout_is_a_config_error(tmp_path):
 def test_infinite_pause_is_a_config_error_for_k8s(tmp_path):
     cfg = write_config(tmp_path / "deploy.yaml", rollout={"pause_s": float("inf")})
     assert_refused(render(cfg, tmp_path / "out", "--target", "k8s-rollout"), 3, "rollout.pause_s")
+
+
+def test_user_with_a_line_break_cannot_inject_unit_lines(tmp_path):
+    # hosts[].user was free text put after User= in the unit: a newline added any directive (ExecStartPre=...)
+    cfg = write_config(tmp_path / "deploy.yaml",
+                       hosts=[_host(user="deploy\nExecStartPre=/bin/touch /tmp/pwned")])
+    assert_refused(render(cfg, tmp_path / "out"), 3, "hosts[0].user")
+    assert not (tmp_path / "out").exists()
+
+
+def test_user_with_a_space_is_a_config_error(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", hosts=[_host(user="de ploy")])
+    assert_refused(render(cfg, tmp_path / "out"), 3, "hosts[0].user")
+
+
+def test_ordinary_user_names_still_render(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", hosts=[_host(user="svc_llm-1")])
+    proc = render(cfg, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert "User=svc_llm-1\n" in (tmp_path / "out/hosts/gpu-a/chat-7b.service").read_text()
