@@ -23,6 +23,8 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 MAX_SECONDS = 7 * 24 * 3600
 # A login name (POSIX portable, 32 characters): it is written after User= in units and used for SSH.
 USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
+# An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
 
 class _Frozen(BaseModel):
@@ -147,8 +149,8 @@ class SloConfig(_Frozen):
 class ContainerConfig(_Frozen):
     """Container and Kubernetes targets."""
 
-    image: Optional[str] = None  # default: deployctl/<service>:<release_id>
-    base_image: Optional[str] = None  # default: a CUDA runtime image on cuda, python slim on cpu
+    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: deployctl/<service>:<release_id>
+    base_image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: a CUDA runtime image on cuda, python slim on cpu
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
