@@ -65,7 +65,8 @@ def _environment():
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # a YAML/JSON scalar
+    # A YAML/JSON scalar, ASCII with \u escapes: YAML reads U+2028, U+0085 as line breaks and refuses U+007F raw.
+    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=True)
     env.filters["sh"] = lambda v: shlex.quote(str(v))
     return env
 

@@ -105,3 +105,18 @@ def test_router_ipv6_listen_address_renders(tmp_path):
     proc = render(cfg, tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert "listen [::1]:8088;" in (tmp_path / "out/router/chat-7b.conf").read_text()
+
+
+def test_unicode_served_name_reads_back_exactly(tmp_path):
+    # `q` wrote non-ASCII raw: U+2028 and NEL are line breaks to YAML (folded to a space: the runtime served
+    # another name), and U+007F made runtime.yaml unreadable ("special characters are not allowed")
+    name = "modèl-日本\u2028x\x85y\x7fz"
+    cfg = write_config(tmp_path / "deploy.yaml", model={"served_name": name})
+    proc = render(cfg, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    runtime_yaml = yaml.safe_load((tmp_path / "out/hosts/gpu-a/runtime.yaml").read_text())
+    assert runtime_yaml["served_model_name"] == name
+    proc = render(cfg, tmp_path / "k8s", "--target", "k8s")
+    assert proc.returncode == 0, proc.stderr
+    configmap = yaml.safe_load((tmp_path / "k8s/k8s/configmap.yaml").read_text())
+    assert yaml.safe_load(configmap["data"]["runtime.yaml"])["served_model_name"] == name
