@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from deployctl.cli._app import app, err_console, handle_errors, print_json
+from deployctl.errors import UsageError
 
 
 @app.command()
@@ -29,6 +30,11 @@ def render(
     from deployctl.validate import validate_tree
 
     cfg = load_config(config)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the directory: {exc.strerror}",
+                         fix="pass a directory that exists or can be created (not a file)") from None
     paths = render_all(cfg, out, target=target, release_id=release_id)
     release = json.loads((out / "RENDER.json").read_text())["release_id"]
     results = [] if no_validate else validate_tree(cfg, out)

@@ -120,3 +120,16 @@ def test_unicode_served_name_reads_back_exactly(tmp_path):
     assert proc.returncode == 0, proc.stderr
     configmap = yaml.safe_load((tmp_path / "k8s/k8s/configmap.yaml").read_text())
     assert yaml.safe_load(configmap["data"]["runtime.yaml"])["served_model_name"] == name
+
+
+def test_out_that_is_a_file_is_a_usage_error(tmp_path):
+    # write_files' mkdir raised NotADirectoryError (a traceback)
+    cfg = write_config(tmp_path / "deploy.yaml")
+    (tmp_path / "afile").write_text("keep me\n")
+    assert_refused(render(cfg, tmp_path / "afile"), 2, "--out", str(tmp_path / "afile"))
+    assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+def test_out_that_cannot_be_created_is_a_usage_error(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml")
+    assert_refused(render(cfg, Path("/proc/deployctl-no-such-dir")), 2, "--out")
