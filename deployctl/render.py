@@ -236,6 +236,24 @@ def _upstream_address(host: HostConfig) -> str:
     return address
 
 
+def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -> None:
+    """Two routed runtimes on one address and port (the second cannot bind; nginx would list one server twice),
+    or the router listening on a runtime's port on its own machine: ConfigError (exit 3)."""
+    seen: dict[tuple[str, int], str] = {}
+    for h in hosts:
+        key = (_upstream_address(h), host_port(cfg, h))
+        if key in seen:
+            raise ConfigError(f"hosts {seen[key]!r} and {h.name!r} both run the runtime on {key[0]}:{key[1]}",
+                              fix=f"give hosts[{h.name}].server_port another port")
+        seen[key] = h.name
+    router_host = cfg.router_host()
+    if router_host is not None:
+        clash = seen.get((_upstream_address(router_host), listen_port))
+        if clash:
+            raise ConfigError(f"router.listen {listen_port} is the runtime port of host {clash!r} on the router's "
+                              "machine", fix=f"pick another router.listen or hosts[{clash}].server_port")
+
+
 def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
                  drained: set[str] = frozenset()) -> str:
     """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
@@ -259,6 +277,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
                             "address": _upstream_address(h), "port": host_port(cfg, h), "params": params})
     router = cfg.router
     listen_port = router.listen if router else 80
+    _check_ports(cfg, stable + canary, listen_port)
     listen_addr = router.listen_address if router else None
     if listen_addr and ":" in listen_addr:
         listen_addr = f"[{listen_addr}]"

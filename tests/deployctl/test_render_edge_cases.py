@@ -133,3 +133,28 @@ def test_out_that_is_a_file_is_a_usage_error(tmp_path):
 def test_out_that_cannot_be_created_is_a_usage_error(tmp_path):
     cfg = write_config(tmp_path / "deploy.yaml")
     assert_refused(render(cfg, Path("/proc/deployctl-no-such-dir")), 2, "--out")
+
+
+def _local_hosts(**second):
+    return [{"name": "h1", "address": "local", "deploy_root": "/srv/d1", "launcher": "process"},
+            {"name": "h2", "address": "local", "deploy_root": "/srv/d2", "launcher": "process", **second}]
+
+
+def test_two_hosts_on_one_address_and_port_are_a_config_error(tmp_path):
+    # both runtimes would bind 127.0.0.1:8080 (the second fails) and nginx got the same server line twice
+    cfg = write_config(tmp_path / "deploy.yaml", hosts=_local_hosts())
+    assert_refused(render(cfg, tmp_path / "out"), 3, "h1", "h2", "8080", "server_port")
+
+
+def test_router_listening_on_a_runtime_port_is_a_config_error(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", hosts=_local_hosts(server_port=8081), router={"listen": 8081})
+    assert_refused(render(cfg, tmp_path / "out"), 3, "router.listen", "8081", "h2")
+
+
+def test_local_hosts_on_distinct_ports_render_and_pass_nginx(tmp_path):
+    cfg = write_config(tmp_path / "deploy.yaml", hosts=_local_hosts(server_port=8081))
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "render", "-c", str(cfg), "--out", str(tmp_path / "o"),
+                           "--release-id", "r1"], env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    conf = (tmp_path / "o/router/chat-7b.conf").read_text()
+    assert "server 127.0.0.1:8080;" in conf and "server 127.0.0.1:8081;" in conf
