@@ -1,0 +1,113 @@
+"""`deployctl bench` against bad URLs, bad datasets and servers that answer garbage or nothing: one line, the
+contract's exit code, never a traceback, never a hang past --timeout."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+FAST = ("--concurrency", "1", "--requests", "2", "--no-loadgen-check", "--model", "m")
+
+
+def one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), stderr
+    return last
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "http://", "http://:8000"])
+def test_url_without_a_usable_host_or_port_is_a_usage_error(run_bench, url):
+    # port 99999 raised OverflowError from asyncio and "[::1" httpx.InvalidURL: tracebacks, exit 1
+    code, _, err = run_bench("--url", url, *FAST, timeout=60)
+    assert code == 2, err
+    assert "--url" in one_line(err)
+
+
+def test_dataset_that_is_not_utf8_is_a_config_error(run_bench, tmp_path):
+    # read_text raised UnicodeDecodeError (a traceback)
+    ds = tmp_path / "ds.jsonl"
+    ds.write_bytes(b'{"prompt": "hi"}\n\xff\xfe\n')
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "--dataset", str(ds), *FAST, timeout=60)
+    assert code == 3, err
+    line = one_line(err)
+    assert str(ds) in line and "UTF-8" in line
+
+
+def test_dataset_that_is_a_directory_is_a_config_error(run_bench, tmp_path):
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "--dataset", str(tmp_path), *FAST, timeout=60)
+    assert code == 3, err
+    assert str(tmp_path) in one_line(err)
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that answers every connection with ``reply`` bytes (None: never answers)."""
+
+    def __init__(self, reply: bytes | None):
+        self.reply = reply
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            if self.reply is not None:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.reply)
+                    conn.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def raw_server():
+    servers = []
+
+    def start(reply):
+        servers.append(RawServer(reply))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+HTML = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 27\r\nConnection: close\r\n\r\n"
+        b"<html><body>hi</body></html>")
+GARBAGE = b"\x00\xffnot http at all\r\n\r\n"
+SSE_NO_JSON = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+               b"data: {not json\n\ndata: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("reply", [HTML, GARBAGE, SSE_NO_JSON], ids=["html", "garbage", "sse-bad-json"])
+def test_server_answering_garbage_counts_errors_and_exits_1(run_bench, raw_server, reply):
+    srv = raw_server(reply)
+    code, _, err = run_bench("--url", f"http://127.0.0.1:{srv.port}", *FAST, "--timeout", "5", timeout=60)
+    assert code == 1, err
+    assert "no request" in one_line(err)
+
+
+def test_server_that_never_answers_is_bounded_by_timeout(run_bench, raw_server):
+    srv = raw_server(None)
+    t0 = time.monotonic()
+    code, _, err = run_bench("--url", f"http://127.0.0.1:{srv.port}", *FAST, "--timeout", "1", timeout=60)
+    assert code == 1, err
+    assert "no request" in one_line(err)
+    assert time.monotonic() - t0 < 30  # 2 requests x 1 s, plus start-up; never a hang
