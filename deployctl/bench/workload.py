@@ -93,6 +93,9 @@ def load_jsonl(path: Path, default_max_tokens: int) -> list[BenchRequest]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise ConfigError(f"dataset {path}: {err.strerror or err}", fix="pass an existing JSONL file to --dataset") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"dataset {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+                          fix="save the dataset as UTF-8 JSONL") from None
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
