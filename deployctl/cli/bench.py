@@ -100,7 +100,9 @@ def _table(report) -> None:
     if k.concurrency is None:
         err_console.print(f"knee: none, even the first level broke the limits ({k.reason})")
     else:
-        limits = f"P99 TTFT <= {k.ttft_p99_limit_ms:.1f} ms, P99 TPOT <= {k.tpot_p99_limit_ms:.2f} ms ({k.criterion})"
+        ttft = "-" if k.ttft_p99_limit_ms is None else f"{k.ttft_p99_limit_ms:.1f}"
+        tpot = "-" if k.tpot_p99_limit_ms is None else f"{k.tpot_p99_limit_ms:.2f}"  # None: one-token outputs
+        limits = f"P99 TTFT <= {ttft} ms, P99 TPOT <= {tpot} ms ({k.criterion})"
         err_console.print(
             f"knee: concurrency {k.concurrency} ({limits}); {k.reason}\n"
             f"recommended: max_num_seqs {k.recommended_max_num_seqs}, rate limit {k.rate_limit_rps} requests/s "

@@ -111,3 +111,19 @@ def test_server_that_never_answers_is_bounded_by_timeout(run_bench, raw_server):
     assert code == 1, err
     assert "no request" in one_line(err)
     assert time.monotonic() - t0 < 30  # 2 requests x 1 s, plus start-up; never a hang
+
+
+OK_SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+          b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}\n\n'
+          b"data: [DONE]\n\n")
+
+
+def test_one_token_outputs_report_a_knee_without_tpot(run_bench, raw_server):
+    # no TPOT can be measured from one chunk: the knee's TPOT limit is None and the summary line crashed with
+    # "unsupported format string passed to NoneType.__format__" after the whole ladder had run
+    srv = raw_server(OK_SSE)
+    code, doc, err = run_bench("--url", f"http://127.0.0.1:{srv.port}", *FAST, "--json", timeout=60)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert doc["knee"]["concurrency"] == 1 and doc["knee"]["tpot_p99_limit_ms"] is None
+    assert "P99 TPOT <= - ms" in err
