@@ -149,7 +149,7 @@ def bench(
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
     from deployctl.bench import workload
     from deployctl.bench.client import ROUTES, Target, normalize_base_url
-    from deployctl.bench.ladder import LadderConfig
+    from deployctl.bench.ladder import POOL_MAX, LadderConfig
     from deployctl.bench.report import detect_model
     from deployctl.bench.stats import Objectives
 
@@ -181,7 +181,7 @@ def bench(
         max_level_s=max_level_seconds, objectives=Objectives(ttft_slo_ms, tpot_slo_ms, e2e_slo_ms),
         metrics_url=metrics_url, metrics_prefix=metrics_prefix,
     )
-    need = max(cfg.level_requests(c) for c in levels)
+    need = min(max(cfg.level_requests(c) for c in levels), POOL_MAX)  # the ladder cycles through the pool
     if dataset is not None:
         default_max_tokens = workload.parse_length_spec(output_len, "--output-len")(random.Random(seed))
         pool = workload.pick(workload.load_jsonl(dataset, default_max_tokens), need, seed)

@@ -118,6 +118,20 @@ OK_SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: cl
           b"data: [DONE]\n\n")
 
 
+def test_huge_requests_with_a_short_level_limit_stays_bounded(run_bench, raw_server):
+    # the whole pool (10**9 synthetic prompts of 128 words) was built before the first request: no output, a hang
+    # and memory growing without bound, whatever --max-level-seconds said
+    srv = raw_server(OK_SSE)
+    t0 = time.monotonic()
+    code, doc, err = run_bench("--url", f"http://127.0.0.1:{srv.port}", "--concurrency", "2", "--requests",
+                               str(10**9), "--max-level-seconds", "1", "--no-loadgen-check", "--model", "m",
+                               "--json", timeout=60)
+    assert code == 0, err
+    assert time.monotonic() - t0 < 30
+    (level,) = doc["levels"]
+    assert level["num_ok"] >= 1
+
+
 def test_one_token_outputs_report_a_knee_without_tpot(run_bench, raw_server):
     # no TPOT can be measured from one chunk: the knee's TPOT limit is None and the summary line crashed with
     # "unsupported format string passed to NoneType.__format__" after the whole ladder had run
