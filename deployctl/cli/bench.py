@@ -14,6 +14,20 @@ from deployctl.errors import CheckFailed, UsageError
 DEFAULT_KEY_ENVS = ("DEPLOYCTL_API_KEY", "OPENAI_API_KEY")
 
 
+_FD_MARGIN = 64  # files the process holds besides the connections (stdio, event loop, plot, dataset)
+
+
+def _open_file_limit() -> Optional[int]:
+    """RLIMIT_NOFILE's soft limit, or None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _concurrencies(text: str) -> tuple[int, ...]:
     try:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -21,6 +35,10 @@ def _concurrencies(text: str) -> tuple[int, ...]:
         values = []
     if not values or values[0] < 1:
         raise UsageError(f"--concurrency {text!r} is not a list of positive integers", fix="e.g. --concurrency 1,4,8,16,32")
+    fds = _open_file_limit()
+    if fds is not None and values[-1] + _FD_MARGIN > fds:
+        raise UsageError(f"--concurrency {values[-1]} needs that many open connections; this process may open {fds} "
+                         "files", fix=f"use at most {max(1, fds - _FD_MARGIN)} or raise `ulimit -n`")
     return tuple(values)
 
 

@@ -141,3 +141,21 @@ def test_one_token_outputs_report_a_knee_without_tpot(run_bench, raw_server):
     assert "Traceback" not in err
     assert doc["knee"]["concurrency"] == 1 and doc["knee"]["tpot_p99_limit_ms"] is None
     assert "P99 TPOT <= - ms" in err
+
+
+def test_concurrency_beyond_the_open_file_limit_is_a_usage_error(run_bench):
+    # each in-flight request holds a socket: 100000 (limit 20000 here) ran past the fd limit (a minute of warm-up, then EMFILE
+    # errors counted as server failures)
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        pytest.skip("no open-file limit in this process")
+    too_many = soft + 1
+    t0 = time.monotonic()
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "--concurrency", f"1,{too_many}", "--requests", "1",
+                             "--no-loadgen-check", "--model", "m", timeout=60)
+    assert code == 2, err
+    line = one_line(err)
+    assert "--concurrency" in line and str(too_many) in line and "ulimit -n" in line
+    assert time.monotonic() - t0 < 20
