@@ -302,7 +302,10 @@ def parse_runbook(text: str, source: str, name: str) -> Runbook:
 def load_runbook(path: Path) -> Runbook:
     """Read and validate ``path``. Raises ConfigError (exit 3)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          fix="save the runbook as UTF-8") from None
     return parse_runbook(text, str(path), path.stem)

@@ -1,0 +1,46 @@
+"""Invalid runbook files given through DEPLOYCTL_RUNBOOKS_PATH, through the real CLI: one line naming the file,
+exit 3, never a traceback; the good runbooks still list."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def runbook(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEPLOYCTL_RUNBOOKS_PATH": str(tmp_path / "rb"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "deployctl", "runbook", *args], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+
+
+def write(tmp_path: Path, name: str, data: bytes | str) -> Path:
+    (tmp_path / "rb").mkdir(exist_ok=True)
+    path = tmp_path / "rb" / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def config_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_non_utf8_runbook_is_a_config_error_and_the_others_still_list(tmp_path):
+    # read_text() raised UnicodeDecodeError out of load_library: `runbook list` (and show/run of any runbook) crashed
+    bad = write(tmp_path, "latin.yaml", b"title: Caf\xe9 down\nwhen: [x]\nsteps: []\n")
+    config_error(runbook(tmp_path, "show", "latin"), str(bad), "UTF-8")
+    proc = runbook(tmp_path, "list", "--json")
+    config_error(proc, str(bad))
+    import json
+
+    names = {r["name"] for r in json.loads(proc.stdout)["runbooks"]}
+    assert "connection-resets" in names
