@@ -251,6 +251,10 @@ def _cross_check(rb: Runbook, source: str, lines: dict[tuple, int]) -> None:
             loc = loc if isinstance(loc, tuple) else (loc,)
             if target not in FLOW_WORDS and target not in ids:
                 raise ConfigError(f"{at(*loc)}: {'.'.join(loc)} {target!r} is not next, stop or a step id ({', '.join(ids)})")
+            if target in ids[: i + 1]:
+                # Forward-only branches keep the step graph acyclic: a loop could repeat an action without end.
+                raise ConfigError(f"{at(*loc)}: {'.'.join(loc)} {target!r} branches back to step {target!r}, which "
+                                  f"makes a loop", fix="branch only to later steps; use wait: true to poll a check")
         for loc, text in _templates(step):
             try:
                 fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]

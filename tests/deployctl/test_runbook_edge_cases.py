@@ -44,3 +44,45 @@ def test_non_utf8_runbook_is_a_config_error_and_the_others_still_list(tmp_path):
 
     names = {r["name"] for r in json.loads(proc.stdout)["runbooks"]}
     assert "connection-resets" in names
+
+
+CYCLE = """title: Cycle
+when: [never]
+steps:
+  - id: a
+    title: A
+    check: {{command: {{run: "echo a >> {counter}"}}}}
+    expect: "== 0"
+    on_pass: b
+  - id: b
+    title: B
+    check: {{command: {{run: "echo b >> {counter}"}}}}
+    expect: "== 0"
+    on_pass: a
+"""
+
+
+def test_a_cycle_of_step_branches_is_refused_before_anything_runs(tmp_path):
+    # b -> a -> b ... ran each check 50 times (MAX_STEPS_PER_HOST = 100), then reported the host "healthy", exit 0;
+    # with an action in the loop it would act 50 times
+    counter = tmp_path / "counter"
+    path = write(tmp_path, "cycle.yaml", CYCLE.format(counter=counter))
+    config_error(runbook(tmp_path, "show", "cycle"), str(path), "on_pass", "'a'")
+    (tmp_path / "deploy.yaml").write_text(
+        "service: {name: svc}\nmodel: {path: /nonexistent/model}\nengine: {device: cpu}\n"
+        f"hosts:\n  - {{name: h1, address: local, deploy_root: {tmp_path / 'root'}, launcher: process}}\n")
+    config_error(runbook(tmp_path, "run", "cycle", "--yes", "-c", str(tmp_path / "deploy.yaml")), str(path))
+    assert not counter.exists()
+
+
+def test_a_step_branching_to_itself_is_refused(tmp_path):
+    path = write(tmp_path, "self.yaml", """title: Self
+when: [never]
+steps:
+  - id: a
+    title: A
+    check: {process: {}}
+    expect: is true
+    on_fail: {action: restart, verify: false, then: a}
+""")
+    config_error(runbook(tmp_path, "show", "self"), str(path), "on_fail.then", "'a'")
