@@ -105,6 +105,17 @@ class HostConfig(_Frozen):
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
 
+    @field_validator("deploy_root")
+    @classmethod
+    def _absolute_root(cls, v: str) -> str:
+        # Releases, the current link and state/ are joined onto it on the host: a relative root lands in the
+        # working directory (or the SSH home), "/" puts releases/ at the top of the filesystem.
+        parts = v.split("/")
+        if not v.startswith("/") or v.rstrip("/") == "" or any(p in (".", "..") for p in parts):
+            raise ValueError("deploy_root must be an absolute directory below / without . or .. parts, "
+                             "e.g. /opt/deployctl/SERVICE")
+        return v
+
     @property
     def is_local(self) -> bool:
         return self.address == "local"
