@@ -86,3 +86,25 @@ steps:
     on_fail: {action: restart, verify: false, then: a}
 """)
     config_error(runbook(tmp_path, "show", "self"), str(path), "on_fail.then", "'a'")
+
+
+def test_a_repeated_host_is_run_once(tmp_path):
+    # `--host h1 --host h1` ran the whole runbook twice on h1 (with --yes, every action twice)
+    counter = tmp_path / "counter"
+    write(tmp_path, "once.yaml", f"""title: Once
+when: [never]
+steps:
+  - id: a
+    title: A
+    check: {{command: {{run: "echo a >> {counter}"}}}}
+    expect: "== 0"
+""")
+    (tmp_path / "deploy.yaml").write_text(
+        "service: {name: svc}\nmodel: {path: /nonexistent/model}\nengine: {device: cpu}\n"
+        f"hosts:\n  - {{name: h1, address: local, deploy_root: {tmp_path / 'root'}, launcher: process}}\n")
+    proc = runbook(tmp_path, "run", "once", "--host", "h1", "--host", "h1", "--json", "-c", str(tmp_path / "deploy.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    assert [h["host"] for h in json.loads(proc.stdout)["hosts"]] == ["h1"]
+    assert counter.read_text() == "a\n"
