@@ -38,3 +38,28 @@ def test_check_timeout_that_is_not_a_positive_number_is_a_usage_error(tmp_path, 
     proc = hosts(tmp_path, "check", "--timeout", timeout)
     assert proc.returncode == 2, proc.stderr
     assert "--timeout" in one_error_line(proc)
+
+
+@pytest.fixture
+def silent_listener():
+    """A loopback port that accepts connections and never sends an SSH banner."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+@pytest.mark.parametrize("command", [["trust", "h1", "--yes"], ["check"]])
+def test_a_port_that_never_speaks_ssh_is_one_line_naming_the_banner(tmp_path, silent_listener, command):
+    # paramiko's own log leaked "Exception (client): Error reading SSH protocol banner" as a second stderr line,
+    # and the error said "No existing session", which names nothing the operator can fix
+    write_cfg(tmp_path, f"{{name: h1, address: 127.0.0.1, port: {silent_listener}, "
+                        f"deploy_root: {tmp_path / 'root'}, connect_timeout_s: 1}}")
+    proc = hosts(tmp_path, *command)
+    assert proc.returncode == 4, proc.stderr
+    err = proc.stderr if command[0] == "trust" else proc.stdout + proc.stderr
+    assert "Exception (client)" not in err and "No existing session" not in err, err
+    assert "SSH banner" in err and f"127.0.0.1:{silent_listener}" in err, err
+    if command[0] == "trust":
+        one_error_line(proc)
