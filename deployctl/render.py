@@ -152,8 +152,11 @@ def _check_api_key(api_key: str | None) -> None:
 
 def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dict[str, Any]:
     """Names shared by the per-host templates (unit, launcher, container files)."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", release_id):
-        raise ConfigError(f"release id {release_id!r} is not a valid name", fix="use letters, digits and . _ -")
+    # It is a directory name, a Docker tag and a Kubernetes label value: the last is the strictest (<= 63
+    # characters, alphanumeric at both ends).
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", release_id):
+        raise ConfigError(f"release id {release_id!r} is not a valid name",
+                          fix="use at most 63 letters, digits and . _ -, starting and ending with a letter or digit")
     _safe_path(host.deploy_root, f"hosts[{host.name}].deploy_root")
     _safe_path(host.python, f"hosts[{host.name}].python")
     _safe_path(cfg.model.path, "model.path")

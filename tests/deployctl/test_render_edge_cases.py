@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -158,3 +159,15 @@ def test_local_hosts_on_distinct_ports_render_and_pass_nginx(tmp_path):
     assert proc.returncode == 0, proc.stderr
     conf = (tmp_path / "o/router/chat-7b.conf").read_text()
     assert "server 127.0.0.1:8080;" in conf and "server 127.0.0.1:8081;" in conf
+
+
+@pytest.mark.parametrize("release_id,target", [("r1-", "k8s"), ("r1_", "k8s-rollout"), ("a" * 64, "k8s"),
+                                               ("a" * 200, "container"), ("a" * 300, "systemd")])
+def test_release_id_that_is_not_a_label_tag_and_file_name_is_refused(tmp_path, release_id, target):
+    # passed every validator and rendered: a k8s label value that kubectl rejects (must end alphanumeric, <= 63),
+    # an image tag Docker rejects (> 128), a release directory name over NAME_MAX (255)
+    cfg = write_config(tmp_path / "deploy.yaml")
+    proc = subprocess.run([sys.executable, "-m", "deployctl", "render", "-c", str(cfg), "--out", str(tmp_path / "o"),
+                           "--release-id", release_id, "--target", target, "--no-validate"],
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    assert_refused(proc, 3, "release id")
