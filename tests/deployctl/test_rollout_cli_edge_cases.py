@@ -72,3 +72,15 @@ def test_corrupt_rollout_state_is_not_taken_for_no_rollout(tmp_path, command):
     err = proc.stderr.strip()
     assert proc.returncode != 0, err
     assert "rollout.json" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("pct", ["150", "0", "-5", "100"])
+def test_deploy_canary_out_of_range_is_a_usage_error_before_any_host_is_touched(tmp_path, pct):
+    # --canary was checked only when the plan was made, after preflight had probed every host (minutes on a
+    # fleet) and failed or passed on its own; the operator's typo came last or never
+    cfg = write_cfg(tmp_path, str(tmp_path / "root"))
+    proc = cli(tmp_path, "deploy", "--canary", pct, "--yes", "-c", str(cfg))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and "--canary" in err and "preflight" not in err, err
+    assert not (tmp_path / "root").exists()
