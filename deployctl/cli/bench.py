@@ -1,6 +1,7 @@
 """`deployctl bench`: the load ladder and the knee (deployctl.bench does the work; this module shows it)."""
 from __future__ import annotations
 
+import math
 import os
 import random
 from pathlib import Path
@@ -70,8 +71,8 @@ def _api_key(env_name: Optional[str]) -> Optional[str]:
 
 
 def _positive(name: str, value: Optional[float]) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"{name} {value} must be positive", fix=f"pass {name} > 0 or leave it out")
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{name} {value} must be a positive finite number", fix=f"pass {name} > 0 or leave it out")
 
 
 def _fmt(d: dict, q: str) -> str:

@@ -159,3 +159,11 @@ def test_concurrency_beyond_the_open_file_limit_is_a_usage_error(run_bench):
     line = one_line(err)
     assert "--concurrency" in line and str(too_many) in line and "ulimit -n" in line
     assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--max-level-seconds", "--rate"])
+def test_infinite_bounds_are_usage_errors(run_bench, flag):
+    # --timeout inf was accepted: a server that never answers then hung bench for ever
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, flag, "inf", timeout=60)
+    assert code == 2, err
+    assert flag in one_line(err)
