@@ -31,11 +31,12 @@ def render(
 
     cfg = load_config(config)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot create the directory: {exc.strerror}",
+        paths = render_all(cfg, out, target=target, release_id=release_id)
+    except OSError as exc:  # writing under --out (a file, no permission, read-only filesystem)
+        if exc.filename is not None and not str(exc.filename).startswith(str(out)):
+            raise
+        raise UsageError(f"--out {out}: cannot write {exc.filename or out}: {exc.strerror}",
                          fix="pass a directory that exists or can be created (not a file)") from None
-    paths = render_all(cfg, out, target=target, release_id=release_id)
     release = json.loads((out / "RENDER.json").read_text())["release_id"]
     results = [] if no_validate else validate_tree(cfg, out)
     failed = [r for r in results if not r.ok]
