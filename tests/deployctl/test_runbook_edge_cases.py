@@ -108,3 +108,19 @@ steps:
 
     assert [h["host"] for h in json.loads(proc.stdout)["hosts"]] == ["h1"]
     assert counter.read_text() == "a\n"
+
+
+def test_a_bad_regex_in_expect_is_a_config_error_naming_the_file(tmp_path):
+    # re.compile's re.error is no ValueError: it escaped pydantic and load_library, so `runbook show` of ANY runbook
+    # (and list, and run) crashed with a traceback
+    bad = write(tmp_path, "regex.yaml", """title: Regex
+when: [never]
+steps:
+  - id: a
+    title: A
+    check: {command: {run: "true"}}
+    expect: "matches ([unclosed"
+""")
+    config_error(runbook(tmp_path, "show", "regex"), str(bad), "matches ([unclosed")
+    proc = runbook(tmp_path, "show", "connection-resets")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
