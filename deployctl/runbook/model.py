@@ -41,6 +41,9 @@ ACTIONS = CHANGING_ACTIONS + ("escalate",)
 _TYPE_TAGS = ("str", "int", "float", "bool", "literal")
 
 
+MAX_WAIT_S = 24 * 3600  # longest timeout_s / window_s: a runbook step must end
+
+
 class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,7 +64,7 @@ class MetricCheck(_M):
     labels: dict[str, str] = Field(default_factory=dict)
     stat: Literal["value", "present", "quantile", "mean", "tail_ratio", "count", "increase"] = "value"
     q: Optional[float] = Field(None, gt=0, le=1)
-    window_s: float = Field(0, ge=0)
+    window_s: float = Field(0, ge=0, le=MAX_WAIT_S)
     no_data: Literal["pass", "fail"] = "pass"  # a histogram without observations (no requests yet) is nothing to judge
 
     @model_validator(mode="after")
@@ -151,7 +154,7 @@ class Action(_M):
     set: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
     confirm: Optional[bool] = None
     then: str = "stop"
-    timeout_s: float = Field(60, gt=0)
+    timeout_s: float = Field(60, gt=0, le=MAX_WAIT_S)
     verify: bool = True  # false: the step's check says nothing about this action (abort moves traffic only)
 
     @model_validator(mode="after")
@@ -179,7 +182,7 @@ class Step(_M):
     why: Optional[str] = None
     check: Check
     expect: str
-    timeout_s: float = Field(30, gt=0)
+    timeout_s: float = Field(30, gt=0, le=MAX_WAIT_S)
     wait: bool = False
     record: list[str] = Field(default_factory=list)
     on_pass: str = "next"

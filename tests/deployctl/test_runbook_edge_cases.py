@@ -124,3 +124,18 @@ steps:
     config_error(runbook(tmp_path, "show", "regex"), str(bad), "matches ([unclosed")
     proc = runbook(tmp_path, "show", "connection-resets")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_infinite_timeout_is_a_config_error(tmp_path):
+    # `timeout_s: .inf` with `wait: true` polled a failing check for ever (and window_s: .inf slept for ever)
+    bad = write(tmp_path, "forever.yaml", """title: Forever
+when: [never]
+steps:
+  - id: a
+    title: A
+    check: {process: {}}
+    expect: is true
+    timeout_s: .inf
+    wait: true
+""")
+    config_error(runbook(tmp_path, "show", "forever"), str(bad), "timeout_s")
