@@ -181,6 +181,8 @@ def bench(
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
         _positive(name, value)
+    if plot is not None and (plot.suffix.lower() != ".png" or plot.is_dir()):
+        raise UsageError(f"--plot {plot} is not a .png file name", fix="e.g. --plot bench.png")
     if plot is not None and not plot.resolve().parent.is_dir():
         raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
     if not 0 <= max_error_rate < 1:

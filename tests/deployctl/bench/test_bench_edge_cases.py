@@ -167,3 +167,14 @@ def test_infinite_bounds_are_usage_errors(run_bench, flag):
     code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, flag, "inf", timeout=60)
     assert code == 2, err
     assert flag in one_line(err)
+
+
+@pytest.mark.parametrize("name", ["x.txt", "noext", "adir"])
+def test_plot_that_is_not_a_png_file_is_refused_before_the_ladder(run_bench, tmp_path, name):
+    # x.txt: matplotlib's ValueError traceback after the whole ladder ran (and before --json printed: results lost);
+    # noext / a directory: it wrote noext.png / adir.png and said "plot written to noext"
+    (tmp_path / "adir").mkdir()
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, "--plot", str(tmp_path / name), timeout=60)
+    assert code == 2, err
+    assert "--plot" in one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
