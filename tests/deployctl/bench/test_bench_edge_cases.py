@@ -178,3 +178,12 @@ def test_plot_that_is_not_a_png_file_is_refused_before_the_ladder(run_bench, tmp
     assert code == 2, err
     assert "--plot" in one_line(err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+
+
+def test_plot_of_a_ladder_where_nothing_succeeded_prints_no_matplotlib_warning(run_bench, tmp_path):
+    # matplotlib's "UserWarning: No artists with labels found to put in legend" leaked onto stderr
+    plot = tmp_path / "p.png"
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, "--plot", str(plot), timeout=60)
+    assert code == 1, err
+    assert plot.stat().st_size > 0
+    assert "UserWarning" not in err and "plot.py" not in err, err
