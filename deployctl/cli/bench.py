@@ -43,22 +43,22 @@ def _concurrencies(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _check_url(url: str) -> None:
-    """An http(s) URL with a host and a port in 1..65535, else UsageError (exit 2)."""
+def _check_url(url: str, flag: str = "--url") -> None:
+    """An http(s) URL with a host and a port in 1..65535, else UsageError (exit 2) naming ``flag``."""
     from urllib.parse import urlsplit
 
-    fix = "e.g. --url http://127.0.0.1:8000"
+    fix = f"e.g. {flag} http://127.0.0.1:8000" + ("/metrics" if flag == "--metrics-url" else "")
     if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r} is not an http(s) URL", fix=fix)
+        raise UsageError(f"{flag} {url!r} is not an http(s) URL", fix=fix)
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as exc:
-        raise UsageError(f"--url {url!r} is not a valid URL ({exc})", fix=fix) from None
+        raise UsageError(f"{flag} {url!r} is not a valid URL ({exc})", fix=fix) from None
     if not parts.hostname:
-        raise UsageError(f"--url {url!r} has no host", fix=fix)
+        raise UsageError(f"{flag} {url!r} has no host", fix=fix)
     if port == 0:
-        raise UsageError(f"--url {url!r}: port 0 cannot be connected to", fix=fix)
+        raise UsageError(f"{flag} {url!r}: port 0 cannot be connected to", fix=fix)
 
 
 def _api_key(env_name: Optional[str]) -> Optional[str]:
@@ -173,6 +173,8 @@ def bench(
     from deployctl.bench.stats import Objectives
 
     _check_url(url)
+    if metrics_url is not None:
+        _check_url(metrics_url, "--metrics-url")
     if route not in ROUTES:
         raise UsageError(f"--route {route!r} is not a route", fix="use --route chat or --route completions")
     if requests < 1:

@@ -187,3 +187,11 @@ def test_plot_of_a_ladder_where_nothing_succeeded_prints_no_matplotlib_warning(r
     assert code == 1, err
     assert plot.stat().st_size > 0
     assert "UserWarning" not in err and "plot.py" not in err, err
+
+
+@pytest.mark.parametrize("metrics_url", ["http://127.0.0.1:99999/metrics", "http://[::1/metrics", "notaurl"])
+def test_bad_metrics_url_is_a_usage_error(run_bench, metrics_url):
+    # the first two crashed the ladder (OverflowError / InvalidURL tracebacks out of the scrape)
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, "--metrics-url", metrics_url, timeout=60)
+    assert code == 2, err
+    assert "--metrics-url" in one_line(err)
