@@ -195,3 +195,34 @@ def test_bad_metrics_url_is_a_usage_error(run_bench, metrics_url):
     code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, "--metrics-url", metrics_url, timeout=60)
     assert code == 2, err
     assert "--metrics-url" in one_line(err)
+
+
+@pytest.mark.parametrize("spec", ["normal:nan,1", "normal:inf,1", "lognormal:inf,0.5", "1000000000", "1-1000000000"])
+def test_length_spec_that_is_not_finite_or_is_absurd_is_a_usage_error(run_bench, spec):
+    # nan/inf passed the spec check and crashed when sampled (ValueError/OverflowError tracebacks); 10**9 words per
+    # prompt built for ever
+    t0 = time.monotonic()
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", *FAST, "--input-len", spec, timeout=60)
+    assert code == 2, err
+    assert "--input-len" in one_line(err)
+    assert time.monotonic() - t0 < 30
+
+
+def test_wide_lognormal_lengths_are_clamped_not_overflowed():
+    import random
+
+    from deployctl.bench.workload import MAX_LEN, parse_length_spec
+
+    sample = parse_length_spec("lognormal:128,1000", "--input-len")  # exp() of ~1000 sigma overflowed
+    rng = random.Random(0)
+    values = [sample(rng) for _ in range(200)]
+    assert all(1 <= v <= MAX_LEN for v in values) and MAX_LEN in values and 1 in values
+
+
+def test_long_synthetic_prompts_keep_the_pool_bounded(monkeypatch):
+    # 4096 prompts of 2**20 words (a valid --input-len) was ~20 GB built before the first request
+    from deployctl.bench import workload
+
+    monkeypatch.setattr(workload, "WORD_BUDGET", 1000)
+    pool = workload.synthetic(4096, "300", "4", seed=0)
+    assert len(pool) == 4 and all(len(r.prompt.split()) == 300 for r in pool)
