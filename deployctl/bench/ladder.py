@@ -141,7 +141,7 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
                 emit()
 
             emit()
-            await warm_connections(client, cfg.target, conc)
+            await warm_connections(client, cfg.target, conc, timeout=min(5.0, cfg.timeout))
             before = await _try_scrape(client, cfg, metrics_headers)
             results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
             stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
@@ -152,13 +152,13 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
     return levels
 
 
-async def warm_connections(client: httpx.AsyncClient, target: Target, num: int) -> None:
+async def warm_connections(client: httpx.AsyncClient, target: Target, num: int, timeout: float = 5.0) -> None:
     """Open up to ``num`` keep-alive connections (concurrent GET /v1/models) so that a level measures the server,
     not TCP handshakes when the ladder steps up. Failures are ignored: the level's requests will count them."""
 
     async def get() -> None:
         try:
-            await client.get(target.base_url + "/v1/models", headers=target.headers(), timeout=5.0)
+            await client.get(target.base_url + "/v1/models", headers=target.headers(), timeout=timeout)
         except httpx.HTTPError:
             pass
 

@@ -226,3 +226,21 @@ def test_long_synthetic_prompts_keep_the_pool_bounded(monkeypatch):
     monkeypatch.setattr(workload, "WORD_BUDGET", 1000)
     pool = workload.synthetic(4096, "300", "4", seed=0)
     assert len(pool) == 4 and all(len(r.prompt.split()) == 300 for r in pool)
+
+
+def test_connection_warm_up_is_bounded_by_the_request_timeout(raw_server):
+    # the warm-up GET /v1/models waited a fixed 5 s per level on a silent server, whatever --timeout said
+    import asyncio
+
+    from deployctl.bench.client import Target, make_client
+    from deployctl.bench.ladder import warm_connections
+
+    srv = raw_server(None)
+
+    async def warm() -> float:
+        async with make_client(4, 0.3) as client:
+            t0 = time.monotonic()
+            await warm_connections(client, Target(base_url=f"http://127.0.0.1:{srv.port}"), 2, timeout=0.3)
+            return time.monotonic() - t0
+
+    assert asyncio.run(warm()) < 3.0  # 0.3 s asked; the old fixed bound was 5 s
