@@ -18,6 +18,13 @@ from deployctl.yamlsource import parse_yaml
 from deployctl.units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
+# Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
+# timeouts and k8s manifests, which reject infinity and absurd values.
+MAX_SECONDS = 7 * 24 * 3600
+# A login name (POSIX portable, 32 characters): it is written after User= in units and used for SSH.
+USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
+# An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
 
 class _Frozen(BaseModel):
@@ -68,12 +75,12 @@ class ServerConfig(_Frozen):
     bind: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_key_env: Optional[str] = None
-    request_timeout_s: float = Field(120, gt=0)
+    request_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS)
     max_queued_requests: int = Field(256, gt=0)
-    drain_timeout_s: float = Field(30, gt=0)
+    drain_timeout_s: float = Field(30, gt=0, le=MAX_SECONDS)
     # Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s
     # startup probe budget and the container healthcheck's start period.
-    startup_timeout_s: float = Field(600, gt=0)
+    startup_timeout_s: float = Field(600, gt=0, le=MAX_SECONDS)
     log_prompts: bool = False
 
     @property
@@ -87,7 +94,7 @@ class ServerConfig(_Frozen):
 class HostConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     address: str  # "local" runs on this machine without SSH
-    user: Optional[str] = None
+    user: Optional[str] = Field(None, pattern=USER_PATTERN)
     port: int = Field(22, ge=1, le=65535)
     deploy_root: str
     python: str = "python3"
@@ -95,8 +102,19 @@ class HostConfig(_Frozen):
     gpu: int = Field(0, ge=0)
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
-    connect_timeout_s: float = Field(10, gt=0)
+    connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
+
+    @field_validator("deploy_root")
+    @classmethod
+    def _absolute_root(cls, v: str) -> str:
+        # Releases, the current link and state/ are joined onto it on the host: a relative root lands in the
+        # working directory (or the SSH home), "/" puts releases/ at the top of the filesystem.
+        parts = v.split("/")
+        if not v.startswith("/") or v.rstrip("/") == "" or any(p in (".", "..") for p in parts):
+            raise ValueError("deploy_root must be an absolute directory below / without . or .. parts, "
+                             "e.g. /opt/deployctl/SERVICE")
+        return v
 
     @property
     def is_local(self) -> bool:
@@ -106,7 +124,7 @@ class HostConfig(_Frozen):
 class RouterConfig(_Frozen):
     kind: Literal["nginx"] = "nginx"
     host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
-    user: Optional[str] = None  # SSH settings when host is an address, not a name from hosts:
+    user: Optional[str] = Field(None, pattern=USER_PATTERN)  # SSH settings when host is an address, not a name from hosts:
     port: int = Field(22, ge=1, le=65535)
     ssh_key: Optional[str] = None
     listen: int = Field(80, ge=1, le=65535)
@@ -116,9 +134,20 @@ class RouterConfig(_Frozen):
     nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
     access_log: Optional[str] = None  # JSON access log read by canary analysis
 
+    @field_validator("listen_address")
+    @classmethod
+    def _ip_address(cls, v: Optional[str]) -> Optional[str]:
+        # Written into nginx's `listen ADDRESS:PORT;`: anything but an IP address could add directives.
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError("listen_address must be an IP address such as 127.0.0.1 or ::1") from None
+        return v
+
 
 class AnalysisConfig(_Frozen):
-    interval_s: float = Field(30, gt=0)
+    interval_s: float = Field(30, gt=0, le=MAX_SECONDS)
     min_requests: int = Field(20, ge=1)
     max_error_rate: float = Field(0.01, ge=0, le=1)
     max_p99_ttft_ratio: float = Field(2.0, gt=0)
@@ -145,15 +174,15 @@ class SloConfig(_Frozen):
 class ContainerConfig(_Frozen):
     """Container and Kubernetes targets."""
 
-    image: Optional[str] = None  # default: deployctl/<service>:<release_id>
-    base_image: Optional[str] = None  # default: a CUDA runtime image on cuda, python slim on cpu
+    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: deployctl/<service>:<release_id>
+    base_image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: a CUDA runtime image on cuda, python slim on cpu
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class RolloutConfig(_Frozen):
     canary_hosts: int = Field(1, ge=1)
     steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100])
-    pause_s: float = Field(300, ge=0)
+    pause_s: float = Field(300, ge=0, le=MAX_SECONDS)
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     keep_releases: int = Field(5, ge=2)
 

@@ -117,6 +117,9 @@ class SSHTransport:
             reason = f"cannot resolve {conn.host!r}"
         elif isinstance(exc, (socket.timeout, TimeoutError)):
             reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
+        elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
+            reason = (f"no SSH banner within {self.cfg.connect_timeout_s:g} s (something listens there but does not "
+                      "speak SSH, or sshd is overloaded)")
         else:
             reason = " ".join(str(exc).split()) or type(exc).__name__
         return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=name,

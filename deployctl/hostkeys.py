@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ from pathlib import Path
 import paramiko
 
 from deployctl.hosts import known_hosts_path
+
+# paramiko logs transport failures ("Exception (client): Error reading SSH protocol banner") through Python's
+# last-resort handler onto stderr; deployctl reports each failure itself, in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -89,6 +94,8 @@ def fetch_host_key(hostname: str, port: int, *, timeout: float = 10,
         options.key_types = tuple(first + [t for t in options.key_types if t not in first])
     try:
         transport.start_client(timeout=timeout)
+        if not transport.is_active():  # start_client can return at its timeout before the banner check fails
+            raise transport.get_exception() or paramiko.SSHException("Error reading SSH protocol banner")
         return transport.get_remote_server_key()
     finally:
         transport.close()

@@ -65,7 +65,8 @@ def _environment():
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # a YAML/JSON scalar
+    # A YAML/JSON scalar, ASCII with \u escapes: YAML reads U+2028, U+0085 as line breaks and refuses U+007F raw.
+    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=True)
     env.filters["sh"] = lambda v: shlex.quote(str(v))
     return env
 
@@ -153,8 +154,11 @@ def _check_api_key(api_key: str | None) -> None:
 
 def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dict[str, Any]:
     """Names shared by the per-host templates (unit, launcher, container files)."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", release_id):
-        raise ConfigError(f"release id {release_id!r} is not a valid name", fix="use letters, digits and . _ -")
+    # It is a directory name, a Docker tag and a Kubernetes label value: the last is the strictest (<= 63
+    # characters, alphanumeric at both ends).
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", release_id):
+        raise ConfigError(f"release id {release_id!r} is not a valid name",
+                          fix="use at most 63 letters, digits and . _ -, starting and ending with a letter or digit")
     _safe_path(host.deploy_root, f"hosts[{host.name}].deploy_root")
     _safe_path(host.python, f"hosts[{host.name}].python")
     _safe_path(cfg.model.path, "model.path")
@@ -237,6 +241,24 @@ def _upstream_address(host: HostConfig) -> str:
     return address
 
 
+def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -> None:
+    """Two routed runtimes on one address and port (the second cannot bind; nginx would list one server twice),
+    or the router listening on a runtime's port on its own machine: ConfigError (exit 3)."""
+    seen: dict[tuple[str, int], str] = {}
+    for h in hosts:
+        key = (_upstream_address(h), host_port(cfg, h))
+        if key in seen:
+            raise ConfigError(f"hosts {seen[key]!r} and {h.name!r} both run the runtime on {key[0]}:{key[1]}",
+                              fix=f"give hosts[{h.name}].server_port another port")
+        seen[key] = h.name
+    router_host = cfg.router_host()
+    if router_host is not None:
+        clash = seen.get((_upstream_address(router_host), listen_port))
+        if clash:
+            raise ConfigError(f"router.listen {listen_port} is the runtime port of host {clash!r} on the router's "
+                              "machine", fix=f"pick another router.listen or hosts[{clash}].server_port")
+
+
 def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
                  drained: set[str] = frozenset()) -> str:
     """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
@@ -260,6 +282,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
                             "address": _upstream_address(h), "port": host_port(cfg, h), "params": params})
     router = cfg.router
     listen_port = router.listen if router else 80
+    _check_ports(cfg, stable + canary, listen_port)
     listen_addr = router.listen_address if router else None
     if listen_addr and ":" in listen_addr:
         listen_addr = f"[{listen_addr}]"

@@ -8,10 +8,11 @@ request by ``timeout``. Failures are counted per reason, never raised.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import httpx
 
@@ -19,6 +20,10 @@ from deployctl.bench import server_metrics
 from deployctl.bench.client import RequestResult, Target, make_client, send
 from deployctl.bench.stats import LevelStats, Objectives, level_stats
 from deployctl.bench.workload import BenchRequest
+
+
+# Distinct requests built up front; a longer level cycles through them (10**9 requests must not build 10**9 prompts).
+POOL_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -62,25 +67,31 @@ ProgressFn = Callable[[Progress], None]
 def poisson_arrivals(rate: float, num: int, seed: int) -> list[float]:
     """Send times (seconds from the level's start) of ``num`` requests arriving as a Poisson process of
     ``rate`` requests/s: exponential gaps with mean 1/rate, seeded. The first request goes at 0."""
+    return list(_poisson_times(rate, num, seed))
+
+
+def _poisson_times(rate: float, num: int, seed: int) -> Iterator[float]:
     rng = random.Random(seed)
-    times, t = [], 0.0
+    t = 0.0
     for i in range(num):
         if i:
             t += rng.expovariate(rate)
-        times.append(t)
-    return times
+        yield t
 
 
 async def run_level(
     client: httpx.AsyncClient,
     cfg: LadderConfig,
-    requests: Sequence[BenchRequest],
+    requests: Sequence[BenchRequest] | Iterable[BenchRequest],
     concurrency: int,
     on_done: Callable[[RequestResult], None] | None = None,
+    count: int | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` at this level; returns the results and the level's wall time in seconds."""
+    """Send ``requests`` (``count`` of them when it is an iterator) at this level; returns the results and the
+    level's wall time in seconds."""
     slots = asyncio.Semaphore(concurrency)
-    arrivals = poisson_arrivals(cfg.rate, len(requests), cfg.seed + concurrency) if cfg.rate else None
+    num = len(requests) if count is None else count  # type: ignore[arg-type]
+    arrivals = _poisson_times(cfg.rate, num, cfg.seed + concurrency) if cfg.rate else None
     results: list[RequestResult] = []
     tasks: list[asyncio.Task] = []
 
@@ -95,9 +106,9 @@ async def run_level(
 
     start = time.perf_counter()
     deadline = start + cfg.max_level_s if cfg.max_level_s else None
-    for i, req in enumerate(requests):
+    for req in itertools.islice(requests, num):
         if arrivals is not None:
-            delay = start + arrivals[i] - time.perf_counter()
+            delay = start + next(arrivals) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         await slots.acquire()
@@ -116,12 +127,12 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
     metrics_headers = cfg.target.headers()
     async with make_client(max_conc + 4, cfg.timeout) as client:
         for index, conc in enumerate(cfg.concurrencies):
-            reqs = list(requests[: cfg.level_requests(conc)])
+            total = cfg.level_requests(conc)
             counts = {"done": 0, "ok": 0}
 
-            def emit(stats: LevelStats | None = None, conc=conc, reqs=reqs, counts=counts, index=index) -> None:
+            def emit(stats: LevelStats | None = None, conc=conc, total=total, counts=counts, index=index) -> None:
                 if on_progress is not None:
-                    on_progress(Progress(index, len(cfg.concurrencies), conc, len(reqs), counts["done"],
+                    on_progress(Progress(index, len(cfg.concurrencies), conc, total, counts["done"],
                                          counts["ok"], counts["done"] - counts["ok"], stats))
 
             def on_done(res: RequestResult, counts=counts, emit=emit) -> None:
@@ -130,9 +141,9 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
                 emit()
 
             emit()
-            await warm_connections(client, cfg.target, conc)
+            await warm_connections(client, cfg.target, conc, timeout=min(5.0, cfg.timeout))
             before = await _try_scrape(client, cfg, metrics_headers)
-            results, duration = await run_level(client, cfg, reqs, conc, on_done)
+            results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
             stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
             if cfg.metrics_url:
                 stats.server = await _server_window(client, cfg, metrics_headers, before, stats)
@@ -141,13 +152,13 @@ async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress:
     return levels
 
 
-async def warm_connections(client: httpx.AsyncClient, target: Target, num: int) -> None:
+async def warm_connections(client: httpx.AsyncClient, target: Target, num: int, timeout: float = 5.0) -> None:
     """Open up to ``num`` keep-alive connections (concurrent GET /v1/models) so that a level measures the server,
     not TCP handshakes when the ladder steps up. Failures are ignored: the level's requests will count them."""
 
     async def get() -> None:
         try:
-            await client.get(target.base_url + "/v1/models", headers=target.headers(), timeout=5.0)
+            await client.get(target.base_url + "/v1/models", headers=target.headers(), timeout=timeout)
         except httpx.HTTPError:
             pass
 
@@ -179,9 +190,8 @@ async def _server_window(client, cfg: LadderConfig, headers, before, stats: Leve
 
 
 def run_ladder(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress: ProgressFn | None = None) -> list[LevelStats]:
-    """Run every level in order; ``requests`` must hold at least the largest level's count (see
-    ``LadderConfig.level_requests``). Returns one LevelStats per level."""
-    need = max(cfg.level_requests(c) for c in cfg.concurrencies)
-    if len(requests) < need:
-        raise ValueError(f"run_ladder needs {need} requests, got {len(requests)}")
+    """Run every level in order; each level sends ``LadderConfig.level_requests`` of ``requests`` in order,
+    cycling when it needs more than there are (at least one). Returns one LevelStats per level."""
+    if not requests:
+        raise ValueError("run_ladder needs at least one request")
     return asyncio.run(_run(cfg, requests, on_progress))

@@ -51,8 +51,9 @@ def write_plot(levels: Sequence[LevelStats], knee: Knee, path: Path, title: str 
         ax.grid(True, alpha=0.3)
         if knee.concurrency is not None:
             ax.axvline(knee.concurrency, color="red", alpha=0.6, label=f"knee ({knee.concurrency})")
-    ax_lat.legend(fontsize=7, loc="upper left")
-    ax_tok.legend(fontsize=7, loc="upper left")
+    for ax in (ax_lat, ax_tok):
+        if ax.get_legend_handles_labels()[0]:  # no request succeeded: nothing to label (matplotlib would warn)
+            ax.legend(fontsize=7, loc="upper left")
     handles, labels = ax_thr.get_legend_handles_labels()
     more_handles, more_labels = ax_req.get_legend_handles_labels()
     ax_thr.legend(handles + more_handles, labels + more_labels, fontsize=7, loc="upper left")

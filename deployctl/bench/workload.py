@@ -46,11 +46,24 @@ class BenchRequest:
         return [{"role": "user", "content": self.prompt or ""}]
 
 
+MAX_LEN = 1 << 20  # words or tokens per request: far beyond any context window, small enough to build
+WORD_BUDGET = 1 << 24  # words across the synthetic pool (~100 MB of prompts)
+
+
 def parse_length_spec(spec: str, what: str) -> Callable[[random.Random], int]:
-    """A sampler ``rng -> int >= 1`` from a spec (see module docstring). Raises UsageError on a bad spec."""
+    """A sampler ``rng -> int in 1..MAX_LEN`` from a spec (see module docstring). Raises UsageError on a bad spec
+    (not finite, or a length over MAX_LEN)."""
+    sample = _parse_length_spec(spec, what)
+    return lambda rng: min(MAX_LEN, sample(rng))
+
+
+def _parse_length_spec(spec: str, what: str) -> Callable[[random.Random], int]:
     text = spec.strip()
-    fix = f"use e.g. {what} 128, {what} 64-256, {what} normal:128,32 or {what} lognormal:128,0.5"
+    fix = f"use e.g. {what} 128, {what} 64-256, {what} normal:128,32 or {what} lognormal:128,0.5 (at most {MAX_LEN})"
+    numbers = [x for x in text.split(":")[-1].replace("-", ",").split(",") if x.strip()]
     try:
+        if any(not math.isfinite(float(x)) or float(x) > MAX_LEN for x in numbers):
+            raise ValueError
         if text.startswith("normal:"):
             mean, std = (float(x) for x in text[len("normal:"):].split(","))
             if mean < 1 or std < 0:
@@ -60,7 +73,9 @@ def parse_length_spec(spec: str, what: str) -> Callable[[random.Random], int]:
             median, sigma = (float(x) for x in text[len("lognormal:"):].split(","))
             if median < 1 or sigma < 0:
                 raise ValueError
-            return lambda rng: max(1, round(rng.lognormvariate(math.log(median), sigma)))
+            # lognormvariate is exp(normalvariate): clamp in log space so a large sigma cannot overflow exp
+            return lambda rng: max(1, round(math.exp(min(rng.normalvariate(math.log(median), sigma),
+                                                         math.log(MAX_LEN)))))
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-"))
             if lo < 1 or hi < lo:
@@ -75,15 +90,19 @@ def parse_length_spec(spec: str, what: str) -> Callable[[random.Random], int]:
 
 
 def synthetic(num: int, input_len: str, output_len: str, seed: int) -> list[BenchRequest]:
-    """``num`` synthetic requests; the same seed gives the same requests."""
+    """``num`` synthetic requests (fewer once their prompts hold WORD_BUDGET words); the same seed gives the same
+    requests."""
     rng = random.Random(seed)
     sample_in = parse_length_spec(input_len, "--input-len")
     sample_out = parse_length_spec(output_len, "--output-len")
-    out = []
+    out, total = [], 0
     for _ in range(num):
         n_in = sample_in(rng)
         words = " ".join(rng.choice(_WORDS) for _ in range(n_in))
         out.append(BenchRequest(prompt=words, messages=None, max_tokens=sample_out(rng)))
+        total += n_in
+        if total >= WORD_BUDGET:  # long prompts: fewer distinct ones (the ladder cycles through them)
+            break
     return out
 
 
@@ -93,6 +112,9 @@ def load_jsonl(path: Path, default_max_tokens: int) -> list[BenchRequest]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise ConfigError(f"dataset {path}: {err.strerror or err}", fix="pass an existing JSONL file to --dataset") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"dataset {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+                          fix="save the dataset as UTF-8 JSONL") from None
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():

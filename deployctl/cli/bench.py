@@ -1,6 +1,7 @@
 """`deployctl bench`: the load ladder and the knee (deployctl.bench does the work; this module shows it)."""
 from __future__ import annotations
 
+import math
 import os
 import random
 from pathlib import Path
@@ -14,6 +15,20 @@ from deployctl.errors import CheckFailed, UsageError
 DEFAULT_KEY_ENVS = ("DEPLOYCTL_API_KEY", "OPENAI_API_KEY")
 
 
+_FD_MARGIN = 64  # files the process holds besides the connections (stdio, event loop, plot, dataset)
+
+
+def _open_file_limit() -> Optional[int]:
+    """RLIMIT_NOFILE's soft limit, or None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _concurrencies(text: str) -> tuple[int, ...]:
     try:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -21,7 +36,29 @@ def _concurrencies(text: str) -> tuple[int, ...]:
         values = []
     if not values or values[0] < 1:
         raise UsageError(f"--concurrency {text!r} is not a list of positive integers", fix="e.g. --concurrency 1,4,8,16,32")
+    fds = _open_file_limit()
+    if fds is not None and values[-1] + _FD_MARGIN > fds:
+        raise UsageError(f"--concurrency {values[-1]} needs that many open connections; this process may open {fds} "
+                         "files", fix=f"use at most {max(1, fds - _FD_MARGIN)} or raise `ulimit -n`")
     return tuple(values)
+
+
+def _check_url(url: str, flag: str = "--url") -> None:
+    """An http(s) URL with a host and a port in 1..65535, else UsageError (exit 2) naming ``flag``."""
+    from urllib.parse import urlsplit
+
+    fix = f"e.g. {flag} http://127.0.0.1:8000" + ("/metrics" if flag == "--metrics-url" else "")
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{flag} {url!r} is not an http(s) URL", fix=fix)
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"{flag} {url!r} is not a valid URL ({exc})", fix=fix) from None
+    if not parts.hostname:
+        raise UsageError(f"{flag} {url!r} has no host", fix=fix)
+    if port == 0:
+        raise UsageError(f"{flag} {url!r}: port 0 cannot be connected to", fix=fix)
 
 
 def _api_key(env_name: Optional[str]) -> Optional[str]:
@@ -34,8 +71,8 @@ def _api_key(env_name: Optional[str]) -> Optional[str]:
 
 
 def _positive(name: str, value: Optional[float]) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"{name} {value} must be positive", fix=f"pass {name} > 0 or leave it out")
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{name} {value} must be a positive finite number", fix=f"pass {name} > 0 or leave it out")
 
 
 def _fmt(d: dict, q: str) -> str:
@@ -82,7 +119,9 @@ def _table(report) -> None:
     if k.concurrency is None:
         err_console.print(f"knee: none, even the first level broke the limits ({k.reason})")
     else:
-        limits = f"P99 TTFT <= {k.ttft_p99_limit_ms:.1f} ms, P99 TPOT <= {k.tpot_p99_limit_ms:.2f} ms ({k.criterion})"
+        ttft = "-" if k.ttft_p99_limit_ms is None else f"{k.ttft_p99_limit_ms:.1f}"
+        tpot = "-" if k.tpot_p99_limit_ms is None else f"{k.tpot_p99_limit_ms:.2f}"  # None: one-token outputs
+        limits = f"P99 TTFT <= {ttft} ms, P99 TPOT <= {tpot} ms ({k.criterion})"
         err_console.print(
             f"knee: concurrency {k.concurrency} ({limits}); {k.reason}\n"
             f"recommended: max_num_seqs {k.recommended_max_num_seqs}, rate limit {k.rate_limit_rps} requests/s "
@@ -129,12 +168,13 @@ def bench(
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
     from deployctl.bench import workload
     from deployctl.bench.client import ROUTES, Target, normalize_base_url
-    from deployctl.bench.ladder import LadderConfig
+    from deployctl.bench.ladder import POOL_MAX, LadderConfig
     from deployctl.bench.report import detect_model
     from deployctl.bench.stats import Objectives
 
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r} is not an http(s) URL", fix="e.g. --url http://127.0.0.1:8000")
+    _check_url(url)
+    if metrics_url is not None:
+        _check_url(metrics_url, "--metrics-url")
     if route not in ROUTES:
         raise UsageError(f"--route {route!r} is not a route", fix="use --route chat or --route completions")
     if requests < 1:
@@ -143,6 +183,8 @@ def bench(
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
         _positive(name, value)
+    if plot is not None and (plot.suffix.lower() != ".png" or plot.is_dir()):
+        raise UsageError(f"--plot {plot} is not a .png file name", fix="e.g. --plot bench.png")
     if plot is not None and not plot.resolve().parent.is_dir():
         raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
     if not 0 <= max_error_rate < 1:
@@ -162,7 +204,7 @@ def bench(
         max_level_s=max_level_seconds, objectives=Objectives(ttft_slo_ms, tpot_slo_ms, e2e_slo_ms),
         metrics_url=metrics_url, metrics_prefix=metrics_prefix,
     )
-    need = max(cfg.level_requests(c) for c in levels)
+    need = min(max(cfg.level_requests(c) for c in levels), POOL_MAX)  # the ladder cycles through the pool
     if dataset is not None:
         default_max_tokens = workload.parse_length_spec(output_len, "--output-len")(random.Random(seed))
         pool = workload.pick(workload.load_jsonl(dataset, default_max_tokens), need, seed)

@@ -78,9 +78,13 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Run `true` on each host in parallel and report every host's outcome. Exit 4 if any failed."""
-    from deployctl.errors import RemoteError
+    import math
+
+    from deployctl.errors import RemoteError, UsageError
     from deployctl.hosts import Host, run_on_hosts
 
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout {timeout} is not a positive number of seconds", fix="e.g. --timeout 20")
     hosts = [Host.from_config(h) for h in _select(config, name)]
 
     def probe(host: Host) -> float:

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from deployctl.cli._app import app, err_console, handle_errors, print_json
+from deployctl.errors import UsageError
 
 
 @app.command()
@@ -29,7 +30,13 @@ def render(
     from deployctl.validate import validate_tree
 
     cfg = load_config(config)
-    paths = render_all(cfg, out, target=target, release_id=release_id)
+    try:
+        paths = render_all(cfg, out, target=target, release_id=release_id)
+    except OSError as exc:  # writing under --out (a file, no permission, read-only filesystem)
+        if exc.filename is not None and not str(exc.filename).startswith(str(out)):
+            raise
+        raise UsageError(f"--out {out}: cannot write {exc.filename or out}: {exc.strerror}",
+                         fix="pass a directory that exists or can be created (not a file)") from None
     release = json.loads((out / "RENDER.json").read_text())["release_id"]
     results = [] if no_validate else validate_tree(cfg, out)
     failed = [r for r in results if not r.ok]

@@ -50,7 +50,10 @@ def deploy(
     from deployctl.config import load_config
     from deployctl.rollout.deploy import Deployment
 
+    from deployctl.rollout.plan import steps_for
+
     cfg = load_config(config)
+    steps_for(cfg, canary)  # a bad --canary is a usage error before any host is probed
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
                         confirm=_confirm(yes)).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")

@@ -71,7 +71,7 @@ def run(
 
     rb = load_library().get(name)
     cfg = load_config(config)
-    hosts = [cfg.host(h) for h in host] if host else list(cfg.hosts)
+    hosts = [cfg.host(h) for h in dict.fromkeys(host)] if host else list(cfg.hosts)  # a repeated --host runs once
 
     def confirm(prompt: str) -> bool:
         try:

@@ -36,8 +36,11 @@ class Expect:
             raise ValueError(f"expect {text!r}: 'is' takes true, false or none")
         if op in ("in", "not in") and not (operand.startswith("[") and operand.endswith("]")):
             raise ValueError(f"expect {text!r}: 'in' takes a list like [free, runtime]")
-        if op == "matches" and "{" not in operand:
-            re.compile(operand)
+        if op == "matches":
+            try:  # {variables} are filled in at run time: check the pattern around them
+                re.compile(re.sub(r"\{[^{}]*\}", "x", operand))
+            except re.error as exc:
+                raise ValueError(f"expect {text!r}: 'matches' takes a regular expression: {exc}") from None
         return cls(op, operand, str(text).strip())
 
     def holds(self, observed: Any, fill: Callable[[str], str] = lambda s: s) -> bool:

@@ -40,6 +40,9 @@ ACTIONS = CHANGING_ACTIONS + ("escalate",)
 _TYPE_TAGS = ("str", "int", "float", "bool", "literal")
 
 
+MAX_WAIT_S = 24 * 3600  # longest timeout_s / window_s: a runbook step must end
+
+
 class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -60,7 +63,7 @@ class MetricCheck(_M):
     labels: dict[str, str] = Field(default_factory=dict)
     stat: Literal["value", "present", "quantile", "mean", "tail_ratio", "count", "increase"] = "value"
     q: Optional[float] = Field(None, gt=0, le=1)
-    window_s: float = Field(0, ge=0)
+    window_s: float = Field(0, ge=0, le=MAX_WAIT_S)
     no_data: Literal["pass", "fail"] = "pass"  # a histogram without observations (no requests yet) is nothing to judge
 
     @model_validator(mode="after")
@@ -150,7 +153,7 @@ class Action(_M):
     set: dict[str, Union[str, int, float, bool]] = Field(default_factory=dict)
     confirm: Optional[bool] = None
     then: str = "stop"
-    timeout_s: float = Field(60, gt=0)
+    timeout_s: float = Field(60, gt=0, le=MAX_WAIT_S)
     verify: bool = True  # false: the step's check says nothing about this action (abort moves traffic only)
 
     @model_validator(mode="after")
@@ -178,7 +181,7 @@ class Step(_M):
     why: Optional[str] = None
     check: Check
     expect: str
-    timeout_s: float = Field(30, gt=0)
+    timeout_s: float = Field(30, gt=0, le=MAX_WAIT_S)
     wait: bool = False
     record: list[str] = Field(default_factory=list)
     on_pass: str = "next"
@@ -250,6 +253,10 @@ def _cross_check(rb: Runbook, source: str, lines: dict[tuple, int]) -> None:
             loc = loc if isinstance(loc, tuple) else (loc,)
             if target not in FLOW_WORDS and target not in ids:
                 raise ConfigError(f"{at(*loc)}: {'.'.join(loc)} {target!r} is not next, stop or a step id ({', '.join(ids)})")
+            if target in ids[: i + 1]:
+                # Forward-only branches keep the step graph acyclic: a loop could repeat an action without end.
+                raise ConfigError(f"{at(*loc)}: {'.'.join(loc)} {target!r} branches back to step {target!r}, which "
+                                  f"makes a loop", fix="branch only to later steps; use wait: true to poll a check")
         for loc, text in _templates(step):
             try:
                 fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
@@ -295,7 +302,10 @@ def parse_runbook(text: str, source: str, name: str) -> Runbook:
 def load_runbook(path: Path) -> Runbook:
     """Read and validate ``path``. Raises ConfigError (exit 3)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          fix="save the runbook as UTF-8") from None
     return parse_runbook(text, str(path), path.stem)
