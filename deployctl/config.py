@@ -228,7 +228,7 @@ class DeployConfig(_Frozen):
         address = "local" if self.router.host == "local" else self.router.host
         return HostConfig(name=f"router-{self.router.host}" if address != "local" else "router", address=address,
                           user=self.router.user, port=self.router.port, ssh_key=self.router.ssh_key,
-                          deploy_root=self.hosts[0].deploy_root)
+                          deploy_root=self.hosts[0].deploy_root, launcher="process")
 
     def host(self, name: str) -> HostConfig:
         for h in self.hosts:

@@ -53,9 +53,7 @@ class Split:
 def router_host_config(cfg: DeployConfig) -> HostConfig:
     if cfg.router is None:
         raise ConfigError("deploy.yaml has no router: section", fix="add router: (kind nginx, host, listen, upstream_conf)")
-    if cfg.router.host == "local":
-        return HostConfig(name="router", address="local", deploy_root="/", launcher="process")
-    return cfg.host(cfg.router.host)
+    return cfg.router_host()
 
 
 RELOAD_WAIT_S = 5
