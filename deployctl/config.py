@@ -155,8 +155,8 @@ class AnalysisConfig(_Frozen):
     # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
     # the difference is bucket resolution and noise).
     min_p99_delta_s: float = Field(0.01, ge=0)
-    # A P99 from fewer latency samples than this is noise: latency is not judged in that window (the error
-    # rate still is). Counted per side from the TTFT histogram.
+    # A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until
+    # it holds enough. Counted from the canary's TTFT histogram.
     min_latency_samples: int = Field(5, ge=1)
 
 

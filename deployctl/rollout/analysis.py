@@ -9,7 +9,8 @@ histogram_quantile (deployctl.promhist).
 
 Verdict: ``inconclusive`` when the canary served fewer than ``min_requests``; ``fail`` when its error rate is over
 ``max_error_rate`` or a P99 ratio canary/stable is over its limit and the difference exceeds ``min_p99_delta_s``
-(judged only when each side has ``min_latency_samples`` latency samples: a P99 of a handful is noise); else ``pass``. Every verdict carries the numbers.
+(with 1 to ``min_latency_samples`` − 1 canary latency samples the window is ``inconclusive`` and stays open: a P99
+of a handful is noise); else ``pass``. Every verdict carries the numbers.
 """
 from __future__ import annotations
 
@@ -178,11 +179,10 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
                                f"max_error_rate {a.max_error_rate:.1%} (stable {stable.error_rate:.1%})",
                        canary, stable, window_s, weight)
     ref = stable if stable.ttft_count else (baseline or stable)
-    few = [f"{side} {n}" for side, n in (("canary", canary.ttft_count), ("stable", ref.ttft_count))
-           if (n or 0) < a.min_latency_samples]
-    if few:
-        return Verdict("pass", f"latency not judged: {', '.join(few)} latency samples < min_latency_samples "
-                               f"{a.min_latency_samples}", canary, stable, window_s, weight)
+    if 0 < canary.ttft_count < a.min_latency_samples:
+        # a P99 of a handful of samples is noise: keep the window open until it holds enough
+        return Verdict("inconclusive", f"{canary.ttft_count} canary latency samples < min_latency_samples "
+                                       f"{a.min_latency_samples}", canary, stable, window_s, weight)
     for label, c, s, limit in (("TTFT", canary.p99_ttft_s, ref.p99_ttft_s, a.max_p99_ttft_ratio),
                                ("TPOT", canary.p99_tpot_s, ref.p99_tpot_s, a.max_p99_tpot_ratio)):
         if c is None or s is None or s <= 0:
