@@ -65,7 +65,7 @@ class Adapter:
     kind: str
     distribution: Optional[str]  # pip distribution pinned by engine.version (None: the bundled runtime wheel)
     module: str  # import name whose __version__ preflight reads on the host
-    image: Optional[str]  # official container image repository (tag = engine.version)
+    image: Optional[str]  # official container image repository
     argv: tuple[str, ...]
     flags: Mapping[str, Union[Flag, Switch]]
     api_key_env: Optional[str]  # env var the engine reads its API key from (never a command-line flag)
@@ -76,6 +76,9 @@ class Adapter:
     ready_log: str  # a line its start-up log prints once it serves (substring)
     drain: str  # what SIGTERM does (text for docs and the unit's comment)
     stop_signal: str = "SIGTERM"
+    image_tag: str = "{version}"  # the image tag for engine.version
+    # The engine takes its key only as this flag: engine_main.py adds it inside the process (command.py).
+    api_key_flag: Optional[str] = None
     sse_done: bool = True  # streams end with ``data: [DONE]``
     extra_env: Mapping[str, str] = field(default_factory=dict)  # always in the env file (no secrets)
     fixed_args: tuple[str, ...] = ()  # always rendered after the settings (e.g. a cache size)

@@ -7,6 +7,7 @@ ADAPTER = Adapter(
     distribution="sglang",
     module="sglang",
     image="lmsysorg/sglang",
+    image_tag="v{version}",
     argv=("{python}", "-m", "sglang.launch_server"),
     flags={
         "model": Flag("--model-path"),
@@ -24,7 +25,9 @@ ADAPTER = Adapter(
         "enable_chunked_prefill": Switch(None, "--chunked-prefill-size=-1"),
         "tensor_parallel_size": Flag("--tp-size"),
     },
-    api_key_env=None,  # filled in below once checked against server_args.py
+    # arg_groups/fields/serving.py: api_key comes only from --api-key (no env var): engine_main.py adds it.
+    api_key_env=None,
+    api_key_flag="--api-key",
     ready_route="/health",
     live_route="/health",
     metrics_route="/metrics",

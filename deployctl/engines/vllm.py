@@ -7,6 +7,7 @@ ADAPTER = Adapter(
     distribution="vllm",
     module="vllm",
     image="vllm/vllm-openai",
+    image_tag="v{version}",
     argv=("{bin}/vllm", "serve"),
     flags={
         "model": Flag(positional=True),
