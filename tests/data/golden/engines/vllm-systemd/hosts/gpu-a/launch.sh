@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Process launcher for llama-8b release 20261201T000000Z-golden1 on hosts without systemd (host.launcher: process).
+# Rendered by deployctl; do not edit. The same settings as the systemd unit:
+#   launch.sh run     supervise in the foreground: pidfile, log file, restart on failure with backoff,
+#                     SIGTERM forwarded to the runtime (drain), SIGKILL after 45 s
+#   launch.sh start   the same, detached (setsid, stdin from /dev/null, output to the log file); prints the pid
+#   launch.sh stop    SIGTERM the supervisor and wait up to 50 s; exit 1 if it is still there
+#   launch.sh status  exit 0 while the supervisor runs
+# Pidfile (supervisor): /opt/deployctl/llama-8b/shared/run/runtime.pid · runtime pid: /opt/deployctl/llama-8b/shared/run/runtime.child.pid · log: /opt/deployctl/llama-8b/shared/logs/runtime.log
+# `start` makes the supervisor a process group leader; the runtime and its children share that group, so a
+# SIGKILL to the group (the rollout's last resort) leaves nothing behind, and the supervisor's own SIGKILL after
+# the stop timeout clears the group as systemd's KillMode=control-group would. Env overrides (tests, diagnosis): DEPLOYCTL_LAUNCH_BACKOFF_S (first restart delay),
+# DEPLOYCTL_LAUNCH_MAX_FAILURES, DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S.
+set -u
+RELEASE_DIR=/opt/deployctl/llama-8b/releases/20261201T000000Z-golden1
+PID_FILE=/opt/deployctl/llama-8b/shared/run/runtime.pid
+CHILD_PID_FILE=/opt/deployctl/llama-8b/shared/run/runtime.child.pid
+LOG_FILE=/opt/deployctl/llama-8b/shared/logs/runtime.log
+ENGINE_CMD=(/opt/deployctl/llama-8b/releases/20261201T000000Z-golden1/engine/bin/vllm serve /models/Meta-Llama-3-8B-Instruct --served-model-name llama-3-8b --host 0.0.0.0 --port 8000 --dtype bfloat16 --max-model-len 8192 --max-num-seqs 128 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --block-size 16 --enable-prefix-caching --enable-chunked-prefill --tensor-parallel-size 2 --enforce-eager --seed=0)
+BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
+MAX_BACKOFF_S=60
+MAX_FAILURES=${DEPLOYCTL_LAUNCH_MAX_FAILURES:-5}
+STABLE_AFTER_S=60
+STOP_TIMEOUT_S=${DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S:-45}
+GPU_WAIT_S=120
+
+log() { printf '%s launch.sh[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$$" "$*" >>"$LOG_FILE"; }
+
+supervisor_pid() {
+  local pid
+  pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+run() {
+  mkdir -p "$(dirname "$PID_FILE")" "$(dirname "$LOG_FILE")"
+  if pid=$(supervisor_pid); then echo "already running as pid $pid" >&2; exit 1; fi
+  echo $$ >"$PID_FILE"
+  cd "$RELEASE_DIR" || exit 1
+  set -a; . "$RELEASE_DIR/runtime.env"; set +a
+  export PYTHONUNBUFFERED=1
+  export CUDA_DEVICE_ORDER=PCI_BUS_ID
+  export CUDA_VISIBLE_DEVICES=0,1
+  # Bounded wait for the GPUs (driver loaded, devices visible) before the first start.
+  deadline=$(( $(date +%s) + GPU_WAIT_S ))
+  until nvidia-smi -i 0,1 -L >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then log "GPU 0,1 not ready after ${GPU_WAIT_S}s; giving up"; rm -f "$PID_FILE"; exit 1; fi
+    sleep 2
+  done
+  stopping=0; child=0
+  on_term() {
+    stopping=1
+    if [ "$child" -gt 0 ]; then
+      log "SIGTERM: draining runtime pid $child (up to ${STOP_TIMEOUT_S}s)"
+      kill -TERM "$child" 2>/dev/null
+      ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; sleep "$STOP_TIMEOUT_S" & s=$!; wait "$s"
+        trap '' TERM  # from here on, finish even though the supervisor is told the runtime is gone
+        log "runtime pid $child still running after ${STOP_TIMEOUT_S}s: SIGKILL"; kill -KILL "$child" 2>/dev/null
+        if [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ]; then  # the runtime's leftovers in our group
+          for p in $(pgrep -g "$$"); do [ "$p" = "$$" ] || [ "$p" = "$BASHPID" ] || kill -KILL "$p" 2>/dev/null; done
+        fi ) &
+      killer=$!
+    fi
+  }
+  trap on_term TERM INT
+  failures=0; delay=$BACKOFF_S
+  while :; do
+    started=$(date +%s)
+    log "starting runtime: ${ENGINE_CMD[*]}"
+    "${ENGINE_CMD[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+    child=$!
+    echo "$child" >"$CHILD_PID_FILE"
+    # `wait` returns early when a trapped signal arrives: keep waiting until the child is gone.
+    while :; do
+      wait "$child"; rc=$?
+      kill -0 "$child" 2>/dev/null || break
+    done
+    child=0
+    rm -f "$CHILD_PID_FILE"
+    if [ "$stopping" = 1 ]; then
+      [ -n "${killer:-}" ] && { kill "$killer" 2>/dev/null; wait "$killer" 2>/dev/null; }
+      log "runtime stopped (exit $rc)"; break
+    fi
+    if [ "$rc" = 0 ]; then log "runtime exited cleanly"; break; fi
+    if [ $(( $(date +%s) - started )) -ge "$STABLE_AFTER_S" ]; then failures=0; delay=$BACKOFF_S; fi
+    failures=$((failures + 1))
+    if [ "$failures" -ge "$MAX_FAILURES" ]; then
+      log "runtime failed $failures times in a row (last exit $rc); giving up"; rm -f "$PID_FILE"; exit 1
+    fi
+    log "runtime exited with $rc; restart $failures/$((MAX_FAILURES - 1)) in ${delay}s"
+    sleep "$delay" & sleeper=$!; wait "$sleeper"; kill "$sleeper" 2>/dev/null
+    [ "$stopping" = 1 ] && break
+    delay=$(awk -v d="$delay" -v m="$MAX_BACKOFF_S" 'BEGIN { d *= 2; if (d > m) d = m; print d }')
+  done
+  rm -f "$PID_FILE"
+  exit 0
+}
+
+case "${1:-run}" in
+  run) run ;;
+  start)
+    if pid=$(supervisor_pid); then echo "$pid"; exit 0; fi
+    mkdir -p "$(dirname "$LOG_FILE")"
+    setsid "$0" run </dev/null >>"$LOG_FILE" 2>&1 &
+    for _ in $(seq 50); do pid=$(supervisor_pid) && { echo "$pid"; exit 0; }; sleep 0.1; done
+    echo "launch.sh: supervisor did not start; see $LOG_FILE" >&2; exit 1 ;;
+  stop)
+    pid=$(supervisor_pid) || exit 0
+    kill -TERM "$pid"
+    for _ in $(seq $(( (STOP_TIMEOUT_S + 5) * 10 ))); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done
+    echo "launch.sh: pid $pid still running after $((STOP_TIMEOUT_S + 5))s" >&2; exit 1 ;;
+  status) supervisor_pid >/dev/null ;;
+  *) echo "usage: launch.sh run|start|stop|status" >&2; exit 2 ;;
+esac
