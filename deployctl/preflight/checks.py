@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from deployctl.capacity import CapacityPlan, plan_capacity, verdict
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.config.units import format_bytes
@@ -175,7 +175,7 @@ def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) ->
 def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     """The service port is free on the bind address (a listener of our own running release is fine)."""
     port = facts.get("port") or {}
-    number = host.server_port or cfg.server.port
+    number = layout.service_port(cfg, host)
     where = f"port {number} on {cfg.server.bind} on {host.name}"
     if port.get("free"):
         return Check("port", "pass", f"{where} is free")

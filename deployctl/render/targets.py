@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from deployctl.errors import ConfigError, UsageError
-from deployctl.render.release import (RenderedFile, host_port, release_context, render_nginx, render_release,
-                                      render_template, runtime_args)
+from deployctl.config import layout
+from deployctl.render.release import (RenderedFile, release_context, render_nginx, render_release, render_template,
+                                      runtime_args)
 
 if TYPE_CHECKING:
     from deployctl.config import DeployConfig
@@ -69,9 +70,7 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
 
 
 def _probe_url(cfg: DeployConfig, port: int) -> str:
-    bind = cfg.server.bind
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else (f"[{bind}]" if ":" in bind else bind)
-    return f"http://{host}:{port}/readyz"
+    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}/readyz"
 
 
 def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
@@ -190,5 +189,5 @@ def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str
     return write_files(files, Path(out_dir))
 
 
-__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "host_port", "render_all", "render_alerts",
+__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "render_all", "render_alerts",
            "render_files", "runtime_version", "write_files"]

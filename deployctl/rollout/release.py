@@ -22,7 +22,7 @@ from typing import Optional
 
 from deployctl.config import DeployConfig, HostConfig
 from deployctl.errors import CheckFailed, ConfigError, DeployctlError
-from deployctl.config.layout import current_link, release_dir, releases_dir, shared_dir, state_dir
+from deployctl.config.layout import current_link, current_target, release_dir, releases_dir, shared_dir, state_dir
 
 FAULT_ENV = "DEPLOYCTL_RUNTIME_FAULT"  # test-only: copied into the new release's runtime.env when set
 
@@ -227,7 +227,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
     script = f"""set -e
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
-ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
+ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
@@ -250,7 +250,7 @@ def switch_current(host, release_id: str, *, timeout: float = 30) -> None:
     h = host.config
     link = current_link(h)
     tmp = f"{link}.new"
-    target = posixpath.join("releases", release_id)
+    target = current_target(release_id)
     q = shlex.quote
     host.run(f"test -f {q(posixpath.join(release_dir(h, release_id), 'release.json'))} && "
              f"ln -sfn {q(target)} {q(tmp)} && mv -T {q(tmp)} {q(link)}", timeout=timeout)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.config.layout import service_port
+from deployctl.config.layout import base_url
 
 _SNIPPET = r"""
 import json, os, sys, urllib.request, urllib.error
@@ -51,14 +51,6 @@ class HttpResult:
 
     def json(self) -> Any:
         return json.loads(self.body)
-
-
-def base_url(cfg: DeployConfig, h) -> str:
-    bind = cfg.server.bind
-    addr = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
-    if ":" in addr:
-        addr = f"[{addr}]"
-    return f"http://{addr}:{service_port(cfg, h)}"
 
 
 def api_key(cfg: DeployConfig) -> Optional[str]:
