@@ -5,12 +5,12 @@ and a fix. Pure functions of (config, host config, facts, environment): recorded
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
+from deployctl import settings
 from deployctl.capacity import CapacityPlan, plan_capacity, verdict
 from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError
@@ -282,7 +282,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     if facts.get("error"):
         error = facts["error"] if host.name in facts["error"] else f"{host.name}: {facts['error']}"
         return [Check("reach", "fail", error, facts.get("fix"))]
-    environ = os.environ if environ is None else environ
+    environ = settings.environ() if environ is None else environ
     try:
         sized, reason = plan_from_facts(cfg, host, facts)
         capacity = check_capacity(sized, reason)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import shlex
 import traceback
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from deployctl import settings
 from deployctl.config import layout
 from deployctl.errors import ConfigError
 
@@ -54,9 +54,9 @@ def _environment():
     from deployctl.resources import templates_dir
 
     search = [str(templates_dir())]
-    override = os.environ.get("DEPLOYCTL_TEMPLATES")
+    override = settings.current().templates
     if override:
-        search.insert(0, override)
+        search.insert(0, str(override))
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(search),
         undefined=jinja2.StrictUndefined,

@@ -7,10 +7,10 @@ The API key (``server.api_key_env`` from deployctl's environment) travels in the
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.config.layout import base_url
 
@@ -54,7 +54,7 @@ class HttpResult:
 
 
 def api_key(cfg: DeployConfig) -> Optional[str]:
-    return os.environ.get(cfg.server.api_key_env) if cfg.server.api_key_env else None
+    return settings.secret(cfg.server.api_key_env) if cfg.server.api_key_env else None
 
 
 def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, timeout: float = 10) -> HttpResult:
