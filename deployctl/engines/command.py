@@ -1,5 +1,7 @@
 """The engine's command line and environment for one host (pure: no I/O; rendered into units, launch.sh, images).
 
+``cfg`` is a deployctl.config.DeployConfig and ``host`` one of its hosts (duck-typed: engines sit below config).
+
 ``engine_argv(cfg, host, ...)`` spells every shared setting the adapter knows (base.SETTINGS) in the engine's
 own flags, then the adapter's fixed flags, then ``engine.extra_args``. The API key is never in it: it travels in
 the 0600 env file, read by the engine (``Adapter.api_key_env``) or, for an engine that takes it only as a flag
@@ -9,13 +11,11 @@ shows in ``ps`` or /proc/PID/cmdline.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from deployctl.engines import adapter
 from deployctl.engines.base import Flag, Switch
 
-if TYPE_CHECKING:
-    from deployctl.config import DeployConfig, HostConfig
 
 # The env var holding the key for engines with api_key_flag (read by engine_main.py, then removed from os.environ).
 KEYED_ENV = "DEPLOYCTL_ENGINE_API_KEY"
@@ -23,14 +23,14 @@ KEYED_MAIN = "engine_main.py"
 ENGINE_ENV_DIR = "engine"  # <release>/engine: the venv (system site packages) holding the pinned engine
 
 
-def engine_python(cfg: DeployConfig, host: HostConfig, release_dir: str) -> str:
+def engine_python(cfg, host, release_dir: str) -> str:
     """The interpreter that runs the engine: host.python for the bundled runtime, else the release's venv."""
     if adapter(cfg.engine.kind).config_file:
         return host.python
     return f"{release_dir}/{ENGINE_ENV_DIR}/bin/python"
 
 
-def num_gpu_blocks(cfg: DeployConfig) -> int:
+def num_gpu_blocks(cfg) -> int:
     """KV blocks for an engine that must be told (Adapter.explicit_cache): engine.num_gpu_blocks_override, else
     max_num_seqs × ceil(max_model_len / block_size) (every request at full length fits at once)."""
     e = cfg.engine
@@ -39,7 +39,7 @@ def num_gpu_blocks(cfg: DeployConfig) -> int:
     return e.max_num_seqs * math.ceil(e.max_model_len / e.block_size)
 
 
-def setting_values(cfg: DeployConfig, host: HostConfig, port: int) -> dict[str, Any]:
+def setting_values(cfg, host, port: int) -> dict[str, Any]:
     """base.SETTINGS -> the value deploy.yaml gives it for ``host``."""
     e = cfg.engine
     return {"model": cfg.model.path, "served_model_name": cfg.model.name, "host": cfg.server.bind, "port": port,
@@ -56,7 +56,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def settings_argv(cfg: DeployConfig, host: HostConfig, port: int) -> list[str]:
+def settings_argv(cfg, host, port: int) -> list[str]:
     """The settings as the engine's flags (positional model first), fixed flags, then engine.extra_args."""
     a = adapter(cfg.engine.kind)
     values = setting_values(cfg, host, port)
@@ -77,7 +77,7 @@ def settings_argv(cfg: DeployConfig, host: HostConfig, port: int) -> list[str]:
     return head + out + list(a.fixed_args) + list(cfg.engine.extra_args)
 
 
-def engine_argv(cfg: DeployConfig, host: HostConfig, *, release_dir: str, port: int,
+def engine_argv(cfg, host, *, release_dir: str, port: int,
                 api_key: Optional[str] = None) -> list[str]:
     """The full command that starts the engine on ``host`` from ``release_dir`` (not for the bundled runtime,
     whose settings live in runtime.yaml)."""
@@ -90,7 +90,7 @@ def engine_argv(cfg: DeployConfig, host: HostConfig, *, release_dir: str, port: 
     return head + settings_argv(cfg, host, port)
 
 
-def engine_env(cfg: DeployConfig, api_key: Optional[str]) -> dict[str, str]:
+def engine_env(cfg, api_key: Optional[str]) -> dict[str, str]:
     """The 0600 env file's variables: the adapter's fixed ones and the API key under the name the engine (or
     engine_main.py) reads."""
     a = adapter(cfg.engine.kind)
@@ -100,7 +100,7 @@ def engine_env(cfg: DeployConfig, api_key: Optional[str]) -> dict[str, str]:
     return env
 
 
-def gpu_env(cfg: DeployConfig, host: HostConfig) -> dict[str, str]:
+def gpu_env(cfg, host) -> dict[str, str]:
     """CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's default order is fastest-first; NVML's, and so nvidia-smi's and
     hosts[].gpus', is PCI bus order: CUDA programming guide, "CUDA Environment Variables") and
     CUDA_VISIBLE_DEVICES=hosts[].gpus on cuda; empty on cpu. Set by the unit and launch.sh."""
@@ -109,7 +109,7 @@ def gpu_env(cfg: DeployConfig, host: HostConfig) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpu_ids))}
 
 
-def keyed_main(cfg: DeployConfig) -> str:
+def keyed_main(cfg) -> str:
     """engine_main.py for engines with api_key_flag: runs ``python engine_main.py MODULE ARGS`` as
     ``python -m MODULE ARGS --flag KEY`` with the key from the env file (sys.argv changes inside the process;
     the kernel's cmdline stays without it)."""
@@ -121,7 +121,7 @@ def keyed_main(cfg: DeployConfig) -> str:
             "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
 
 
-def render_context(cfg: DeployConfig, host: HostConfig, *, release_dir: str, port: int,
+def render_context(cfg, host, *, release_dir: str, port: int,
                    api_key: Optional[str]) -> dict[str, Any]:
     """Names the per-host templates use for the engine: ``engine_cmd`` (sh words), ``exec_start`` (systemd),
     ``engine_env`` (the env file's variables), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
@@ -139,7 +139,7 @@ def render_context(cfg: DeployConfig, host: HostConfig, *, release_dir: str, por
             "engine_label": label}
 
 
-def container_argv(cfg: DeployConfig, host: HostConfig, *, port: int) -> list[str]:
+def container_argv(cfg, host, *, port: int) -> list[str]:
     """The engine's command inside its official image (``python3`` and the console scripts on PATH); an
     engine with api_key_flag runs through keyed_main's source with ``python3 -c``."""
     a = adapter(cfg.engine.kind)
@@ -149,7 +149,7 @@ def container_argv(cfg: DeployConfig, host: HostConfig, *, port: int) -> list[st
     return head + settings_argv(cfg, host, port)
 
 
-def image(cfg: DeployConfig) -> str:
+def image(cfg) -> str:
     """The engine's official image at the pinned tag (``Adapter.image_tag`` with engine.version)."""
     a = adapter(cfg.engine.kind)
     return f"{a.image}:{a.image_tag.format(version=cfg.engine.version)}"

@@ -1,19 +1,17 @@
 """Engine settings checked before any host is touched (deploy.yaml load, and the model shape at plan/render/deploy).
 
 Each check raises ``ValueError`` (inside config validation: pydantic adds the file, line and key) or
-``ConfigError`` (exit 3) with one line that names the key and the fix.
+``ConfigError`` (exit 3) with one line that names the key and the fix. ``cfg`` is a DeployConfig, ``shape`` a
+model shape with ``num_attention_heads`` (duck-typed: engines sit below config).
 """
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from deployctl.engines import KINDS, SETTINGS, adapter
 from deployctl.errors import ConfigError
 
-if TYPE_CHECKING:
-    from deployctl.config import DeployConfig
-    from deployctl.modelinfo import ModelShape
 
 # One extra_args item: a --flag, --flag=value or a bare value, in characters safe unquoted in a unit and sh.
 _ARG = re.compile(r"^[A-Za-z0-9_./+@:,=%-]{1,200}$")
@@ -64,7 +62,7 @@ def check_extra_args(kind: str, args: Sequence[str]) -> list[str]:
     return list(args)
 
 
-def check_engine_config(cfg: DeployConfig) -> None:
+def check_engine_config(cfg) -> None:
     """Cross-key checks of ``engine`` against ``hosts`` and ``server``. Raises ValueError (one line: key, fix)."""
     e = cfg.engine
     a = adapter(e.kind)
@@ -96,7 +94,7 @@ def check_engine_config(cfg: DeployConfig) -> None:
                          "server.bind 127.0.0.1 behind the router, or use another engine.kind")
 
 
-def check_model_shape(cfg: DeployConfig, shape: ModelShape) -> None:
+def check_model_shape(cfg, shape) -> None:
     """Tensor parallelism against the model: the attention heads must split evenly across ranks (vLLM and SGLang
     refuse otherwise: vllm/config/parallel.py verify_with_model_config). Raises ConfigError (exit 3)."""
     tp = cfg.engine.tensor_parallel_size

@@ -18,7 +18,8 @@ from deployctl.config import load_config, parse_config
 from deployctl.engines import adapter
 from deployctl.engines.base import Flag, Switch
 from deployctl.engines.command import setting_values
-from deployctl.render import host_port, render_all
+from deployctl.config import layout
+from deployctl.render import render_all
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_PY = REPO / ".venv-engines" / "bin" / "python"
@@ -124,7 +125,7 @@ def test_rendered_commands_parse_with_every_value(tmp_path, kind):
     *good, typo_value, unknown_flag = results
     for (cfg, host, argv), res in zip(found, good):
         assert res["ok"], (argv, res)
-        for option, value in _expected(cfg, host, host_port(cfg, host)).items():  # no per-host ports here
+        for option, value in _expected(cfg, host, layout.service_port(cfg, host)).items():  # no per-host ports here
             assert option in res["options"], (option, "not parsed from", argv)
             dest, parsed = res["options"][option]
             assert _same(parsed, value), (option, dest, parsed, value)

@@ -16,7 +16,7 @@ import yaml
 from deployctl.config import load_config, parse_config
 from deployctl.engines import adapter
 from deployctl.render import render_all
-from deployctl.validate import check_alert_rules, validate_tree
+from deployctl.render.validate import check_alert_rules, validate_tree
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "golden" / "engines"
