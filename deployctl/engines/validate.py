@@ -94,15 +94,13 @@ def check_engine_config(cfg) -> None:
                          "server.bind 127.0.0.1 behind the router, or use another engine.kind")
 
 
-def check_model_shape(cfg, shape) -> None:
-    """Tensor parallelism against the model: the attention heads must split evenly across ranks (vLLM and SGLang
-    refuse otherwise: vllm/config/parallel.py verify_with_model_config). Raises ConfigError (exit 3)."""
-    tp = cfg.engine.tensor_parallel_size
-    heads = shape.num_attention_heads
-    if heads % tp:
-        ok = [d for d in range(1, min(heads, 64) + 1) if heads % d == 0 and d <= max(len(h.gpu_ids) for h in cfg.hosts)]
-        raise ConfigError(f"engine.tensor_parallel_size {tp} does not divide the model's {heads} attention heads",
-                          fix=f"set engine.tensor_parallel_size to one of {', '.join(map(str, ok))}")
+def check_tp_heads(tp: int, num_attention_heads: int) -> None:
+    """The attention heads must split evenly across the TP ranks (vLLM 0.33.0 refuses otherwise at start:
+    vllm/config/model.py ``ModelConfig.verify_with_parallel_config``). Raises ConfigError (exit 3)."""
+    if num_attention_heads % tp:
+        ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if num_attention_heads % d == 0 and d < tp]
+        raise ConfigError(f"engine.tensor_parallel_size {tp} does not divide the model's {num_attention_heads} "
+                          "attention heads", fix=f"set engine.tensor_parallel_size to {' or '.join(map(str, ok))}")
 
 
 def settings_of(kind: str) -> list[str]:

@@ -3,7 +3,7 @@
 Error rate: from the router's JSON access log lines of the window, split by upstream (canary vs stable). Each
 upstream attempt of a request counts against the server that answered it; a 5xx (502 from a dead backend
 included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometheus histograms
-(``deployctl_runtime_time_to_first_token_seconds``, ``deployctl_runtime_time_per_output_token_seconds``) scraped
+(the engine adapter's ``ttft`` and ``tpot`` metrics, deployctl.engines) scraped
 at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
 histogram_quantile (deployctl.promhist).
 
@@ -24,8 +24,6 @@ from deployctl.config import DeployConfig
 from deployctl.service.http import http
 from deployctl.config.layout import network_address, service_port
 
-TTFT = "deployctl_runtime_time_to_first_token_seconds"
-TPOT = "deployctl_runtime_time_per_output_token_seconds"
 
 
 @dataclass
@@ -236,13 +234,18 @@ class Analyzer:
         text, _ = self.router.access_log_since(w.log_offset)
         counts = count_access_log(text, self.addr)
         after, pids = self._scrape_all()
+        from deployctl.engines import metric
+
+        ttft, tpot = metric(self.cfg.engine.kind, "ttft"), metric(self.cfg.engine.kind, "tpot")
         groups = []
         for names in (self.canary, self.stable):
             g = GroupStats(hosts=names)
             g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
             g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT)
-            g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT)
+            if ttft:
+                g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, ttft)
+            if tpot:
+                g.p99_tpot_s, _ = _p99(w.scrapes, after, names, tpot)
             groups.append(g)
         groups[0].down = [n for n in self.canary if after.get(n) is None]
         groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
