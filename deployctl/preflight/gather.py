@@ -33,8 +33,11 @@ def script_argv(python: str, module, *args: str) -> list[str]:
 
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
+    from deployctl.engines import adapter
+
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
-            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60,
+            "engine_distribution": adapter(cfg.engine.kind).distribution, "engine_module": adapter(cfg.engine.kind).module}
 
 
 def cache_path(host: HostConfig) -> str:
