@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 
 from deployctl_runtime import kv_sizing
 from deployctl_runtime.engine_args import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
-from deployctl_runtime.kv_cache_manager import KVCacheManager
+from deployctl_runtime.kv_cache_manager import KVCacheManager, model_identity
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.request import Request, RequestStatus
 from deployctl_runtime.sampling_params import SamplingParams
@@ -92,7 +92,8 @@ class LLMEngine:
         self.kv_plan.check_fits()
         self.runner.allocate_kv_cache(num_blocks)
         log(self.kv_plan.summary())
-        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                 model_identity(model_dir, self.dtype))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                    args.enable_chunked_prefill)
         self.runner.warmup()

@@ -38,7 +38,7 @@ class Request:
         self.finish_reason: str | None = None
         self.arrival_seq = arrival_seq
         self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
-        self.block_hashes: list = []  # hash-chain keys of this request's full blocks, filled by the KV manager
+        self.block_hashes: list[bytes] = []  # SHA-256 chain keys of its full blocks, filled by the KV manager
         self.generator = None  # torch.Generator for seeded sampling, owned by the sampler
 
     @property
