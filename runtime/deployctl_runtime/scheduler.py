@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
-from deployctl_runtime.request import Request, RequestStatus
+from deployctl_runtime.request import Request, RequestStatus, SampledToken
 
 
 @dataclass
@@ -35,8 +35,8 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """One sampled token (and its logprob, or None) per scheduled request whose step samples, by request id."""
-    sampled: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    """One SampledToken per scheduled request whose step samples, by request id."""
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -138,7 +138,12 @@ class Scheduler:
             sampled = result.sampled.get(req.request_id)
             if sampled is None:
                 continue
-            req.append_output(*sampled)
+            if sampled.error is not None:  # e.g. non-finite logits: this request ends, the batch goes on
+                req.error = sampled.error
+                self.finish(req, "error")
+                progressed.append(req)
+                continue
+            req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
             reason = req.check_stop(self.max_model_len)
             if reason is not None:
                 self.finish(req, reason)
