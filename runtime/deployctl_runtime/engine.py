@@ -37,6 +37,7 @@ class RequestOutput:
     num_output_tokens: int
     new_top_logprobs: list[list[tuple[int, float]]] | None = None  # per new token: (id, logprob), best first
     error: str | None = None  # why finish_reason is "error"
+    queue_time_s: float | None = None  # arrival (add_request) to first scheduling, once scheduled
 
 
 @dataclass
@@ -184,9 +185,10 @@ class LLMEngine:
 
     @staticmethod
     def _output(req: Request, new_ids: list[int], new_logprobs, new_top=None) -> RequestOutput:
+        queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
         return RequestOutput(req.request_id, new_ids, new_logprobs, req.status == RequestStatus.FINISHED,
                              req.finish_reason, req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens,
-                             new_top, req.error)
+                             new_top, req.error, queued)
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import NamedTuple
 
 from deployctl_runtime.sampling_params import SamplingParams
@@ -51,6 +52,8 @@ class Request:
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it finished with "error"
         self.arrival_seq = arrival_seq
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None  # set by the scheduler (request_queue_time_seconds)
         self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.block_hashes: list[bytes] = []  # SHA-256 chain keys of its full blocks, filled by the KV manager
 

@@ -21,7 +21,8 @@ import torch
 from deployctl_runtime.request import Request, SampledToken
 
 MIN_LOGPROB = -9999.0
-NON_FINITE = "non-finite logits (NaN or inf) from the model"
+NON_FINITE = ("non-finite logits (NaN or inf) from the model: its activations overflowed the dtype; "
+              "serve it with --dtype bfloat16 or float32")
 
 
 class Sampler:

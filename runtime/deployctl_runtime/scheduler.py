@@ -2,6 +2,7 @@
 preemption by recompute. No torch: deals in requests, token counts and block ids."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -112,6 +113,8 @@ class Scheduler:
                     req.num_cached_tokens = num_hit_tokens
                 req.num_computed_tokens += num_hit_tokens
                 req.status = RequestStatus.RUNNING
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
                 self.running.append(req)
                 out.scheduled.append(ScheduledRequest(req, num_new, self.kv.get_block_ids(req.request_id)))
                 budget -= num_new
