@@ -54,7 +54,8 @@ def build(req: Any, chat: bool, max_tokens: int, j: int, logprobs: int | None,
     """SamplingParams for choice j of a request. Raises APIError 400 naming the field (same rule and message as
     SamplingParams.validate offline)."""
     sp = SamplingParams(
-        max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens) if max_tokens >= 1 else req.min_tokens,
+        max_tokens=max_tokens,  # an omitted max_tokens (the remaining context) never refuses min_tokens
+        min_tokens=req.min_tokens if req.max_tokens is not None else min(req.min_tokens, max_tokens),
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=-1 if req.top_k is None else min(req.top_k, _MAX_TOP_K),
