@@ -115,14 +115,15 @@ class ResponseBuilder:
                     self._role_sent.add(ev.index)
                     out.append(self._chunk([{"index": ev.index, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}], usage))
-                if not ev.text and ev.finish_reason is None:
-                    continue
+                if not ev.text and ev.finish_reason is None and not (self.want_logprobs and ev.token_ids):
+                    continue  # held-back text (partial character, stop-string prefix); its logprobs still go
                 delta = {"content": ev.text} if ev.text else {}
                 out.append(self._chunk([self._ids({"index": ev.index, "delta": delta,
                                                    "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
                                                    "finish_reason": ev.finish_reason}, ev)], usage))
             else:
-                if not ev.text and ev.finish_reason is None and not (self.want_ids and ev.token_ids):
+                if not ev.text and ev.finish_reason is None and not (
+                        (self.want_ids or self.want_logprobs) and ev.token_ids):
                     continue
                 start = self._text_len.get(ev.index, 0)
                 self._text_len[ev.index] = start + len(ev.text)
