@@ -49,9 +49,23 @@ class ToolMode:
         return out
 
 
+def _closed(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that lists properties and says nothing about
+    others: argument keys the tool does not name are never generated (clients' schemas, e.g. LangChain's from a
+    Python signature, leave it open, and a grammar would then let a model ramble in extra keys)."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_schema(tools, one: bool) -> dict[str, Any]:
     items = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                               "arguments": t.function.parameters or {"type": "object"}},
+                                               "arguments": _closed(t.function.parameters or {"type": "object"})},
               "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else
                               {"anyOf": items}, **_NO_WHITESPACE}

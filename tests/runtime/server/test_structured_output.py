@@ -2,17 +2,20 @@
 
 The tiny model's weights are random, so only the grammar (llguidance's bitmask in the sampler) can make its output
 valid JSON that matches a schema: every one of 20 seeded answers is parsed and validated with jsonschema, and the
-same request without response_format is checked not to be JSON.
+same request without response_format is checked not to be JSON. LangChain's ChatOpenAI (with_structured_output,
+bind_tools) runs against the same server (langchain-openai is a test dependency; nothing is fetched at run time).
 """
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from .conftest import ServerProcess
 
@@ -142,3 +145,38 @@ def test_tool_choice_auto_answers_text_or_a_valid_call(client):
                 _check_call(call, WEATHER)
         else:
             assert msg.content and not msg.content.startswith("[")
+
+
+# ---- LangChain's ChatOpenAI, as apps use it ----------------------------------------------------------------------
+class Pet(BaseModel):
+    """A pet."""
+
+    kind: Literal["cat", "dog", "bird"]
+    age: int = Field(ge=0, le=30)
+    vaccinated: bool
+    tags: list[Literal["small", "big", "fluffy"]] = Field(max_length=3)
+
+
+def get_weather(city: Literal["Paris", "Oslo"], unit: Literal["C", "F"]) -> str:
+    """Weather in a city."""
+    return f"12 {unit} in {city}"
+
+
+@pytest.fixture(scope="module")
+def chat(server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", max_tokens=150,
+                                       temperature=1.0, seed=1, max_retries=0, timeout=120)
+
+
+def test_langchain_with_structured_output_returns_a_validated_object(chat):
+    assert isinstance(chat.with_structured_output(Pet, method="json_schema").invoke("Describe a pet."), Pet)
+
+
+def test_langchain_bind_tools_returns_tool_calls(chat):
+    for choice in ("required", "get_weather"):
+        msg = chat.bind_tools([get_weather], tool_choice=choice).invoke("Weather in Paris?")
+        assert msg.tool_calls, msg
+        call = msg.tool_calls[0]
+        assert call["name"] == "get_weather" and set(call["args"]) == {"city", "unit"}
+        assert get_weather(**call["args"]).endswith(call["args"]["city"])  # the arguments fit its signature
