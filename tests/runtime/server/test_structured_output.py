@@ -17,7 +17,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from .conftest import ServerProcess
 
 SCHEMA = {
     "type": "object",
@@ -44,26 +43,11 @@ TIME = {"type": "function", "function": {
 USER = [{"role": "user", "content": "Describe a pet as JSON."}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    srv = ServerProcess(["--model", str(tiny_model), "--max-model-len", "1024", "--kv-cache-memory", "16MiB",
-                         "--served-model-name", "tiny"])
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def test_json_schema_20_seeded_answers_all_validate(client):
+def test_json_schema_20_seeded_answers_all_validate(api_client):
     fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA, "strict": True}}
 
     def ask(seed: int):
-        return client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, temperature=1.0,
+        return api_client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, temperature=1.0,
                                               seed=seed, response_format=fmt)
 
     with ThreadPoolExecutor(4) as pool:
@@ -72,19 +56,19 @@ def test_json_schema_20_seeded_answers_all_validate(client):
         assert a.choices[0].finish_reason == "stop", a.choices[0].message.content
         jsonschema.validate(json.loads(a.choices[0].message.content), SCHEMA)
     assert len({a.choices[0].message.content for a in answers}) > 10  # sampled, not one fixed answer
-    free = client.chat.completions.create(model="tiny", messages=USER, max_tokens=60, temperature=1.0, seed=0)
+    free = api_client.chat.completions.create(model="tiny", messages=USER, max_tokens=60, temperature=1.0, seed=0)
     with pytest.raises(ValueError):
         json.loads(free.choices[0].message.content)  # without the grammar the random model writes no JSON
 
 
-def test_json_object_on_completions_and_a_streamed_json_schema_chat(client):
+def test_json_object_on_completions_and_a_streamed_json_schema_chat(api_client):
     # any JSON object: its strings are unbounded, and this seed (checked) closes the object within max_tokens
-    out = client.completions.create(model="tiny", prompt="JSON:", max_tokens=300, seed=2,
+    out = api_client.completions.create(model="tiny", prompt="JSON:", max_tokens=300, seed=2,
                                     extra_body={"response_format": {"type": "json_object"}})
     assert out.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(out.choices[0].text), dict)
     fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
-    chunks = client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, seed=2, stream=True,
+    chunks = api_client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, seed=2, stream=True,
                                             response_format=fmt)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     jsonschema.validate(json.loads(text), SCHEMA)
@@ -100,8 +84,8 @@ def test_json_object_on_completions_and_a_streamed_json_schema_chat(client):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ])
-def test_unusable_formats_and_tools_are_400_naming_the_field(server, body, param):
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 4, **body}, timeout=30)
+def test_unusable_formats_and_tools_are_400_naming_the_field(api_server, body, param):
+    r = httpx.post(api_server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 4, **body}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
 
@@ -112,15 +96,15 @@ def _check_call(call, tool):
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
 
 
-def test_tool_choice_required_and_named_come_back_as_tool_calls_and_round_trip(client):
+def test_tool_choice_required_and_named_come_back_as_tool_calls_and_round_trip(api_client):
     for seed in range(3):
-        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
+        out = api_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
                                              tools=[WEATHER], tool_choice="required", max_tokens=120, seed=seed)
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         for call in choice.message.tool_calls:
             _check_call(call, WEATHER)
-    named = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Time?"}],
+    named = api_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Time?"}],
                                            tools=[WEATHER, TIME], max_tokens=120, seed=4,
                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = named.choices[0].message.tool_calls
@@ -128,15 +112,15 @@ def test_tool_choice_required_and_named_come_back_as_tool_calls_and_round_trip(c
     _check_call(calls[0], TIME)
     history = [{"role": "user", "content": "Time?"}, named.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": calls[0].id, "content": '{"time": "12:00"}'}]
-    answer = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER, TIME],
+    answer = api_client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER, TIME],
                                             tool_choice="none", max_tokens=8)
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason == "length"
     assert answer.usage.prompt_tokens > named.usage.prompt_tokens  # the call and its result were rendered
 
 
-def test_tool_choice_auto_answers_text_or_a_valid_call(client):
+def test_tool_choice_auto_answers_text_or_a_valid_call(api_client):
     for seed in range(3):
-        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+        out = api_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
                                              tools=[WEATHER], max_tokens=40, seed=seed)
         msg = out.choices[0].message
         if msg.tool_calls:
@@ -163,9 +147,9 @@ def get_weather(city: Literal["Paris", "Oslo"], unit: Literal["C", "F"]) -> str:
 
 
 @pytest.fixture(scope="module")
-def chat(server):
+def chat(api_server):
     langchain_openai = pytest.importorskip("langchain_openai")
-    return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", max_tokens=150,
+    return langchain_openai.ChatOpenAI(base_url=api_server.url + "/v1", api_key="unused", model="tiny", max_tokens=150,
                                        temperature=1.0, seed=1, max_retries=0, timeout=120)
 
 
