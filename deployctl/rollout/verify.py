@@ -1,6 +1,6 @@
-"""Verify a runtime on a host: readiness (/readyz 200, on the device deploy.yaml asked for) and a sample inference through /v1/chat/completions
-that returns at least one token, each within a timeout. Failures raise HealthError (exit 5) naming the host,
-what failed, and the last lines of the runtime log."""
+"""Verify a runtime on a host: readiness (/readyz 200, on the device deploy.yaml asked for) and a sample
+inference through /v1/chat/completions that returns at least one token, each within a timeout. Failures raise
+HealthError (exit 5) naming the host, what failed, and the last lines of the runtime log."""
 from __future__ import annotations
 
 import time

@@ -1,9 +1,9 @@
 """Outermost ASGI middleware: request id, release header, one access log line per inference request.
 
-A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect, which
-would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it sent a sane one) and, with `--release-id`,
-`X-Deployctl-Release`. The access log line has request id, method, path, status, prompt and completion tokens, TTFT
-and total time; never prompt or output text, never keys.
+A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect,
+which would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it
+sent a sane one) and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method,
+path, status, prompt and completion tokens, TTFT and total time; never prompt or output text, never keys.
 """
 from __future__ import annotations
 

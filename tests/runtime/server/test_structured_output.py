@@ -85,7 +85,8 @@ def test_json_object_on_completions_and_a_streamed_json_schema_chat(api_client):
     ({"functions": [{"name": "f"}]}, "functions"),
 ])
 def test_unusable_formats_and_tools_are_400_naming_the_field(api_server, body, param):
-    r = httpx.post(api_server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 4, **body}, timeout=30)
+    r = httpx.post(api_server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 4, **body},
+                   timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
 
