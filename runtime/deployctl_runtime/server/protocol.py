@@ -58,6 +58,7 @@ UNSUPPORTED_FIELDS = {  # fields that change what an answer means and that this 
     "function_call": "the legacy 'function_call' field is not supported; send 'tool_choice'",
     "audio": "audio output is not supported by this server",
     "prediction": "predicted outputs are not supported by this server",
+    "web_search_options": "web search is not supported by this server",
 }
 
 
@@ -89,12 +90,17 @@ class _SamplingFields(_Strict):
     function_call: Any = None
     audio: Any = None
     prediction: Any = None
+    web_search_options: Any = None
+    modalities: list[str] | None = None
 
     @model_validator(mode="after")
     def _openai_strictness(self):
         for name, why in UNSUPPORTED_FIELDS.items():
             if getattr(self, name, None) is not None:
                 raise _CrossFieldError(name, why, "unsupported_parameter")
+        if self.modalities and set(self.modalities) != {"text"}:
+            raise _CrossFieldError("modalities", "only the text modality is supported by this server",
+                                   "unsupported_parameter")
         if self.stream_options is not None and not self.stream:
             raise _CrossFieldError("stream_options", "stream_options is only allowed when stream is true")
         return self

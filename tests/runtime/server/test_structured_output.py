@@ -83,6 +83,8 @@ def test_json_object_on_completions_and_a_streamed_json_schema_chat(api_client):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"web_search_options": {}}, "web_search_options"),
 ])
 def test_unusable_formats_and_tools_are_400_naming_the_field(api_server, body, param):
     r = httpx.post(api_server.url + "/v1/chat/completions", json={"messages": USER, "max_tokens": 4, **body},
