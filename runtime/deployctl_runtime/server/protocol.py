@@ -126,6 +126,8 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _best_of(self):
+        if self.echo:
+            raise _CrossFieldError("echo", "echo is not supported by this server", "unsupported_parameter")
         if self.best_of is not None:
             if self.best_of < self.n:
                 raise _CrossFieldError("best_of", f"best_of ({self.best_of}) must be >= n ({self.n})")
@@ -149,12 +151,6 @@ class CompletionRequest(_SamplingFields):
                 raise ValueError("token ids must be non-negative")
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported by this server")
-        return v
 
 
 class TextPart(BaseModel):

@@ -77,10 +77,12 @@ def test_openai_strictness_and_refused_fields_are_400_naming_the_field(api_serve
     assert r.json()["error"]["param"] == param
 
 
-def test_suffix_is_unsupported_parameter(api_client):
+@pytest.mark.parametrize("field", ["suffix", "echo"])
+def test_suffix_and_echo_are_unsupported_parameters(api_client, field):
     with pytest.raises(openai.BadRequestError) as exc:
-        api_client.completions.create(model="tiny", prompt="x", suffix="y", max_tokens=2)
-    assert exc.value.body["code"] == "unsupported_parameter"
+        value = "y" if field == "suffix" else True
+        api_client.completions.create(model="tiny", prompt="x", max_tokens=2, **{field: value})
+    assert (exc.value.body["code"], exc.value.body["param"]) == ("unsupported_parameter", field)
 
 
 def test_logit_bias_is_honoured(api_server):
