@@ -8,8 +8,8 @@ import pytest
 
 from deployctl.config import parse_config
 from deployctl.errors import HealthError
-from deployctl.rollout import verify
-from deployctl.rollout.hostprobe import HttpResult
+from deployctl.service import verify
+from deployctl.service.http import HttpResult
 
 CPU_READYZ = {"status": "ready", "detail": "serving", "model": "m", "device": "cpu", "device_name": "AMD EPYC 7B13",
               "dtype": "float32", "kv_cache": {"num_blocks": 2048, "block_size": 16, "num_tokens": 32768}}
