@@ -43,8 +43,11 @@ class ServeConfig(BaseModel):
     skip_verify: bool = False
     log_requests: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: str | None = None  # also log here, rotated by size (logging.handlers.RotatingFileHandler)
+    log_max_bytes: int = Field(100 * 2**20, ge=1024)  # rotate when the file would grow past this
+    log_backup_count: int = Field(5, ge=1, le=100)  # keep this many rotated files (.1 newest); older are deleted
 
-    @field_validator("kv_cache_memory", mode="before")
+    @field_validator("kv_cache_memory", "log_max_bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
