@@ -55,7 +55,7 @@ class EngineConfig(_Frozen):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     extra_args: list[str] = Field(default_factory=list)  # flags deployctl does not model, passed as they are
     device: Literal["cuda", "cpu"] = "cuda"
-    max_model_len: int = Field(8192, gt=0)
+    max_model_len: int = Field(8192, ge=2)
     max_num_seqs: int = Field(64, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
