@@ -85,6 +85,8 @@ class Adapter:
     # The engine sizes its KV cache from the num_gpu_blocks flag only: always rendered, from
     # engine.num_gpu_blocks_override or enough blocks for max_num_seqs requests of max_model_len.
     explicit_cache: bool = False
+    # Clients must name the model by the path it was loaded from (no served-model-name flag).
+    model_name_is_path: bool = False
     config_file: bool = False  # settings go into runtime.yaml, not the command line (the bundled runtime)
     sample_max_tokens: int = 4
 

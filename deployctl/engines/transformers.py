@@ -3,7 +3,8 @@ the pinned version). A real foreign engine that runs on CPU: deployctl's end-to-
 
 Facts (transformers 5.24): no /metrics (canary analysis judges it by active probes), SSE streams end without
 ``data: [DONE]``, unknown request fields get 422, no API key (bind loopback behind the router), no
-served-model-name (clients send the model directory's path or any name: the preloaded model answers), and the
+served-model-name (it answers 400 "Server is pinned to DIR" unless the request names DIR: model.served_name must be
+model.path), ~400 MB RSS for the tiny model with 64 blocks, and the
 paged cache defaults to ~60% of RAM, so ``--cb-num-blocks`` is always rendered (base.Adapter.explicit_cache).
 """
 from deployctl.engines.base import Adapter, Flag, Metrics
@@ -13,7 +14,7 @@ ADAPTER = Adapter(
     distribution="transformers",
     module="transformers",
     image="huggingface/transformers-pytorch-gpu",
-    argv=("{bin}/transformers", "serve"),
+    argv=("{python}", "-m", "transformers.cli.transformers", "serve"),  # the `transformers` console script
     flags={
         "model": Flag(positional=True),
         "host": Flag("--host"),
@@ -35,4 +36,5 @@ ADAPTER = Adapter(
           "TimeoutStopSec",
     sse_done=False,
     explicit_cache=True,
+    model_name_is_path=True,
 )

@@ -89,6 +89,9 @@ def check_engine_config(cfg) -> None:
             raise ValueError(f"engine.tensor_parallel_size {tp} is more than the {len(ids)} GPU(s) of host "
                              f"{h.name!r} ({ids}); list {tp} GPU ids in hosts[{i}].gpus or lower "
                              "engine.tensor_parallel_size")
+    if a.model_name_is_path and cfg.model.name != cfg.model.path:
+        raise ValueError(f"model.served_name must be the model path for {e.kind} (it answers only requests naming "
+                         f"the directory it loaded); set model.served_name: {cfg.model.path}")
     if a.api_key_env is None and a.api_key_flag is None and cfg.server.api_key_env:
         raise ValueError(f"server.api_key_env is set but {e.kind} cannot check API keys; unset it and bind "
                          "server.bind 127.0.0.1 behind the router, or use another engine.kind")

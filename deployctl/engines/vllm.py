@@ -8,7 +8,8 @@ ADAPTER = Adapter(
     module="vllm",
     image="vllm/vllm-openai",
     image_tag="v{version}",
-    argv=("{bin}/vllm", "serve"),
+    # the `vllm` console script's module (a release venv with system site packages has no scripts of its own)
+    argv=("{python}", "-m", "vllm.entrypoints.cli.main", "serve"),
     flags={
         "model": Flag(positional=True),
         "served_model_name": Flag("--served-model-name"),

@@ -207,9 +207,35 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
     return rdir
 
 
+# A foreign engine (release.json engine_distribution) gets <release>/engine: a venv over the host's python with its
+# site packages (torch and the rest already there) and engine_distribution==engine_version pip-installed into it,
+# which is a no-op when the host env already has that version. Per release, so rollback restores the engine too.
+ENGINE_INSTALL = """dist=$(awk -F'"' '$2 == "engine_distribution" {{ print $4; exit }}' "$rdir/release.json")
+ver=$(awk -F'"' '$2 == "engine_version" {{ print $4; exit }}' "$rdir/release.json")
+if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
+  rm -rf "$rdir/engine.partial"
+  PYTHONPATH= {python} -m venv --system-site-packages "$rdir/engine.partial"
+  PYTHONPATH= timeout {timeout} "$rdir/engine.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+  printf '%s==%s\\n' "$dist" "$ver" > "$rdir/engine.partial/.deployctl-installed"
+  rm -rf "$rdir/engine" && mv "$rdir/engine.partial" "$rdir/engine"
+fi"""
+
+
+def engine_of(host, release_id: str, *, timeout: float = 15) -> tuple:
+    """(engine_kind, engine_version) from the release's release.json on ``host``; (None, None) when unreadable
+    (releases rendered before engines existed are the bundled runtime's)."""
+    path = posixpath.join(release_dir(host.config, release_id), "release.json")
+    r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=timeout)
+    try:
+        info = json.loads(r.stdout)
+    except ValueError:
+        return None, None
+    return info.get("engine_kind") or "deployctl-runtime", info.get("engine_version")
+
+
 def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
-    """In one remote command: point ``current`` at the release atomically (``switch_current``), then install
-    its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
+    """In one remote command: point ``current`` at the release atomically (``switch_current``), give a foreign
+    engine its pinned version in ``<release>/engine`` (ENGINE_INSTALL), then install its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
     already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
     (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
     env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
@@ -222,6 +248,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
+{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout))}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site

@@ -47,7 +47,7 @@ def _engine_args(kind: str, argv: list[str]) -> list[str]:
     """The arguments the engine's parser sees: after ``serve`` (vLLM, kept: the parser has the subcommand), after
     the module name (SGLang)."""
     if kind == "vllm":
-        return argv[argv.index("serve"):]
+        return argv[argv.index("serve"):]  # after `python -m vllm.entrypoints.cli.main` or the `vllm` script
     return argv[argv.index("sglang.launch_server") + 1:]
 
 

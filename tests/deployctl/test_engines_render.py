@@ -51,7 +51,7 @@ def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
             ids = ",".join(map(str, h.gpu_ids))
             assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in unit and f"CUDA_VISIBLE_DEVICES={ids}" in unit
             assert all(f"DeviceAllow=/dev/nvidia{g} rw" in unit for g in h.gpu_ids)
-            assert f"/releases/20261201T000000Z-golden1/engine/bin/" in unit  # the release's pinned engine env
+            assert f"/releases/20261201T000000Z-golden1/engine/bin/python " in unit  # the release's pinned engine env
             launch = (out / "hosts" / h.name / "launch.sh").read_text()
             assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in launch
     if target == "k8s-rollout":
@@ -82,12 +82,13 @@ def test_transformers_render_has_an_explicit_cache_and_empty_rules(tmp_path):
     doc["engine"] = {"kind": "transformers", "version": "5.24.0", "device": "cpu", "max_model_len": 256,
                      "max_num_seqs": 4, "block_size": 16}
     doc["server"] = {"bind": "127.0.0.1", "port": 8000}
+    doc["model"]["served_name"] = doc["model"]["path"]  # transformers serve answers only to its model path
     cfg = parse_config(yaml.safe_dump(doc), "t.yaml")
     out = tmp_path / "out"
     render_all(cfg, out, target="systemd", release_id="r1", env={})
     assert all(r.ok for r in validate_tree(cfg, out))
     launch = (out / "hosts" / "gpu-a" / "launch.sh").read_text()
-    assert "transformers serve /models/Meta-Llama-3-8B-Instruct" in launch
+    assert "engine/bin/python -m transformers.cli.transformers serve /models/Meta-Llama-3-8B-Instruct" in launch
     assert "--cb-num-blocks 64 " in launch and "--continuous-batching" in launch  # 4 × 256/16
     rules = out / "prometheus" / "alerts.rules.yaml"
     assert yaml.safe_load(rules.read_text())["groups"][0]["rules"] == [] and check_alert_rules(rules).ok

@@ -16,7 +16,7 @@ RELEASE_DIR=/opt/deployctl/llama-8b/releases/20261201T000000Z-golden1
 PID_FILE=/opt/deployctl/llama-8b/shared/run/runtime.pid
 CHILD_PID_FILE=/opt/deployctl/llama-8b/shared/run/runtime.child.pid
 LOG_FILE=/opt/deployctl/llama-8b/shared/logs/runtime.log
-ENGINE_CMD=(/opt/deployctl/llama-8b/releases/20261201T000000Z-golden1/engine/bin/vllm serve /models/Meta-Llama-3-8B-Instruct --served-model-name llama-3-8b --host 0.0.0.0 --port 8000 --dtype bfloat16 --max-model-len 8192 --max-num-seqs 128 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --block-size 16 --enable-prefix-caching --enable-chunked-prefill --tensor-parallel-size 2 --enforce-eager --seed=0)
+ENGINE_CMD=(/opt/deployctl/llama-8b/releases/20261201T000000Z-golden1/engine/bin/python -m vllm.entrypoints.cli.main serve /models/Meta-Llama-3-8B-Instruct --served-model-name llama-3-8b --host 0.0.0.0 --port 8000 --dtype bfloat16 --max-model-len 8192 --max-num-seqs 128 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --block-size 16 --enable-prefix-caching --enable-chunked-prefill --tensor-parallel-size 2 --enforce-eager --seed=0)
 BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
 MAX_BACKOFF_S=60
 MAX_FAILURES=${DEPLOYCTL_LAUNCH_MAX_FAILURES:-5}
