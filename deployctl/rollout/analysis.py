@@ -120,10 +120,15 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
 
 def scrape(host, cfg: DeployConfig) -> Optional[list]:
     """Samples of the runtime's /metrics on ``host`` (deployctl.promhist), None when it cannot be read."""
+    from deployctl.engines import adapter
     from deployctl.promhist import PromParseError, parse_text
 
+    a = adapter(cfg.engine.kind)
+    if a.metrics_route is None:  # an engine without metrics: alive or not, no latency samples
+        r = http(host, cfg, "GET", a.ready_route, timeout=5)
+        return [] if r.status == 200 else None
     try:
-        r = http(host, cfg, "GET", "/metrics", timeout=5)
+        r = http(host, cfg, "GET", a.metrics_route, timeout=5)
     except Exception:
         return None
     if r.status != 200:

@@ -207,16 +207,24 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
     return rdir
 
 
-# A foreign engine (release.json engine_distribution) gets <release>/engine: a venv over the host's python with its
-# site packages (torch and the rest already there) and engine_distribution==engine_version pip-installed into it,
-# which is a no-op when the host env already has that version. Per release, so rollback restores the engine too.
+# A foreign engine (release.json engine_distribution) runs from <release>/engine/bin/python: when the host's python
+# env already has engine_distribution==engine_version (what preflight checks) a wrapper that execs that python;
+# otherwise a venv of its own with the pinned version pip-installed (and its dependencies: vLLM brings its torch).
+# Per release, so a rollback restarts the engine the old release was deployed with.
 ENGINE_INSTALL = """dist=$(awk -F'"' '$2 == "engine_distribution" {{ print $4; exit }}' "$rdir/release.json")
 ver=$(awk -F'"' '$2 == "engine_version" {{ print $4; exit }}' "$rdir/release.json")
 if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
-  rm -rf "$rdir/engine.partial"
-  PYTHONPATH= {python} -m venv --system-site-packages "$rdir/engine.partial"
-  PYTHONPATH= timeout {timeout} "$rdir/engine.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
-  printf '%s==%s\\n' "$dist" "$ver" > "$rdir/engine.partial/.deployctl-installed"
+  rm -rf "$rdir/engine.partial" && mkdir -p "$rdir/engine.partial/bin"
+  have=$(PYTHONPATH= {python} -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$dist" 2>/dev/null || true)
+  if [ "$have" = "$ver" ]; then
+    printf '#!/bin/sh\\nexec %s "$@"\\n' {python} > "$rdir/engine.partial/bin/python"
+    chmod 0755 "$rdir/engine.partial/bin/python"; how="host env"
+  else
+    rm -rf "$rdir/engine.partial" && PYTHONPATH= {python} -m venv "$rdir/engine.partial"
+    PYTHONPATH= timeout {timeout} "$rdir/engine.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+    how="own venv"
+  fi
+  printf '%s==%s %s\\n' "$dist" "$ver" "$how" > "$rdir/engine.partial/.deployctl-installed"
   rm -rf "$rdir/engine" && mv "$rdir/engine.partial" "$rdir/engine"
 fi"""
 
