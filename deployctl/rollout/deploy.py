@@ -81,6 +81,8 @@ class Deployment:
         self.switched: set[str] = set()
         self.state: Optional[RolloutState] = None
         self.verdicts: list[dict] = []
+        self.golden = None  # deployctl.rollout.goldencheck.GoldenCheck of this deploy
+        self.baseline = None  # stable's latency figures from the last window that had them
         self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------------------------------ control
@@ -231,6 +233,7 @@ class Deployment:
             self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
             self._route(split_for(new, old, weight))
             self._save(step_index=i, weight=weight)
+            self._check_outputs(plan, new, old, weight)
             self._analyze(plan, new, old, weight)
         for batch in plan.batches:
             self.check()
@@ -241,37 +244,79 @@ class Deployment:
             self._route(split_for(new, old, 100))
         self._route(Split(tuple(new), (), 0))
 
+    def _record(self, vj: dict) -> None:
+        self.verdicts.append(vj)
+        self.state.verdicts = self.verdicts[-20:]
+        self._save()
+
+    def _check_outputs(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
+        """The golden-output comparison at this step (deployctl.rollout.goldencheck); a failure aborts."""
+        if not self.cfg.rollout.analysis.outputs.enabled or not old:
+            return
+        from deployctl.rollout.goldencheck import GoldenCheck
+
+        if self.golden is None:
+            self.golden = GoldenCheck(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release)
+        for rep in self.golden.run(new, old):
+            vj = {"kind": "outputs", "weight": weight, **rep.to_json()}
+            self._record(vj)
+            self.say("analysis", f"at {weight}%: {rep.summary()}", outputs=vj)
+            if rep.result == "fail":
+                raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
+
+    def _wait_paused(self, weight: int, why: str) -> bool:
+        """Pause for a human: True when promoted (go on), else Intervened/KeyboardInterrupt raise out of check()."""
+        self._save(status="paused", reason=why)
+        self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
+        while not self.promote_requested:
+            self.check()
+            time.sleep(0.25)
+        self._save(status="running", reason=None)
+        return True
+
     def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
         pause, a = plan.pause_s, self.cfg.rollout.analysis
         if pause <= 0:
             return
+        from deployctl.rollout.verdicts import InconclusiveStreak
+
         fl = self.fleet
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old)
-        deadline = time.monotonic() + pause
-        win = an.open_window()
-        passes, last = 0, None
-        while True:
-            next_eval = min(deadline, time.monotonic() + a.interval_s)
-            while time.monotonic() < next_eval:
-                self.check()
-                if self.promote_requested:  # sent during this pause or just before it
+        chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
+        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline)
+        streak = InconclusiveStreak(a.inconclusive_limit)
+        try:
+            deadline = time.monotonic() + pause
+            win = an.open_window()
+            passes, last = 0, None
+            while True:
+                next_eval = min(deadline, time.monotonic() + a.interval_s)
+                while time.monotonic() < next_eval:
+                    self.check()
+                    if self.promote_requested:  # sent during this pause or just before it
+                        self.promote_requested = False
+                        self.say("info", f"promoted by hand at {weight}%")
+                        return
+                    time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
+                last = an.evaluate(win, weight)
+                self.baseline = an.baseline
+                vj = last.to_json()
+                self._record(vj)
+                self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
+                if last.result == "fail":
+                    raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
+                if last.result == "pass":
+                    passes += 1
+                    win = an.open_window()
+                if streak.add(last.result):
+                    self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
+                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}")
                     self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
                     return
-                time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
-            last = an.evaluate(win, weight)
-            vj = last.to_json()
-            self.verdicts.append(vj)
-            self.state.verdicts = self.verdicts[-20:]
-            self._save()
-            self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
-            if last.result == "fail":
-                raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
-            if last.result == "pass":
-                passes += 1
-                win = an.open_window()
-            if time.monotonic() >= deadline:
-                break
+                if time.monotonic() >= deadline:
+                    break
+        finally:
+            an.close()
         if passes == 0:
             raise _Abort(f"not enough traffic to judge at {weight}%: {last.summary()}; "
                          "send traffic or `deployctl promote` by hand", last.to_json())

@@ -143,7 +143,7 @@ class Generation:
             if not self._seen_first_output:
                 self._seen_first_output = True
                 m.queue_time.observe(now - self.rec.arrival)
-            new = list(out.new_token_ids)
+            new = self.ctx.faults.rewrite_tokens(list(out.new_token_ids))
             if new:
                 if self.rec.first_token_at is None:
                     self.rec.first_token_at = now
