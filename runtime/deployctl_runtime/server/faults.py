@@ -4,8 +4,7 @@
   fail_start=1       fail during loading: log "fault injection: fail_start" and exit non-zero.
   error_rate=F       answer that share (0..1) of inference requests 500 internal_error (bad canary).
   token_delay_ms=MS  sleep MS per engine step (slow canary: TPOT and TTFT grow).
-  repeat_token=ID    every output token becomes token ID (a repeated-token loop; a broken model's answers).
-  empty_output=1     output no tokens at all (empty answers, finish_reason length).
+  repeat_token=ID    every output token becomes token ID (a repeated-token loop; a special token: empty text).
 
 Never set in production; the server logs a WARNING at start when any is active.
 """
@@ -19,7 +18,7 @@ ENV_VAR = "DEPLOYCTL_RUNTIME_FAULT"
 HELP = (
     f"Test-only fault injection: env {ENV_VAR}=key=value[,key=value...] with load_delay_s=S (slow load), "
     "fail_start=1 (exit non-zero during load), error_rate=F (share of inference requests answered 500), "
-    "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID), empty_output=1 (no output tokens)."
+    "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID)."
 )
 
 
@@ -30,16 +29,13 @@ class Faults:
     error_rate: float = 0.0
     token_delay_ms: float = 0.0
     repeat_token: float = -1.0
-    empty_output: bool = False
 
     @property
     def active(self) -> bool:
         return self != Faults()
 
     def rewrite_tokens(self, new: list[int]) -> list[int]:
-        """The output tokens as the repeat_token / empty_output faults make them (unchanged without those)."""
-        if self.empty_output:
-            return []
+        """The output tokens as the repeat_token fault makes them (unchanged without it)."""
         return [int(self.repeat_token)] * len(new) if self.repeat_token >= 0 else new
 
     def should_fail_request(self) -> bool:
@@ -60,7 +56,6 @@ class Faults:
                 raise ValueError(f"{ENV_VAR}: {key}={val!r} is not a number") from None
         if not 0 <= values.get("error_rate", 0) <= 1:
             raise ValueError(f"{ENV_VAR}: error_rate must be within 0..1, got {values['error_rate']}")
-        for flag in ("fail_start", "empty_output"):
-            if flag in values:
-                values[flag] = bool(values[flag])
+        if "fail_start" in values:
+            values["fail_start"] = bool(values["fail_start"])
         return cls(**values)  # type: ignore[arg-type]
