@@ -233,8 +233,9 @@ class Deployment:
             self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
             self._route(split_for(new, old, weight))
             self._save(step_index=i, weight=weight)
-            self._check_outputs(plan, new, old, weight)
-            self._analyze(plan, new, old, weight)
+            job = self._start_outputs(plan, new, old)
+            self._analyze(plan, new, old, weight, job)
+            self._outputs_done(job, weight, wait=True)
         for batch in plan.batches:
             self.check()
             old = [n for n in old if n not in batch]
@@ -249,15 +250,33 @@ class Deployment:
         self.state.verdicts = self.verdicts[-20:]
         self._save()
 
-    def _check_outputs(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
-        """The golden-output comparison at this step (deployctl.rollout.goldencheck); a failure aborts."""
+    def _start_outputs(self, plan: DeployPlan, new: list[str], old: list[str]):
+        """Start this step's golden-output comparison (deployctl.rollout.goldencheck) beside the analysis."""
         if not self.cfg.rollout.analysis.outputs.enabled or not old:
-            return
+            return None
         from deployctl.rollout.goldencheck import GoldenCheck
 
         if self.golden is None:
             self.golden = GoldenCheck(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release)
-        for rep in self.golden.run(new, old):
+        return self.golden.start(new, old)
+
+    def _outputs_done(self, job, weight: int, *, wait: bool) -> None:
+        """Report the comparison once it is done (``wait``: until then, checking for intervention); a failure aborts."""
+        if job is None or job.reported:
+            return
+        while wait and not job.done():
+            self.check()
+            time.sleep(0.25)
+        if not job.done():
+            return
+        job.reported = True
+        try:
+            reports = job.result()
+        except DeployctlError:
+            raise
+        except Exception as e:  # a bug in the check must not leave the fleet half switched
+            raise _Abort(f"output check at {weight}% crashed: {type(e).__name__}: {e}") from e
+        for rep in reports:
             vj = {"kind": "outputs", "weight": weight, **rep.to_json()}
             self._record(vj)
             self.say("analysis", f"at {weight}%: {rep.summary()}", outputs=vj)
@@ -274,7 +293,7 @@ class Deployment:
         self._save(status="running", reason=None)
         return True
 
-    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
+    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:
         pause, a = plan.pause_s, self.cfg.rollout.analysis
         if pause <= 0:
             return
@@ -292,9 +311,12 @@ class Deployment:
                 next_eval = min(deadline, time.monotonic() + a.interval_s)
                 while time.monotonic() < next_eval:
                     self.check()
+                    self._outputs_done(job, weight, wait=False)
                     if self.promote_requested:  # sent during this pause or just before it
                         self.promote_requested = False
                         self.say("info", f"promoted by hand at {weight}%")
+                        if job is not None:
+                            job.reported = True  # the operator decided: the comparison is not waited for
                         return
                     time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
                 last = an.evaluate(win, weight)
@@ -312,6 +334,8 @@ class Deployment:
                                               f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}")
                     self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
+                    if job is not None:
+                        job.reported = True
                     return
                 if time.monotonic() >= deadline:
                     break
@@ -325,6 +349,8 @@ class Deployment:
     def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
                cause: Optional[BaseException] = None, interrupted: bool = False):
         fl = self.fleet
+        if self.golden is not None:
+            self.golden.stop()
         self.say("abort", f"aborting: {reason}")
         try:
             self.state.status = "aborting"

@@ -195,12 +195,16 @@ def ask(client: httpx.Client, base_url: str, model: str, prompt: Prompt, *, chat
 
 
 def collect(base_url: str, model: str, prompts: list[Prompt], *, chat: bool, max_tokens: int,
-            api_key: Optional[str] = None, timeout: float = 60) -> list[Answer]:
+            api_key: Optional[str] = None, timeout: float = 60, should_stop=None) -> list[Answer]:
     """Every prompt's answer from one server, one request at a time (batching can flip greedy ties on GPUs).
-    Stops early after 3 failures in a row (a server that stopped answering); the rest get that error."""
+    Stops early after 3 failures in a row (a server that stopped answering), or when ``should_stop()`` is true;
+    the rest get that error."""
     out: list[Answer] = []
     with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
         for p in prompts:
+            if should_stop is not None and should_stop():
+                out.append(Answer(error="stopped"))
+                continue
             if len(out) >= 3 and all(a.error for a in out[-3:]):
                 out.append(Answer(error=out[-1].error))
                 continue

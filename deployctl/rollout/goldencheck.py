@@ -11,7 +11,9 @@ Which agreement rule applies comes from the two releases (their release director
 - else ``exact``.
 The model has a chat template when the canary's model directory holds ``chat_template.jinja`` or a
 ``chat_template`` in tokenizer_config.json; then prompts go to /v1/chat/completions, else /v1/completions.
-Stable's answers are asked once per deploy (stable does not change during it).
+Stable's answers are asked once per deploy (stable does not change during it). ``start`` runs the check in a
+background thread beside the step's analysis windows (a slow canary is aborted on latency meanwhile); ``stop``
+makes it give up between prompts.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import hashlib
 import json
 import posixpath
 import shlex
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -115,6 +118,16 @@ class GoldenCheck:
         self.chat: Optional[bool] = None
         self._stable: Optional[tuple[str, list[Answer]]] = None
         self._rules: dict[str, Rules] = {}
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def start(self, canary: list[str], stable: list[str]) -> "Job":
+        """``run`` in a daemon thread (the chat-template probe happens here, before it returns)."""
+        if self.chat is None:
+            self.chat = has_chat_template(self.hosts[canary[0]], self.cfg)
+        return Job(lambda: self.run(canary, stable))
 
     def _ask(self, name: str) -> list[Answer]:
         from deployctl.rollout.probes import host_url
@@ -122,7 +135,7 @@ class GoldenCheck:
         o = self.cfg.rollout.analysis.outputs
         by = {h.name: h for h in self.cfg.hosts}
         return collect(host_url(self.cfg, by[name]), self.cfg.model.name, self.prompts, chat=bool(self.chat),
-                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s)
+                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s, should_stop=self.stopped.is_set)
 
     def _stable_answers(self, stable: list[str]) -> tuple[str, list[Answer]]:
         if self._stable is None or self._stable[0] not in stable:
@@ -144,15 +157,45 @@ class GoldenCheck:
             self.chat = has_chat_template(self.hosts[canary[0]], self.cfg)
         if not stable:
             return []
-        s_name, s_ans = self._stable_answers(stable)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:  # stable's answers (asked once) while the canary hosts answer
+            fut = pool.submit(self._stable_answers, stable)
+            outs = run_on_hosts([self.hosts[n] for n in canary], lambda h: self._ask(h.name))
+            s_name, s_ans = fut.result()
         if self.stable_release and not self._rules:
             s_id = read_identity(self.hosts[s_name], self.stable_release)
             for n in canary:
                 self._rules.setdefault(n, rules_for(self.cfg, s_id, read_identity(self.hosts[n], self.canary_release)))
-        outs = run_on_hosts([self.hosts[n] for n in canary], lambda h: self._ask(h.name))
         reports = []
         for o in outs:
             rules = self._rules.get(o.host, Rules())
             ans = o.value if o.error is None else [Answer(error=str(o.error))] * len(self.prompts)
             reports.append(compare(self.prompts, s_ans, ans, rules, canary_host=o.host, stable_host=s_name))
         return reports
+
+
+class Job:
+    """A call running in a daemon thread (never keeps the process alive): ``done()``, ``result()`` (re-raises)."""
+
+    def __init__(self, fn):
+        self._done = threading.Event()
+        self.value, self.error, self.reported = None, None, False
+
+        def body():
+            try:
+                self.value = fn()
+            except BaseException as e:  # handed to the caller by result()
+                self.error = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=body, daemon=True, name="golden-outputs").start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value

@@ -32,9 +32,13 @@ def cfg():
     return parse_config(CFG)
 
 
+VOCAB: dict[str, int] = {}
+
+
 def ans(tokens, finish="length", ids=True):
-    return Answer(text="".join(tokens), tokens=list(tokens), token_ids=[hash(t) % 1000 + 1 for t in tokens] if ids else None,
-                  finish_reason=finish, completion_tokens=len(tokens), level="token")
+    token_ids = [VOCAB.setdefault(t, len(VOCAB) + 1) for t in tokens] if ids else None
+    return Answer(text="".join(tokens), tokens=list(tokens), token_ids=token_ids, finish_reason=finish,
+                  completion_tokens=len(tokens), level="token")
 
 
 PROMPTS = [Prompt(str(i), prompt=f"question {i}") for i in range(1, 5)]

@@ -8,7 +8,7 @@ identical" at each step) and, with no user traffic at all, judged healthy on the
 declared on purpose (on_model_change: skip), a repeated-token loop (the runtime's test-only repeat_token fault) is
 still aborted; empty answers are unit-tested (test_analysis_rules). With no user traffic a slow canary is aborted on
 the probes; with probes off, quiet windows stay inconclusive and the inconclusive_limit pauses the rollout until a
-human aborts it."""
+human aborts it. Each canary deploy costs 30-40 s here (two runtime restarts): two tests of four deploys."""
 from __future__ import annotations
 
 import json
@@ -45,22 +45,28 @@ def model_copy(src: Path, dst: Path, *, perturb: float = 0.0, template: str | No
     return dst
 
 
-def test_output_check_aborts_drift_and_degenerate_answers_and_promotes_a_settings_change(rollout_env, rollout_model,
-                                                                                          tmp_path):
+@pytest.fixture
+def fleet(rollout_env, rollout_model):
     env = rollout_env(2, steps=[50, 100], pause_s=0,
                       analysis={"interval_s": 2, "min_requests": 20, "probes": {"requests": 3, "min_samples": 2}})
     assert env.cli("deploy", "--yes").returncode == 0
-    v1 = env.current(env.names[0])
 
-    def canary(model: Path | None = None, fault: str | None = None, **outputs):
+    def canary(model: Path | None = None, fault: str | None = None, pause_s: float = 0, analysis=None, **outputs):
         env.cfg["model"]["path"] = str(model or rollout_model)
-        env.cfg["rollout"]["analysis"]["outputs"] = outputs
+        env.cfg["rollout"]["pause_s"] = pause_s
+        env.cfg["rollout"]["analysis"].update(outputs=outputs, **(analysis or {}))
         env.write()
         r = env.cli("deploy", "--yes", env={"DEPLOYCTL_RUNTIME_FAULT": fault} if fault else None)
         last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
         print(f"\n{model and model.name} {fault or ''}: exit {r.returncode}: {last[:600]}")
         return r
 
+    return env, canary
+
+
+def test_drifted_answers_are_aborted_and_a_settings_change_is_promoted(fleet, rollout_model, tmp_path):
+    env, canary = fleet
+    v1 = env.current(env.names[0])
     r = canary(model_copy(rollout_model, tmp_path / "perturbed", perturb=0.01))
     assert r.returncode == 6, r.stderr
     assert "output check failed at 50% on " + env.names[0] in r.stderr
@@ -77,45 +83,39 @@ def test_output_check_aborts_drift_and_degenerate_answers_and_promotes_a_setting
     assert r.returncode == 6 and "output check failed at 50%" in r.stderr, r.stderr
     assert "same weights, engine and dtype" in r.stderr  # only the template changed: exact agreement required
 
-    # new weights on purpose: agreement skipped, but a loop is still caught
-    r = canary(tmp_path / "perturbed", fault="repeat_token=65", on_model_change="skip")
-    assert r.returncode == 6 and "agreement not checked" in r.stderr and "canary repeats" in r.stderr, r.stderr
-    assert [env.current(n) for n in env.names] == [v1, v1]
-
-    env.cfg["engine"]["max_num_seqs"] = 4  # a setting that does not change greedy answers
-    env.cfg["rollout"]["pause_s"] = 5  # analysis windows with no user traffic: judged on the probes
-    r = canary()
+    # a setting that does not change greedy answers, no user traffic: identical outputs, judged healthy on probes
+    env.cfg["engine"]["max_num_seqs"] = 4
+    r = canary(pause_s=4)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("outputs: 16/16 prompts identical on " + env.names[0]) == 2  # at 50% and at 100%
     assert "analysis at 50%: pass [probes]" in r.stderr and "judged on probes (0 canary requests" in r.stderr
     assert env.nginx.access_entries() == []  # golden prompts and probes go to the hosts, never through nginx
     v2 = env.current(env.names[0])
     assert v2 != v1 and [env.current(n) for n in env.names] == [v2, v2]
-    kept = [v for v in env.status()["rollout"]["verdicts"] if v.get("kind") == "outputs"]
-    assert any(v.get("source") == "probes" and v["probes"]["canary"]["samples"] >= 2
-               for v in env.status()["rollout"]["verdicts"])
+    verdicts = env.status()["rollout"]["verdicts"]
+    assert any(v.get("source") == "probes" and v["probes"]["canary"]["samples"] >= 2 for v in verdicts)
+    kept = [v for v in verdicts if v.get("kind") == "outputs"]
     assert [(v["weight"], v["result"], v["identical"], v["total"]) for v in kept] == [(50, "pass", 16, 16),
                                                                                        (100, "pass", 16, 16)]
 
 
-def test_probes_abort_a_slow_quiet_canary_and_inconclusive_windows_pause(rollout_env):
-    env = rollout_env(2, steps=[50, 100], pause_s=8,
-                      analysis={"interval_s": 2, "min_requests": 20, "outputs": {"enabled": False},
-                                "probes": {"requests": 3, "min_samples": 2, "max_tokens": 6}})
-    assert env.cli("deploy", "--yes").returncode == 0
+def test_loops_slow_quiet_canaries_and_inconclusive_windows(fleet, rollout_model, tmp_path):
+    env, canary = fleet
     v1 = env.current(env.names[0])
+    # new weights on purpose: agreement skipped, but a loop is still caught
+    r = canary(model_copy(rollout_model, tmp_path / "retrained", perturb=0.01), fault="repeat_token=65",
+               on_model_change="skip")
+    assert r.returncode == 6 and "agreement not checked" in r.stderr and "canary repeats" in r.stderr, r.stderr
 
-    # no user traffic at all: only deployctl's probes reach the hosts
-    r = env.cli("deploy", "--yes", env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=250"})
-    print("\nslow:", r.stderr.strip().splitlines()[-1][:600])
+    # no user traffic at all, only deployctl's probes reach the hosts: a slow canary is aborted on them
+    r = canary(fault="token_delay_ms=250", pause_s=8, enabled=False)
     assert r.returncode == 6 and "analysis failed at 50%: canary probe median T" in r.stderr, r.stderr
-    assert "fail [probes]" in r.stderr and "0 req" in r.stderr
-    assert [env.current(n) for n in env.names] == [v1, v1]
+    assert "fail [probes]: canary 0 req" in r.stderr
 
     # probes off and no traffic: every window is inconclusive; the second in a row pauses for a human
     env.cfg["engine"]["max_num_seqs"] = 6
-    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, inconclusive_limit=2)
     env.cfg["rollout"]["pause_s"] = 120
+    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, inconclusive_limit=2, outputs={"enabled": False})
     env.write()
     deploy = env.popen("deploy", "--yes")
     try:
