@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.rollout.hostprobe import http
-from deployctl.rollout.paths import service_port
+from deployctl.service.http import http
+from deployctl.config.layout import network_address, service_port
 from deployctl.rollout.verdicts import combine
 
 TTFT = "deployctl_runtime_time_to_first_token_seconds"
@@ -89,7 +89,7 @@ def upstream_map(cfg: DeployConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for h in cfg.hosts:
         port = service_port(cfg, h)
-        addr = "127.0.0.1" if h.is_local else h.address
+        addr = network_address(h)
         out[f"{addr}:{port}"] = h.name
         out.setdefault(f":{port}", h.name)
     return out
@@ -251,7 +251,7 @@ class Analyzer:
     def _scrape_all(self) -> tuple[dict, dict]:
         """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
         from deployctl.hosts import run_on_hosts
-        from deployctl.rollout.launcher import runtime_pid
+        from deployctl.service.launcher import runtime_pid
 
         if not self.metrics:
             return {}, {}
@@ -266,7 +266,7 @@ class Analyzer:
         return samples, pids
 
     def _start_probes(self):
-        from deployctl.rollout.hostprobe import api_key
+        from deployctl.service.http import api_key
         from deployctl.rollout.probes import ProbeRunner, host_url, target
 
         p = self.cfg.rollout.analysis.probes

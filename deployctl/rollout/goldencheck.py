@@ -28,7 +28,7 @@ from typing import Optional
 from deployctl.config import DeployConfig
 from deployctl.rollout.golden import Answer, collect, default_prompts, load_prompts
 from deployctl.rollout.outputcheck import OutputReport, Rules, compare
-from deployctl.rollout.paths import release_dir
+from deployctl.config.layout import release_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _SEP = "\n--deployctl-sep--\n"
@@ -108,7 +108,7 @@ class GoldenCheck:
     """The check for one deploy. ``hosts``: name -> deployctl.hosts.Host."""
 
     def __init__(self, cfg: DeployConfig, hosts: dict, canary_release: str, stable_release: Optional[str]):
-        from deployctl.rollout.hostprobe import api_key
+        from deployctl.service.http import api_key
 
         self.cfg, self.hosts = cfg, hosts
         self.canary_release, self.stable_release = canary_release, stable_release

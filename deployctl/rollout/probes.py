@@ -27,12 +27,9 @@ PROBE_TEXT = "Count slowly from one to twenty, one number per line."
 
 def host_url(cfg, h) -> str:
     """``http://address:port`` of host ``h``'s runtime as the router reaches it (127.0.0.1 for a local host)."""
-    from deployctl.rollout.paths import service_port
+    from deployctl.config.layout import network_address, service_port, url_host
 
-    addr = "127.0.0.1" if h.is_local else h.address
-    if ":" in addr and not addr.startswith("["):
-        addr = f"[{addr}]"
-    return f"http://{addr}:{service_port(cfg, h)}"
+    return f"http://{url_host(network_address(h))}:{service_port(cfg, h)}"
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,18 @@ import json
 import shlex
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Optional
 
-from deployctl.rollout.paths import actor, now_iso, state_dir, state_file
+from deployctl.config.layout import state_dir, state_file
+from deployctl import settings
 
 IN_PROGRESS = ("running", "paused", "aborting")
+
+
+def now_iso() -> str:
+    """Now in UTC, ISO 8601 with milliseconds and a ``Z``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -39,7 +46,7 @@ class RolloutState:
     stable_hosts: list[str] = field(default_factory=list)
     weights: dict[str, float] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
-    owner: str = field(default_factory=actor)
+    owner: str = field(default_factory=settings.operator)
     pid: int = 0
     started: str = field(default_factory=now_iso)
     updated: str = field(default_factory=now_iso)
@@ -150,7 +157,7 @@ class StateStore:
     def send(self, command: str, reason: str = "") -> Control:
         """Bump the generation and record ``command`` from this operator. Returns the new Control."""
         cur = self.read_control()
-        c = Control(generation=cur.generation + 1, command=command, by=actor(), at=now_iso(), reason=reason)
+        c = Control(generation=cur.generation + 1, command=command, by=settings.operator(), at=now_iso(), reason=reason)
         self._write_all("control.json", json.dumps(asdict(c), sort_keys=True) + "\n")
         return c
 
@@ -158,7 +165,7 @@ class StateStore:
     def append_history(self, action: str, *, release: Optional[str], result: str, reason: str = "",
                        **extra: Any) -> dict[str, Any]:
         """Append one record to history.jsonl on every reachable host; returns the record."""
-        rec = {"id": uuid.uuid4().hex[:12], "time": now_iso(), "user": actor(), "action": action,
+        rec = {"id": uuid.uuid4().hex[:12], "time": now_iso(), "user": settings.operator(), "action": action,
                "release": release, "result": result, "reason": reason, **extra}
         line = json.dumps(rec, sort_keys=True)
 

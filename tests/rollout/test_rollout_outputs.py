@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def model_copy(src: Path, dst: Path, *, perturb: float = 0.0, template: str | None = None) -> Path:
     """A copy of the tiny checkpoint, optionally with one tensor perturbed (same shape) or another chat template,
     with its manifest rewritten (the runtime verifies it at start)."""
-    from deployctl.weights import write_manifest
+    from deployctl.hostscripts.weights import write_manifest
 
     shutil.copytree(src, dst)
     if perturb:
