@@ -26,7 +26,7 @@ from typing import Optional
 from deployctl.config import DeployConfig
 from deployctl.service.http import http
 from deployctl.config.layout import network_address, service_port
-from deployctl.rollout.verdicts import combine
+from deployctl.rollout.verdicts import combine, low_traffic
 
 TTFT = "deployctl_runtime_time_to_first_token_seconds"
 TPOT = "deployctl_runtime_time_per_output_token_seconds"
@@ -199,14 +199,16 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
         if hosts:
             return Verdict("inconclusive", f"{label} {', '.join(hosts)}: latency not comparable this window",
                            canary, stable, window_s, weight)
-    if stable.requests == 0 and not stable.ttft_count and not (baseline and baseline.ttft_count):
+    # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
+    # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
+    if stable.requests == 0 and not (baseline and baseline.ttft_count):
         return Verdict("inconclusive", "stable served 0 requests in the window and no earlier window gives a "
                                        "baseline: nothing to compare the canary with", canary, stable, window_s, weight)
     if canary.error_rate > a.max_error_rate:
         return Verdict("fail", f"canary error rate {canary.error_rate:.1%} ({canary.errors}/{canary.requests}) > "
                                f"max_error_rate {a.max_error_rate:.1%} (stable {stable.error_rate:.1%})",
                        canary, stable, window_s, weight)
-    ref = stable if stable.ttft_count else (baseline or stable)
+    ref = stable if stable.ttft_count and stable.requests else (baseline or stable)
     if 0 < canary.ttft_count < a.min_latency_samples:
         # a P99 of a handful of samples is noise: keep the window open until it holds enough
         return Verdict("inconclusive", f"{canary.ttft_count} canary latency samples < min_latency_samples "
@@ -309,11 +311,11 @@ class Analyzer:
             groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
-        if stable.ttft_count:
+        if stable.ttft_count and stable.requests:
             self.baseline = stable
-        return combine(v, self._probe_verdict(w))
+        return combine(v, self._probe_verdict(w, latency=low_traffic(v)))
 
-    def _probe_verdict(self, w: Window):
+    def _probe_verdict(self, w: Window, latency: bool):
         from deployctl.rollout.probes import summarize
         from deployctl.rollout.verdicts import judge_probes, probe_json
 
@@ -321,5 +323,5 @@ class Analyzer:
             return None
         res = w.probes.snapshot()
         c, s = summarize(res, self.canary), summarize(res, self.stable)
-        result, reason = judge_probes(self.cfg.rollout.analysis, c, s)
+        result, reason = judge_probes(self.cfg.rollout.analysis, c, s, latency=latency)
         return result, reason, probe_json(c, s, result, reason)

@@ -5,9 +5,11 @@ Probes (``judge_probes``), client-side medians over the window's successful prob
 - every probe to a canary host failed while stable answered → ``fail`` (the canary stopped answering);
 - every probe on both sides failed → ``inconclusive`` (deployctl cannot reach the hosts: not the canary's fault);
 - canary probe error share over ``max_error_rate`` and more errors than stable → ``fail``;
-- fewer than ``probes.min_samples`` successful probes on a side → ``inconclusive``;
-- median TTFT or TPOT canary/stable over ``max_p99_ttft_ratio`` / ``max_p99_tpot_ratio`` with the difference over
-  ``min_p99_delta_s`` → ``fail`` (the P99 limits applied to medians: a P99 of a few probes is noise);
+- only in a window without enough real traffic (``latency``; with traffic the canary and stable carry different
+  loads, e.g. all of it on the canary at 100%, and the engine metrics judge latency): fewer than
+  ``probes.min_samples`` successful probes on a side → ``inconclusive``; median TTFT or TPOT canary/stable over
+  ``max_p99_ttft_ratio`` / ``max_p99_tpot_ratio`` with the difference over ``min_p99_delta_s`` → ``fail`` (the P99
+  limits applied to medians: a P99 of a few probes is noise);
 - else ``pass``.
 
 Combination (``combine``): a fail from either source fails; a metrics pass passes (source ``metrics``, or
@@ -25,8 +27,14 @@ from deployctl.rollout.probes import ProbeStats
 LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_latency_samples")
 
 
-def judge_probes(a, canary: ProbeStats, stable: ProbeStats) -> tuple[str, str]:
-    """(result, reason) for the probes of one window; ``a`` is the AnalysisConfig (rules in the module doc)."""
+def low_traffic(v) -> bool:
+    """The metrics Verdict ``v`` is inconclusive only for lack of real traffic."""
+    return v.result == "inconclusive" and any(k in v.reason for k in LOW_TRAFFIC)
+
+
+def judge_probes(a, canary: ProbeStats, stable: ProbeStats, *, latency: bool = True) -> tuple[str, str]:
+    """(result, reason) for the probes of one window; ``a`` is the AnalysisConfig; ``latency``: judge the probes'
+    latencies too (rules in the module doc)."""
     if canary.sent == 0 and stable.sent == 0:
         return "inconclusive", "no probes answered yet"
     if canary.failing and stable.samples:
@@ -38,6 +46,8 @@ def judge_probes(a, canary: ProbeStats, stable: ProbeStats) -> tuple[str, str]:
     if canary.sent and canary.error_rate > a.max_error_rate and canary.errors > stable.errors:
         return "fail", (f"canary probe errors {canary.errors}/{canary.sent} ({canary.error_rate:.0%}) > max_error_rate "
                         f"{a.max_error_rate:.1%} (stable {stable.errors}/{stable.sent}): {canary.error_detail}")
+    if not latency:
+        return "pass", ""
     need = a.probes.min_samples
     if canary.samples < need or stable.samples < need:
         return "inconclusive", f"probe samples canary {canary.samples}, stable {stable.samples} < min_samples {need}"
@@ -81,7 +91,7 @@ def combine(v, probe: Optional[tuple[str, str, dict]]):
         v.result, v.reason, v.source = "fail", reason, "probes"
     elif v.result == "pass":
         v.source = "metrics+probes" if result == "pass" else "metrics"
-    elif any(k in v.reason for k in LOW_TRAFFIC):
+    elif low_traffic(v):
         if result == "pass":
             v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason})", "probes"
         else:

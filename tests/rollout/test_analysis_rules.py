@@ -161,8 +161,12 @@ def test_nan_counter_reset_and_idle_stable_are_inconclusive_with_their_reason(cf
     v = judge(cfg, busy, GroupStats(["b"]), 5.0)
     assert v.result == "inconclusive" and "stable served 0 requests" in v.reason
     assert judge(cfg, busy, GroupStats(["b"]), 5.0, baseline=busy).result == "pass"  # an earlier window's baseline
-    for verdict in (v,):
-        assert "inconclusive [metrics]" in verdict.summary() and "(n=30)" in verdict.summary()
+    assert "inconclusive [metrics]" in v.summary() and "(n=30)" in v.summary()
+    # at 100% stable's histograms hold only the probes on an idle server: the loaded canary is judged against the
+    # baseline from a window where stable served users, not against that
+    idle = GroupStats(["b"], requests=0, p99_ttft_s=0.02, p99_tpot_s=0.002, ttft_count=4)
+    assert judge(cfg, busy, idle, 5.0, baseline=busy).result == "pass"
+    assert judge(cfg, busy, idle, 5.0).result == "inconclusive"
 
 
 def probes(samples, errors=0, ttft=0.02, tpot=0.005, failing=()):
@@ -183,6 +187,9 @@ def test_probe_verdicts_and_how_they_combine_with_metrics(cfg):
     assert res == "inconclusive" and "probes reach neither canary nor stable" in why
     res, why = judge_probes(a, probes(2), ok)
     assert res == "inconclusive" and "probe samples canary 2, stable 4 < min_samples 3" in why
+    # with real traffic the two sides carry different loads: probes judge liveness and errors, not latency
+    assert judge_probes(a, probes(4, tpot=0.4), ok, latency=False) == ("pass", "")
+    assert judge_probes(a, probes(0, errors=4, failing=["a"]), ok, latency=False)[0] == "fail"
 
     quiet = judge(cfg, GroupStats(["a"], requests=0), GroupStats(["b"], requests=0), 5.0)
     assert quiet.result == "inconclusive"
