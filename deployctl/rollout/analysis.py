@@ -106,7 +106,8 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
     """Per host [requests, errors] from JSON access log lines. Lines that are not JSON are skipped.
 
     Keys read: ``upstream_addr`` (``"a:p, b:p"`` when nginx tried several), ``upstream_status`` (one status per
-    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer)."""
+    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer), nor
+    one marked ``probe`` (the X-Deployctl-Probe header of deployctl's own requests)."""
     counts: dict[str, list[int]] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -115,6 +116,8 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
         try:
             rec = json.loads(line)
         except ValueError:
+            continue
+        if rec.get("probe"):  # deployctl's own probe (X-Deployctl-Probe): not user traffic
             continue
         addrs = _split(rec.get("upstream_addr") or rec.get("upstream"))
         statuses = _split(rec.get("upstream_status"))
