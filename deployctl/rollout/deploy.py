@@ -188,8 +188,10 @@ class Deployment:
         fl.prune(plan)
         self._save(status="done", step_index=len(plan.steps) - 1, weight=100)
         dur = time.monotonic() - t0
+        outputs = [{k: v.get(k) for k in ("weight", "canary_host", "result", "mode", "identical", "compared", "total")}
+                   for v in self.verdicts if v.get("kind") == "outputs"]
         fl.store.append_history("deploy", release=plan.release.id, result="ok", from_release=plan.from_release,
-                                duration_s=round(dur, 1))
+                                duration_s=round(dur, 1), **({"outputs": outputs} if outputs else {}))
         self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)")
         return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
 

@@ -94,6 +94,7 @@ def test_drifted_answers_are_aborted_and_a_settings_change_is_promoted(fleet, ro
     assert v2 != v1 and [env.current(n) for n in env.names] == [v2, v2]
     verdicts = env.status()["rollout"]["verdicts"]
     assert any(v.get("source") == "probes" and v["probes"]["canary"]["samples"] >= 2 for v in verdicts)
+    assert [(o["weight"], o["identical"], o["total"]) for o in env.history()[-1]["outputs"]] == [(50, 16, 16), (100, 16, 16)]
     kept = [v for v in verdicts if v.get("kind") == "outputs"]
     assert [(v["weight"], v["result"], v["identical"], v["total"]) for v in kept] == [(50, "pass", 16, 16),
                                                                                        (100, "pass", 16, 16)]
