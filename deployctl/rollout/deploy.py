@@ -285,12 +285,14 @@ class Deployment:
             if rep.result == "fail":
                 raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
 
-    def _wait_paused(self, weight: int, why: str) -> bool:
-        """Pause for a human: True when promoted (go on), else Intervened/KeyboardInterrupt raise out of check()."""
+    def _wait_paused(self, weight: int, why: str, job=None) -> bool:
+        """Pause for a human: True when promoted (go on), else Intervened/KeyboardInterrupt raise out of check()
+        (and a failed output comparison aborts meanwhile)."""
         self._save(status="paused", reason=why)
         self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
         while not self.promote_requested:
             self.check()
+            self._outputs_done(job, weight, wait=False)
             time.sleep(0.25)
         self._save(status="running", reason=None)
         return True
@@ -333,7 +335,7 @@ class Deployment:
                     win = an.open_window()
                 if streak.add(last.result):
                     self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
-                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}")
+                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}", job)
                     self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
                     if job is not None:
