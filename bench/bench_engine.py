@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# OpenMP threads sleep when idle instead of spinning (libgomp's default spin burns the cores a shared machine's
+# other processes need, and is counted as CPU time); set before torch loads, the same for the engine and the peers
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_peers  # noqa: E402
 

@@ -82,6 +82,8 @@ def run_hf_static(model, requests, args):
 
 
 def _cb_config(requests, args):
+    import dataclasses
+
     from transformers import ContinuousBatchingConfig
 
     page = 256
@@ -89,9 +91,11 @@ def _cb_config(requests, args):
     longest = max(len(p) + out for p, out in requests)
     num_blocks = args.max_num_seqs * (-(-longest // page) + 1)
     cpu = args.device == "cpu"
-    return ContinuousBatchingConfig(page_size=page, num_blocks=num_blocks, max_requests_per_batch=args.max_num_seqs,
-                                    max_batch_tokens=args.max_num_batched_tokens, allow_block_sharing=False,
-                                    use_async_batching=False if cpu else None)
+    wanted = dict(page_size=page, num_blocks=num_blocks, max_requests_per_batch=args.max_num_seqs,
+                  max_batch_tokens=args.max_num_batched_tokens, allow_block_sharing=False,
+                  use_async_batching=False if cpu else None)
+    known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}  # older transformers lack some
+    return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in known})
 
 
 def _gen_config(max_new_tokens: int):

@@ -41,6 +41,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.memory_bytes = 0
+        self.num_replays = 0
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slot_mapping[:b], num_decodes=b, use_kernel=True,
@@ -87,4 +88,5 @@ class DecodeGraphs:
             self.context_lens[n:b].fill_(1)
             self.block_tables[n:b].zero_()
         self.graphs[b].replay()
+        self.num_replays += 1
         return self.outputs[b][:n]

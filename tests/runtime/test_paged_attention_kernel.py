@@ -1,16 +1,12 @@
 """The Triton paged decode kernel equals the torch reference (attention.decode_torch) over random block tables.
 
-On CPU it runs under TRITON_INTERPRET=1 (small sizes, a few seconds); the full sweep (head sizes 64/128, GQA ratios
-1-8, contexts 1-4096, bf16) is gpu-marked and runs in bench/gpu_check.sh."""
+On CPU it runs under TRITON_INTERPRET=1 (set by tests/runtime/conftest.py; small sizes, a few seconds); the full
+sweep (head sizes 64/128, GQA ratios 1-8, contexts 1-4096, bf16) is gpu-marked and runs in bench/gpu_check.sh."""
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is decorated, i.e. at its import
 triton = pytest.importorskip("triton")
 
 from deployctl_runtime.attention import decode_group, decode_torch  # noqa: E402
