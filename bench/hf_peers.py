@@ -87,9 +87,9 @@ def _cb_config(requests, args):
     from transformers import ContinuousBatchingConfig
 
     page = 256
-    # enough pages for every request the manager may hold at once, plus one spare each
-    longest = max(len(p) + out for p, out in requests)
-    num_blocks = args.max_num_seqs * (-(-longest // page) + 1)
+    # enough pages for the max_num_seqs largest requests at once, plus one spare each
+    pages = sorted((-(-(len(p) + out) // page) for p, out in requests), reverse=True)
+    num_blocks = sum(pages[:args.max_num_seqs]) + args.max_num_seqs
     cpu = args.device == "cpu"
     wanted = dict(page_size=page, num_blocks=num_blocks, max_requests_per_batch=args.max_num_seqs,
                   max_batch_tokens=args.max_num_batched_tokens, allow_block_sharing=False,
