@@ -55,16 +55,14 @@ class RotaryEmbedding(nn.Module):
         self.half = head_dim // 2
         self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
-        self._positions: torch.Tensor | None = None  # every layer of a step passes the same positions tensor
-        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype). The
-        cos/sin rows are gathered once per positions tensor (once per step), not once per layer."""
-        if positions is not self._positions:
-            self._positions = positions
-            self._tables = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
-        cos, sin = self._tables
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [T, 1, D] for positions [T]: gathered once per step and shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def forward(self, tables: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
+        """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype)."""
+        cos, sin = tables
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

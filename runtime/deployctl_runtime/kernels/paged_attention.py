@@ -56,9 +56,10 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, scale,
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float, block_size: int, tile: int = 32) -> torch.Tensor:
+                 context_lens: torch.Tensor, scale: float, block_size: int, tile: int | None = None) -> torch.Tensor:
     """q [n, H, D]; k_cache/v_cache [KVH, num_slots, D] (the same strides); block_tables [n, W] int32 (block ids;
-    entries past a request's context are not read); context_lens [n] int32 (>= 1); block_size tokens per block.
+    entries past a request's context are not read); context_lens [n] int32 (>= 1); block_size tokens per block;
+    tile: tokens per loop iteration (default: 8192 / (group x head_dim) products in flight, clamped to 16-64).
     Returns [n, H, D] in q's dtype.
     H must be a multiple of KVH. Raises ValueError on mismatched shapes."""
     n, num_heads, head_dim = q.shape
@@ -69,6 +70,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError(f"paged_decode: {n} queries but block_tables {tuple(block_tables.shape)}, "
                          f"context_lens {tuple(context_lens.shape)}")
     group = num_heads // num_kv_heads
+    g_pad, d_pad = max(2, triton.next_power_of_2(group)), triton.next_power_of_2(head_dim)
+    tile = tile or min(64, max(16, triton.next_power_of_2(8192 // (g_pad * d_pad))))
     q = q.contiguous()
     out = torch.empty_like(q)
     if n == 0:
@@ -77,6 +80,5 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, block_tables, context_lens, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1),
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), GROUP=group,
-        G_PAD=max(2, triton.next_power_of_2(group)), TILE=tile)
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=d_pad, GROUP=group, G_PAD=g_pad, TILE=tile)
     return out
