@@ -18,6 +18,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # torch's fused kernel: the same arithmetic in one pass
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # half types: normalise in float32, round, then scale, in HF's order
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
