@@ -87,10 +87,35 @@ def run_engine(llm, requests, args):
     params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True) for _, out in requests]
     llm.generate([requests[0][0]], params[0])  # warm the code paths, as the server's warm-up does
     t = hf_peers.Timer(args.device)
-    with t:
+    with t, _profiled(args.profile):
         outs = llm.generate([p for p, _ in requests], params)
     tokens = [list(o.token_ids) for o in outs]
     return t, sum(len(tk) for tk in tokens), tokens
+
+
+class _profiled:
+    """--profile: torch profiler over the engine run; prints each op's share of self CPU time (top 12)."""
+
+    def __init__(self, on: bool):
+        self.prof = None
+        if on:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+
+    def __enter__(self):
+        if self.prof:
+            self.prof.__enter__()
+
+    def __exit__(self, *exc):
+        if not self.prof:
+            return
+        self.prof.__exit__(*exc)
+        ops = self.prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in ops)
+        print("engine profile (share of self CPU time):", file=sys.stderr)
+        for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:12]:
+            print(f"  {e.key}: {100 * e.self_cpu_time_total / total:.1f}% ({e.count} calls)", file=sys.stderr)
 
 
 def decode_step_times(llm, batches: list[int], context: int, args) -> dict:
@@ -144,6 +169,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--profile", action="store_true", help="print the engine run's op breakdown (torch profiler)")
     args = ap.parse_args()
     n_req, in_len, out_len, seqs = WORKLOADS[args.workload]
     args.requests = args.requests or n_req
