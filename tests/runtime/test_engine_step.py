@@ -82,3 +82,19 @@ def test_cuda_graph_buckets_cover_every_batch_up_to_max_num_seqs():
     assert capture_sizes(8) == [1, 2, 4, 8]
     assert capture_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert capture_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+
+
+def test_decode_graph_buffers_and_padding_rows_leave_the_tokens_unchanged(tiny_model_factory):
+    """The CUDA-graph runner's static buffers on CPU (replay reruns the forward instead of a graph): decode-only
+    steps of 3 requests run in the bucket of 4, whose padding row writes only the scratch slot past the pool."""
+    path = tiny_model_factory("llama")
+    prompts = [list(range(5, 40)), [7, 8, 9], list(range(100, 117))]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=8, max_num_seqs=4)
+    want = [o.token_ids for o in llm.generate(prompts, params)]
+    runner = llm.engine.runner
+    runner.use_kernel = True
+    assert runner.capture_cuda_graphs(4, 128) == 0 and runner.graphs.sizes == [1, 2, 4]
+    scratch = runner.kv_cache[:, :, :, 8 * 16:]  # the block past the pool's 8
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert runner.graphs.num_replays >= 5 and scratch.abs().sum() > 0  # padding rows wrote there
