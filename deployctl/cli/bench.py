@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 from pathlib import Path
 from typing import Optional
@@ -62,12 +61,14 @@ def _check_url(url: str, flag: str = "--url") -> None:
 
 
 def _api_key(env_name: Optional[str]) -> Optional[str]:
+    from deployctl import settings
+
     if env_name:
-        key = os.environ.get(env_name)
+        key = settings.secret(env_name)
         if not key:
             raise UsageError(f"--api-key-env {env_name}: that environment variable is not set", fix=f"export {env_name}=...")
         return key
-    return next((os.environ[n] for n in DEFAULT_KEY_ENVS if os.environ.get(n)), None)
+    return next((settings.secret(n) for n in DEFAULT_KEY_ENVS if settings.secret(n)), None)
 
 
 def _positive(name: str, value: Optional[float]) -> None:

@@ -3,7 +3,6 @@ and the helpers that quote and shorten command lines for them. No transport here
 is the Host, deployctl/hosts/local.py and deployctl/hosts/ssh.py its transports."""
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,9 @@ TAIL_CHARS = 800
 
 def known_hosts_path() -> Path:
     """The deployctl-managed known_hosts file: $DEPLOYCTL_KNOWN_HOSTS or ~/.config/deployctl/known_hosts."""
-    env = os.environ.get("DEPLOYCTL_KNOWN_HOSTS")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.config/deployctl/known_hosts").expanduser()
+    from deployctl import settings
+
+    return settings.current().known_hosts
 
 
 def tail(text: str, limit: int = TAIL_CHARS) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
+from deployctl import settings
 from deployctl.hosts.base import (Argv, RemoteCommandError, RunResult, SudoPasswordRequired, one_line, command_line,
                                   short_command, tail)
 
@@ -91,7 +92,7 @@ class Host:
         env_name = self.config.sudo_password_env
         password: Optional[str] = None
         if env_name:
-            password = os.environ.get(env_name)
+            password = settings.secret(env_name)
             if password is None:
                 raise SudoPasswordRequired(
                     f"sudo on {self.name} requires a password, and ${env_name} (hosts[].sudo_password_env) "

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from deployctl.hostscripts import probe as probe_module
 from deployctl.hostscripts import weights as weights_module
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError, RemoteError
 
 # on_progress(host, phase, advance_bytes, total_bytes): phase "probe" | "weights" | "done".
@@ -34,12 +34,12 @@ def script_argv(python: str, module, *args: str) -> list[str]:
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
-            "port": host.server_port or cfg.server.port, "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
 
 
 def cache_path(host: HostConfig) -> str:
     """The host's hash cache: <deploy_root>/shared/hash-cache.json."""
-    return f"{host.deploy_root.rstrip('/')}/shared/hash-cache.json"
+    return layout.hash_cache(host)
 
 
 def _parse_json(text: str, host: str, what: str) -> dict:

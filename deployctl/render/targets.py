@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from deployctl.errors import ConfigError, UsageError
-from deployctl.render.release import (RenderedFile, host_port, release_context, render_nginx, render_release,
-                                      render_template, runtime_args)
+from deployctl import settings
+from deployctl.config import layout
+from deployctl.render.release import (RenderedFile, release_context, render_nginx, render_release, render_template,
+                                      runtime_args)
 
 if TYPE_CHECKING:
     from deployctl.config import DeployConfig
@@ -69,9 +71,7 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
 
 
 def _probe_url(cfg: DeployConfig, port: int) -> str:
-    bind = cfg.server.bind
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else (f"[{bind}]" if ":" in bind else bind)
-    return f"http://{host}:{port}/readyz"
+    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}/readyz"
 
 
 def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
@@ -176,8 +176,8 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
 def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
                env: Mapping[str, str] | None = None) -> list[Path]:
     """Render ``target`` for every host into ``out_dir`` and return the written paths (RENDER.json last).
-    ``env`` (default: os.environ) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
-    env = os.environ if env is None else env
+    ``env`` (default: deployctl's environment) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
+    env = settings.environ() if env is None else env
     api_key = api_key_from_env(cfg, env)
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
@@ -190,5 +190,5 @@ def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str
     return write_files(files, Path(out_dir))
 
 
-__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "host_port", "render_all", "render_alerts",
+__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "render_all", "render_alerts",
            "render_files", "runtime_version", "write_files"]

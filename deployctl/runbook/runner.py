@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig, HostConfig
 from deployctl.errors import EXIT_CHECK_FAILED, EXIT_OK, DeployctlError
 from deployctl.runbook import actions, audit
@@ -86,7 +87,7 @@ def run_runbook(rb: Runbook, cfg: DeployConfig, hosts: list[HostConfig], opts: R
     """Run ``rb`` on each of ``hosts`` in turn (Host layer connections opened and closed here)."""
     from deployctl.hosts import Host
 
-    report = RunReport(rb.name, uuid.uuid4().hex[:12], audit.operator(), opts.dry_run)
+    report = RunReport(rb.name, uuid.uuid4().hex[:12], settings.operator(), opts.dry_run)
     for hc in hosts:
         hr = HostReport(hc.name)
         report.hosts.append(hr)

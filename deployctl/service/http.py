@@ -7,12 +7,12 @@ The API key (``server.api_key_env`` from deployctl's environment) travels in the
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig
-from deployctl.config.layout import service_port
+from deployctl.config.layout import base_url
 
 _SNIPPET = r"""
 import json, os, sys, urllib.request, urllib.error
@@ -53,16 +53,8 @@ class HttpResult:
         return json.loads(self.body)
 
 
-def base_url(cfg: DeployConfig, h) -> str:
-    bind = cfg.server.bind
-    addr = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
-    if ":" in addr:
-        addr = f"[{addr}]"
-    return f"http://{addr}:{service_port(cfg, h)}"
-
-
 def api_key(cfg: DeployConfig) -> Optional[str]:
-    return os.environ.get(cfg.server.api_key_env) if cfg.server.api_key_env else None
+    return settings.secret(cfg.server.api_key_env) if cfg.server.api_key_env else None
 
 
 def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, timeout: float = 10) -> HttpResult:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
+from deployctl.config.layout import log_file
 from deployctl.errors import HealthError
 from deployctl.service import launcher
 from deployctl.service.http import http
@@ -28,7 +29,7 @@ def _fail(host, what: str) -> HealthError:
     tail = launcher.log_tail(host, 8)
     more = f"; last log lines: {tail[-600:]}" if tail else ""
     return HealthError(f"{host.name}: {what}{more}",
-                       fix=f"see {host.config.deploy_root}/shared/logs/runtime.log on {host.name}")
+                       fix=f"see {log_file(host.config)} on {host.name}")
 
 
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
