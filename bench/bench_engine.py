@@ -130,8 +130,9 @@ def decode_step_times(llm, batches: list[int], context: int, args) -> dict:
     for b in batches:
         ids = [f"d{b}-{i}" for i in range(b)]
         for rid in ids:
-            engine.add_request(rid, [rng.randrange(10, 1000) for _ in range(context)],
-                               SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
+            engine.add_request(rid, [rng.randrange(10, 1000) for _ in range(context)],  # none ends while timed
+                               SamplingParams(max_tokens=engine.max_model_len - context, temperature=0,
+                                              ignore_eos=True))
         while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
                                               for r in engine.scheduler.running):
             engine.step()  # prefill until every request decodes
@@ -188,7 +189,7 @@ def main() -> int:
         model_dir = build_checkpoint(args.shape, Path(tmp), args.seed)
         requests = make_requests(args.requests, SHAPES[args.shape]["vocab_size"], args.seed, in_len, out_len)
         max_len = max(len(p) + o for p, o in requests)
-        llm = make_llm(model_dir, args, max(max_len, args.decode_context + 80))
+        llm = make_llm(model_dir, args, max(max_len, args.decode_context + 128))
         runs = {"engine": run_engine(llm, requests, args)}
         if args.decode_steps:
             steps = decode_step_times(llm, [int(b) for b in args.decode_steps.split(",")], args.decode_context, args)

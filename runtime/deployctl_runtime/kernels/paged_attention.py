@@ -19,8 +19,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, scale,
                          stride_qn, stride_qh, stride_kh, stride_ks, stride_btn, stride_on, stride_oh,
                          BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          GROUP: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr):
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
+    seq = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a layer's cache can pass 2**31 elements
+    kvh = tl.program_id(1).to(tl.int64)
     ctx = tl.load(lens_ptr + seq)
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
