@@ -126,7 +126,6 @@ class ModelRunner:
             return out
         every_row = len(inputs.sample_reqs) == inputs.num_tokens  # e.g. a decode-only step
         rows = hidden if every_row else hidden[inputs.sample_rows]
-        tokens, logprobs = self.sampler(self.model.compute_logits(rows), inputs.sample_reqs)
-        for req, tok, lp in zip(inputs.sample_reqs, tokens, logprobs):
-            out.sampled[req.request_id] = (tok, lp)
+        for req, sample in zip(inputs.sample_reqs, self.sampler(self.model.compute_logits(rows), inputs.sample_reqs)):
+            out.sampled[req.request_id] = sample
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deployctl_runtime.request import Request
+from deployctl_runtime.request import Request, SampledToken
 
 
 @dataclass
@@ -33,5 +33,5 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """One sampled token (and its logprob, or None) per scheduled request whose step samples, by request id."""
-    sampled: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    """One SampledToken per scheduled request whose step samples, by request id."""
+    sampled: dict[str, SampledToken] = field(default_factory=dict)

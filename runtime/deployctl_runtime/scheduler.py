@@ -2,6 +2,7 @@
 preemption by recompute. No torch: deals in requests, token counts and block ids."""
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
@@ -82,6 +83,8 @@ class Scheduler:
                     req.num_cached_tokens = num_hit_tokens
                 req.num_computed_tokens += num_hit_tokens
                 req.status = RequestStatus.RUNNING
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
                 self.running.append(req)
                 out.scheduled.append(ScheduledRequest(req, num_new, self.kv.get_block_ids(req.request_id)))
                 budget -= num_new
@@ -108,7 +111,12 @@ class Scheduler:
             sampled = result.sampled.get(req.request_id)
             if sampled is None:
                 continue
-            req.append_output(*sampled)
+            if sampled.error is not None:  # e.g. non-finite logits: this request ends, the batch goes on
+                req.error = sampled.error
+                self.finish(req, "error")
+                progressed.append(req)
+                continue
+            req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
             reason = req.check_stop(self.max_model_len)
             if reason is not None:
                 self.finish(req, reason)
