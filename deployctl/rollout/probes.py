@@ -5,8 +5,9 @@ Engine-agnostic: a probe target is a base URL, an API key, the model name and wh
 template (``/v1/chat/completions`` then, else ``/v1/completions``). Probes carry the ``X-Deployctl-Probe`` header
 and go to the hosts directly (not through the router), so they never appear in nginx's traffic split figures.
 
-``ProbeRunner(targets, ...)`` sends ``requests`` probes per host, one host at a time round-robin, spread evenly over
-``spread_s`` seconds in a background thread; ``snapshot()`` returns the results so far per host. TPOT of a probe:
+``ProbeRunner(targets, ...)`` sends ``requests`` rounds of one probe to every host at once (canary and stable see
+the same moment of load), spread evenly over ``spread_s`` seconds, in a daemon thread; ``snapshot()`` returns the
+results so far per host. TPOT of a probe:
 (E2E − TTFT) / (output tokens − 1), as vLLM's benchmark defines it.
 """
 from __future__ import annotations
