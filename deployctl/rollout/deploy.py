@@ -248,8 +248,11 @@ class Deployment:
         self._route(Split(tuple(new), (), 0))
 
     def _record(self, vj: dict) -> None:
+        """Keep a verdict in state/rollout.json: every output comparison and the 20 newest analysis windows."""
         self.verdicts.append(vj)
-        self.state.verdicts = self.verdicts[-20:]
+        recent = {i for i, v in enumerate(self.verdicts) if v.get("kind") != "outputs"}
+        recent = set(sorted(recent)[-20:])
+        self.state.verdicts = [v for i, v in enumerate(self.verdicts) if i in recent or v.get("kind") == "outputs"]
         self._save()
 
     def _start_outputs(self, plan: DeployPlan, new: list[str], old: list[str]):
