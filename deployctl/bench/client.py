@@ -31,6 +31,9 @@ class Target:
     model: str | None = None
     api_key: str | None = None
     ignore_eos: bool = False
+    # The server ends streams with ``data: [DONE]`` (False: transformers serve closes the stream after the chunk
+    # with finish_reason, so a stream that produced output and closed is complete).
+    done_marker: bool = True
 
     @property
     def endpoint(self) -> str:
@@ -149,6 +152,8 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
                 res.usage_reported = True
                 res.output_tokens = usage["completion_tokens"]
                 res.prompt_tokens = usage.get("prompt_tokens")
+    if not done and not target.done_marker and last is not None:
+        done, end = True, time.perf_counter()
     res.e2e = (end if done else time.perf_counter()) - res.start
     if not done:
         res.error, res.detail = "incomplete_stream", "stream ended without data: [DONE]"

@@ -48,6 +48,18 @@ def _check_device(host, cfg: DeployConfig, ready) -> None:
                           f"but deploy.yaml asks for engine.device {cfg.engine.device}")
 
 
+def _ready(host, cfg: DeployConfig):
+    """GET the readiness route: the bundled runtime's /readyz first (a host may still run a release of another
+    engine, e.g. while an engine switch is restored), the configured engine's route when that route is unknown
+    (404): vLLM, SGLang and transformers serve /health, which the runtime answers 200 even while loading."""
+    first = adapter("deployctl-runtime").ready_route
+    r = http(host, cfg, "GET", first, timeout=3)
+    route = adapter(cfg.engine.kind).ready_route
+    if r.status == 404 and route != first:
+        r = http(host, cfg, "GET", route, timeout=3)
+    return r
+
+
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
                log_offset: Optional[int] = None) -> float:
     """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
@@ -58,7 +70,7 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
     while True:
         if should_stop:
             should_stop()
-        r = http(host, cfg, "GET", adapter(cfg.engine.kind).ready_route, timeout=3)
+        r = _ready(host, cfg)
         if r.status == 200:
             _check_device(host, cfg, r)
             return time.monotonic() - t0

@@ -25,8 +25,10 @@ ENV = {"LLM_API_KEY": KEY}
 
 
 def _tree(root: Path) -> dict[str, str]:
+    # launch.sh is the runtime's template around ENGINE_CMD (golden in tests/data/golden/systemd; the command is
+    # checked by test_engines_parsers.py); runtime.env holds the key
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != "runtime.env"}
+            if p.is_file() and p.name not in ("runtime.env", "launch.sh")}
 
 
 @pytest.mark.parametrize("kind,target", [(k, t) for k in ("vllm", "sglang") for t in ("systemd", "container", "k8s-rollout")])
