@@ -206,7 +206,8 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
                            canary, stable, window_s, weight)
     # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
     # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
-    if stable.requests == 0 and not (baseline and baseline.ttft_count):
+    # (an engine without metrics: a window where stable served traffic; its latency comes from the probes)
+    if stable.requests == 0 and not (baseline and (baseline.ttft_count or baseline.requests)):
         return Verdict("inconclusive", "stable served 0 requests in the window and no earlier window gives a "
                                        "baseline: nothing to compare the canary with", canary, stable, window_s, weight)
     if canary.error_rate > a.max_error_rate:
@@ -325,7 +326,7 @@ class Analyzer:
             groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
-        if stable.ttft_count and stable.requests:
+        if stable.requests and (stable.ttft_count or not self.metrics):
             self.baseline = stable
         return combine(v, self._probe_verdict(w, latency=low_traffic(v)))
 

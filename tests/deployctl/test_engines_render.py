@@ -5,9 +5,6 @@ is only in the 0600 env file, never on a command line; the GPUs are in PCI bus o
 engine's own routes and metric names."""
 from __future__ import annotations
 
-import difflib
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import yaml
 from deployctl.config import load_config, parse_config
 from deployctl.engines import adapter
 from deployctl.render import render_all
+from render_support import golden_problems
 from deployctl.render.validate import check_alert_rules, validate_tree
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -62,19 +60,7 @@ def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
         assert pod["resources"]["limits"]["nvidia.com/gpu"] == cfg.engine.tensor_parallel_size
         assert pod["readinessProbe"]["httpGet"]["path"] == a.ready_route
         assert not (out / "k8s" / "configmap.yaml").exists()  # the settings are on the pod's command
-    got, golden_dir = _tree(out), GOLDEN / f"{kind}-{target}"
-    if os.environ.get("DEPLOYCTL_UPDATE_GOLDEN") == "1":
-        shutil.rmtree(golden_dir, ignore_errors=True)
-        for rel, text in got.items():
-            (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            (golden_dir / rel).write_text(text)
-    want = _tree(golden_dir) if golden_dir.exists() else {}
-    problems = [f"missing from the render: {p}" for p in sorted(set(want) - set(got))]
-    problems += [f"not in the golden files: {p}" for p in sorted(set(got) - set(want))]
-    for rel in sorted(set(got) & set(want)):
-        if got[rel] != want[rel]:
-            problems.append("".join(difflib.unified_diff(want[rel].splitlines(True), got[rel].splitlines(True),
-                                                         f"golden/{rel}", f"rendered/{rel}")))
+    problems = golden_problems(_tree(out), GOLDEN / f"{kind}-{target}", f"{kind}-{target}")
     assert not problems, "rendered files differ (DEPLOYCTL_UPDATE_GOLDEN=1 if intended):\n" + "\n".join(problems)
 
 
