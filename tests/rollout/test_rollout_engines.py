@@ -14,11 +14,11 @@ import pytest
 from deployctl.demo.run import Traffic
 from rollout_env import rollout_state, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two transformers starts of ~40 s each on 2 cores
 
 
 def test_switch_engine_to_transformers_canary_promote_and_rollback(rollout_env):
-    env = rollout_env(2, steps=[5, 100], pause_s=6, analysis={"interval_s": 2, "min_requests": 1})
+    env = rollout_env(2, steps=[5, 100], pause_s=4, analysis={"interval_s": 2, "min_requests": 1})
     model = env.cfg["model"]["path"]
     env.cfg["model"]["served_name"] = model  # transformers serve answers only to its model path
     env.write()
@@ -40,7 +40,7 @@ def test_switch_engine_to_transformers_canary_promote_and_rollback(rollout_env):
         info = json.loads((rdir / "release.json").read_text())
         assert (info["engine_kind"], info["engine_version"]) == ("transformers", tf_version)
         assert f"transformers=={tf_version} host env" in (rdir / "engine" / ".deployctl-installed").read_text()
-        out, err = deploy.communicate(timeout=300)
+        out, err = deploy.communicate(timeout=420)
         assert deploy.returncode == 0, err[-3000:]
         assert [env.current(n) for n in env.names] == [v2, v2]
         st = env.status()
