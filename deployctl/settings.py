@@ -23,9 +23,7 @@ The scripts in deployctl/hostscripts/ run on hosts without deployctl and read th
 """
 from __future__ import annotations
 
-import getpass
 import os
-import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +132,11 @@ def secret(name: str) -> Optional[str]:
     return os.environ.get(name)
 
 
+def columns_set() -> bool:
+    """Whether $COLUMNS gives the terminal's width (rich reads it); without it and a tty, tables get 200 columns."""
+    return bool(os.environ.get("COLUMNS"))
+
+
 def environ() -> Mapping[str, str]:
     """This process's environment, for checks that look up variables deploy.yaml names (read-only use)."""
     return os.environ
@@ -143,6 +146,9 @@ def operator() -> str:
     """Who runs deployctl, ``user@machine``: ``$SUDO_USER`` (the person behind sudo) or the login name, else
     ``$USER``, else the uid. Recorded as the rollout's owner, a control command's ``by``, a history entry's and an
     audit record's ``user``."""
+    import getpass
+    import socket
+
     try:
         user = os.environ.get("SUDO_USER") or getpass.getuser()
     except Exception:  # no passwd entry (containers)

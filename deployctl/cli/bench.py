@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, print_json
+from deployctl.cli._app import app, err_console, print_json
 from deployctl.errors import CheckFailed, UsageError
 
 DEFAULT_KEY_ENVS = ("DEPLOYCTL_API_KEY", "OPENAI_API_KEY")
@@ -140,7 +140,6 @@ def _table(report) -> None:
 
 
 @app.command("bench")
-@handle_errors
 def bench(
     url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
     concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies (run in increasing order)."),

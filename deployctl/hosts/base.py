@@ -47,14 +47,15 @@ class RunResult:
 
 
 class HostError(RemoteError):
-    """Base of every host error: carries host, command, exit_code (None if it never ran) and stderr_tail."""
+    """Base of every host error (exit 4, the class's ``exit_code``): carries host, command, ``remote_status`` (the
+    remote command's exit status; None if it never ran or never finished) and stderr_tail."""
 
-    def __init__(self, message: str, *, host: str, command: str | None = None, exit_code: int | None = None,
+    def __init__(self, message: str, *, host: str, command: str | None = None, remote_status: int | None = None,
                  stderr_tail: str = "", fix: str | None = None):
         super().__init__(message, fix=fix)
         self.host = host
         self.command = command
-        self.exit_code = exit_code
+        self.remote_status = remote_status
         self.stderr_tail = stderr_tail
 
 

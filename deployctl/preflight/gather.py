@@ -64,7 +64,7 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
         res = host.run(script_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
     except RemoteCommandError as exc:  # its message quotes the probe's whole (base64) command line
         why = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else "no output"
-        raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.exit_code}: {why})",
+        raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.remote_status}: {why})",
                           fix="set hosts[].python to a working Python 3.8+ there (the runtime environment's "
                               "python)") from None
     facts = _parse_json(res.stdout, hc.name, "the probe")

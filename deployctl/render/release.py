@@ -15,6 +15,7 @@ import re
 import shlex
 import traceback
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -106,6 +107,25 @@ def _safe_path(value: str, what: str) -> str:
             fix="use letters, digits and . _ / + @ : , = - only",
         )
     return value
+
+
+def config_text(cfg: DeployConfig) -> str:
+    """The configuration that defines a release: deploy.yaml as validated (pydantic's JSON), plus
+    $DEPLOYCTL_RUNTIME_FAULT when set (it changes the release's runtime.env)."""
+    return cfg.model_dump_json() + (settings.current().runtime_fault or "")
+
+
+def new_release_id(cfg: DeployConfig, *, runtime_version: str, manifest: str, when: datetime | None = None) -> str:
+    """A release's name, ``YYYYmmddTHHMMSSZ-<8 hex>``: the UTC time ``when`` (default now), then the first 8 hex
+    digits of sha256 over deployctl's version, ``runtime_version`` (the deployctl-runtime version shipped),
+    ``config_text(cfg)`` and the model manifest's text, NUL-separated. `deployctl render` and `deployctl deploy`
+    both name releases with it: the same inputs at the same second give the same id."""
+    from deployctl import __version__
+
+    when = when or datetime.now(timezone.utc)
+    parts = (__version__, runtime_version, config_text(cfg), manifest)
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+    return f"{when.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{digest}"
 
 
 def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Mapping[str, Any] | None = None) -> dict:

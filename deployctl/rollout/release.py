@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from deployctl import settings
-from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import CheckFailed, ConfigError, DeployctlError
+from deployctl.config import DeployConfig
+from deployctl.errors import CheckFailed, ConfigError
+from deployctl.render import config_text, new_release_id
 from deployctl.config.layout import current_link, current_target, release_dir, releases_dir, shared_dir, state_dir
 
 FAULT_ENV = settings.FAULT_VAR  # copied into the new release's runtime.env when set (fault injection)
@@ -104,15 +105,10 @@ def build_wheel(cache_dir: Optional[Path] = None) -> Path:
     return sorted(out.glob("deployctl_runtime-*.whl"))[-1]
 
 
-def release_id_for(wheel_sha: str, rendered: str, manifest: str, *, when: Optional[datetime] = None) -> str:
-    when = when or datetime.now(timezone.utc)
-    digest = hashlib.sha256("\0".join((wheel_sha, rendered, manifest)).encode()).hexdigest()[:8]
-    return f"{when.strftime('%Y%m%dT%H%M%SZ')}-{digest}"
-
-
-def config_text(cfg: DeployConfig) -> str:
-    """The configuration that defines a release (deploy.yaml as validated, plus the test fault if set)."""
-    return cfg.model_dump_json() + (settings.current().runtime_fault or "")
+def wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name (``deployctl_runtime-0.1.0-py3-none-any.whl`` -> ``0.1.0``, PEP 427)."""
+    parts = wheel.name.split("-")
+    return parts[1] if len(parts) >= 5 else "unknown"
 
 
 def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Optional[datetime] = None) -> ReleaseInfo:
@@ -122,7 +118,7 @@ def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Op
     wheel_sha = _sha256_file(wheel)
     ctext = config_text(cfg)
     return ReleaseInfo(
-        id=release_id_for(wheel_sha, ctext, manifest, when=when),
+        id=new_release_id(cfg, runtime_version=wheel_version(wheel), manifest=manifest, when=when),
         created=when.isoformat(timespec="seconds").replace("+00:00", "Z"),
         config_hash=hashlib.sha256(ctext.encode()).hexdigest(),
         model_manifest_hash=hashlib.sha256(manifest.encode()).hexdigest(),

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import EXIT_CHECK_FAILED, EXIT_OK, DeployctlError
+from deployctl.errors import DeployctlError, ExitCode
 from deployctl.runbook import actions, audit
 from deployctl.runbook.checks import Observation, Target, observe
 from deployctl.runbook.context import host_variables
@@ -69,8 +69,8 @@ class RunReport:
         """0 when every host succeeded; an error's own code (4 for SSH); else 1."""
         errors = [h.error for h in self.hosts if h.error is not None]
         if errors:
-            return type(errors[0]).exit_code  # HostError keeps the remote command's exit code on the instance
-        return EXIT_OK if all(h.succeeded for h in self.hosts) else EXIT_CHECK_FAILED
+            return errors[0].exit_code
+        return ExitCode.OK if all(h.succeeded for h in self.hosts) else ExitCode.CHECK_FAILED
 
 
 @dataclass
