@@ -65,7 +65,7 @@ log = (dest / "gpu_tests.log").read_text().strip().splitlines()
 out["tests_summary"] = log[-1] if log else ""
 for s, rc in zip(seqs.split(), rcs.split()):
     f = dest / f"bench_seqs{s}.json"
-    out["bench"][f"max_num_seqs_{s}"] = json.loads(f.read_text()) if f.exists() else {"rc": int(rc)}
+    out["bench"][f"max_num_seqs_{s}"] = dict(json.loads(f.read_text()) if f.exists() else {}, rc=int(rc))
 (dest / "gpu_check.json").write_text(json.dumps(out, indent=1) + "\n")
 print(json.dumps(out, indent=1))
 EOF
