@@ -193,12 +193,12 @@ def _rate(times: list[float]) -> float | None:
 
 
 def _schedule(rate: float | None, results: Sequence[RequestResult]) -> dict:
-    """achieved_rate, schedule_lag_ms and slot_wait_share (the share of the total lag spent waiting for a
-    free concurrency slot) of an open-loop level; {} for a closed loop."""
+    """achieved_rate, scheduled_rate, schedule_lag_ms and slot_wait_share (the time the sender waited for a free
+    concurrency slot over the largest lag, at most 1) of an open-loop level; {} for a closed loop."""
     if rate is None:
         return {}
     lags = [r.schedule_lag for r in results if r.schedule_lag is not None]
-    total_lag = sum(lags)
+    max_lag = max(lags, default=0.0)
     return {
         "achieved_rate": _rate([r.start for r in results]),
         "scheduled_rate": _rate([r.start - r.schedule_lag for r in results if r.schedule_lag is not None]),
@@ -207,5 +207,7 @@ def _schedule(rate: float | None, results: Sequence[RequestResult]) -> dict:
             "p99": round(percentile(lags, 0.99) * 1e3, 3) if lags else None,
             "max": round(max(lags) * 1e3, 3) if lags else None,
         },
-        "slot_wait_share": round(sum(r.slot_wait for r in results) / total_lag, 3) if total_lag > 0 else None,
+        # lag accumulates: while the sender waits for a slot every later request falls behind, so the time spent
+        # waiting for slots is compared with the largest lag, not with the sum of the lags
+        "slot_wait_share": round(min(1.0, sum(r.slot_wait for r in results) / max_lag), 3) if max_lag > 0 else None,
     }
