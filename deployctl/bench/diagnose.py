@@ -22,7 +22,7 @@ def uniform_failure(s: LevelStats, context: str = "") -> str | None:
     reason = next(iter(s.errors))
     codes = [k.split(" ", 1)[1] for k in s.error_codes if k.startswith(reason + " ")]
     code = f" {codes[0]}" if len(codes) == 1 else ""
-    message = s.error_examples.get(reason, "")[:160]
+    message = s.error_examples.get(reason, "")[:240]
     line = f"all {s.num_requests} requests: {reason}{code}" + (f" ({message})" if message else "")
     if context and ("context_length" in code or "context" in message.lower()):
         line += f" — {context}"

@@ -4,8 +4,8 @@ request lengths that fit.
 
 A request fits when its prompt tokens plus its ``max_tokens`` are at most max_model_len (the rule vLLM and the
 runtime apply; a longer request is answered 400 context_length_exceeded). Prompt tokens are estimated as
-``per_word x words + overhead``: measured with two probe requests (``max_tokens`` 1) when the server reports
-usage, else 1 token per word and no overhead (every BPE tokenizer spends at least one token on a common English
+``per_word x words + overhead``: measured with probe requests (``max_tokens`` 1, see probe_tokens) when the
+server reports usage, else 1 token per word and no overhead (every BPE tokenizer spends at least one token on a common English
 word, so a refusal on that estimate is never wrong).
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import httpx
 
 from deployctl.bench.client import Target, make_client, send
-from deployctl.bench.workload import BenchRequest, synthetic
+from deployctl.bench.workload import VOCABULARY, BenchRequest
 
 DEFAULT_INPUT_WORDS = 128
 DEFAULT_OUTPUT_TOKENS = 128
 SAFETY = 0.9  # the default workload uses at most 90% of the context left for the prompt (word lengths vary)
-PROBE_WORDS = (16, 64)
+PROBE_CHUNK = 24  # words per probe prompt: fits a small context even at several tokens per word
 
 
 @dataclass(frozen=True)
@@ -64,24 +64,26 @@ class TokenEstimate:
 
 
 def probe_tokens(target: Target, timeout: float) -> TokenEstimate:
-    """Send two synthetic prompts (16 and 64 words, ``max_tokens`` 1) and fit tokens per word and the fixed
-    overhead from the usage the server reports; the 1-token-per-word estimate when either probe fails."""
+    """Measure what the server makes of synthetic prompts (``max_tokens`` 1 each, from its usage): a one-word
+    prompt gives the fixed overhead (the chat template), the vocabulary in chunks of PROBE_CHUNK words gives the
+    mean tokens per word (synthetic prompts draw words uniformly from it, so this is the exact expectation).
+    The 1-token-per-word estimate when a probe fails or the server reports no usage."""
+    chunks = [VOCABULARY[i:i + PROBE_CHUNK] for i in range(0, len(VOCABULARY), PROBE_CHUNK)]
 
     async def run() -> list:
         async with make_client(2, timeout) as client:
-            out = []
-            for words in PROBE_WORDS:
-                req = synthetic(1, str(words), "1", seed=words)[0]
-                out.append(await send(client, target, BenchRequest(req.prompt, None, 1), timeout))
-            return out
+            prompts = [VOCABULARY[0]] + [" ".join(c) for c in chunks]
+            return [await send(client, target, BenchRequest(p, None, 1), timeout) for p in prompts]
 
     results = asyncio.run(run())
     counts = [r.prompt_tokens for r in results]
-    if not all(r.ok and isinstance(c, int) and c > 0 for r, c in zip(results, counts)) or counts[1] <= counts[0]:
+    if not all(r.ok and isinstance(c, int) and c > 0 for r, c in zip(results, counts)):
         return TokenEstimate()
-    per_word = (counts[1] - counts[0]) / (PROBE_WORDS[1] - PROBE_WORDS[0])
-    overhead = max(0.0, counts[0] - per_word * PROBE_WORDS[0])
-    return TokenEstimate(round(max(per_word, 1.0), 3), round(overhead, 1), True)
+    one, rest = counts[0], counts[1:]
+    # a chunk's tokens = overhead + its words' tokens; the one-word prompt ("the") = overhead + 1
+    overhead = max(0.0, one - 1.0)
+    per_word = max(1.0, (sum(rest) - len(rest) * overhead) / len(VOCABULARY))
+    return TokenEstimate(round(per_word, 3), round(overhead, 1), True)
 
 
 def default_lengths(max_model_len: int | None, est: TokenEstimate) -> tuple[int, int]:

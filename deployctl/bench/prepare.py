@@ -73,15 +73,16 @@ def build(need: int, seed: int, target: Target, max_model_len: int | None, timeo
         return Workload(reqs, info={"kind": "dataset", "path": str(dataset)},
                         context=_context_of(reqs, max_model_len))
     check_explicit(input_len, output_len, max_model_len, fit.TokenEstimate())  # before any request
+    shape = fromlog.parse_log(from_log) if from_log is not None else None  # a bad log fails before any request
     est = fit.TokenEstimate()
     if max_model_len is not None:
         est = probe(target, timeout)
         check_explicit(input_len, output_len, max_model_len, est)
-    if from_log is not None:
-        shape = fromlog.parse_log(from_log)
+    if shape is not None:
         reqs = fromlog.requests_from_log(shape, need, seed, est.words_for)
         info = {"kind": "from_log", "path": str(from_log), "log_requests": len(shape.entries),
-                "log_rate": round(shape.rate, 3) if shape.rate else None, "tokens_per_word": est.per_word}
+                "log_rate": round(shape.rate, 3) if shape.rate else None,
+                "tokens_per_word": est.per_word if est.measured else None}
         return Workload(reqs, rate=shape.rate, arrival_gaps=tuple(shape.gaps) if shape.rate else None, info=info,
                         context=_context_of(reqs, max_model_len),
                         notes=[f"replaying the shape of {len(shape.entries)} logged requests "

@@ -25,6 +25,7 @@ _WORDS = (
     "may water long little very after words called just where most know get through back much before go good new "
     "write our used me man too any day same right look think also around another came come work three word must"
 ).split()
+VOCABULARY = tuple(_WORDS)  # the words synthetic prompts are drawn from, uniformly
 
 
 @dataclass(frozen=True)

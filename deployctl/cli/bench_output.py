@@ -59,10 +59,11 @@ def table(report, name: str = "", context: str = "") -> None:
                               f"P50/P99/max {lag['p50']:.1f}/{lag['p99']:.1f}/{lag['max']:.1f} ms")
         uniform = diagnose.uniform_failure(s, context)
         if uniform:
-            err_console.print(f"errors at concurrency {s.concurrency}: {uniform}")
+            err_console.print(f"errors at concurrency {s.concurrency}: {uniform}", soft_wrap=True)
         elif s.errors:
             err_console.print(f"errors at concurrency {s.concurrency}: "
-                              + ", ".join(f"{k}: {v} ({s.error_examples.get(k, '')[:80]})" for k, v in s.errors.items()))
+                              + ", ".join(f"{k}: {v} ({s.error_examples.get(k, '')[:80]})" for k, v in s.errors.items()),
+                              soft_wrap=True)
     k = report.knee
     if k.concurrency is None:
         err_console.print(f"knee: none, even the first level broke the limits ({k.reason})")
@@ -83,9 +84,9 @@ def table(report, name: str = "", context: str = "") -> None:
             f"{o.capacity_chunks_per_s:.0f} chunks/s at concurrency {o.concurrency} ({o.per_chunk_ms} ms per chunk)"
         )
     for n in report.notes:
-        err_console.print(f"note: {n}")
+        err_console.print(f"note: {n}", soft_wrap=True)
     for w in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", markup=True)
+        err_console.print(f"[yellow]warning:[/] {w}", markup=True, soft_wrap=True)
 
 
 
@@ -123,9 +124,9 @@ def side_by_side(reports, names, comparison) -> None:
         for s in rep.levels:
             uniform = diagnose.uniform_failure(s)
             if uniform:
-                err_console.print(f"errors {name} at concurrency {s.concurrency}: {uniform}")
+                err_console.print(f"errors {name} at concurrency {s.concurrency}: {uniform}", soft_wrap=True)
         for n in rep.notes:
-            err_console.print(f"note {name}: {n}")
+            err_console.print(f"note {name}: {n}", soft_wrap=True)
         for w in rep.warnings:
-            err_console.print(f"[yellow]warning {name}:[/] {w}", markup=True)
-    err_console.print(f"verdict: {comparison['verdict']}")
+            err_console.print(f"[yellow]warning {name}:[/] {w}", markup=True, soft_wrap=True)
+    err_console.print(f"verdict: {comparison['verdict']}", soft_wrap=True)
