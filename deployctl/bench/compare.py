@@ -35,8 +35,11 @@ def level_ratios(a: LevelStats, b: LevelStats) -> dict:
     return out
 
 
-def _holds(knee: Knee, name: str) -> str:
-    return f"{name} up to {knee.concurrency} concurrent" if knee.concurrency is not None else f"{name} at no level"
+def _holds(knee: Knee) -> str:
+    return f"up to {knee.concurrency} concurrent" if knee.concurrency is not None else "at no level"
+
+
+LABELS = {"output_tokens_per_s": "output tok/s", "tpot_p50": "P50 TPOT", "ttft_p99": "P99 TTFT"}
 
 
 def compare(a: Sequence[LevelStats], b: Sequence[LevelStats], objectives: Objectives, a_knee: Knee,
@@ -49,22 +52,20 @@ def compare(a: Sequence[LevelStats], b: Sequence[LevelStats], objectives: Object
     ka = find_knee(a, shared, max_error_rate=max_error_rate)
     kb = find_knee(b, shared, max_error_rate=max_error_rate)
     source = "the objectives" if objectives.any else f"{names[0]}'s limits, 2x its level-1 P99"
-    limits = [f"P99 TTFT <= {shared.ttft_ms:g} ms" if shared.ttft_ms is not None else "",
-              f"P99 TPOT <= {shared.tpot_ms:g} ms" if shared.tpot_ms is not None else ""]
+    limits = [f"P99 TTFT <= {shared.ttft_ms:.1f} ms" if shared.ttft_ms is not None else "",
+              f"P99 TPOT <= {shared.tpot_ms:.1f} ms" if shared.tpot_ms is not None else ""]
     limit_text = " and ".join(x for x in limits if x) or "no latency limit"
-    order = [(kb, names[1]), (ka, names[0])] if (kb.concurrency or 0) > (ka.concurrency or 0) else \
-        [(ka, names[0]), (kb, names[1])]
-    verdict = f"{_holds(*order[0])} holding {limit_text} ({source}), {_holds(*order[1])}"
+    (k1, n1), (k2, n2) = ([(kb, names[1]), (ka, names[0])] if (kb.concurrency or 0) > (ka.concurrency or 0)
+                          else [(ka, names[0]), (kb, names[1])])
     if ka.concurrency == kb.concurrency:
-        verdict = f"both hold {limit_text} ({source}) up to {ka.concurrency} concurrent" if ka.concurrency else \
-            f"neither holds {limit_text} ({source}) at any level"
+        verdict = f"both hold {limit_text} {_holds(ka)} ({source})"
+    else:
+        verdict = f"{n1} holds {limit_text} {_holds(k1)} ({source}), {n2} {_holds(k2)}"
     ratios = [level_ratios(x, y) for x, y in zip(a, b)]
     top = ratios[-1] if ratios else {}
-    if top:
-        parts = [f"{k.replace('_', ' ')} {top[k]:g}x" for k in ("output_tokens_per_s", "tpot_p50", "ttft_p99")
-                 if top.get(k) is not None]
-        if parts:
-            verdict += f"; at concurrency {top['concurrency']}, {names[1]}/{names[0]}: " + ", ".join(parts)
+    parts = [f"{label} {top[k]:.2f}x" for k, label in LABELS.items() if top.get(k) is not None]
+    if parts:
+        verdict += f"; at concurrency {top['concurrency']}, {names[1]}/{names[0]}: " + ", ".join(parts)
     return {"levels": ratios, "limits": {"ttft_p99_ms": shared.ttft_ms, "tpot_p99_ms": shared.tpot_ms,
                                          "source": source},
             "knees": {names[0]: ka.concurrency, names[1]: kb.concurrency}, "verdict": verdict}

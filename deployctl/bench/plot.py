@@ -35,12 +35,13 @@ def write_plot_sides(sides: Sequence[tuple[str, Sequence[LevelStats], Knee]], pa
         tag = f"{name} " if name else ""
         colour = colours[n % len(colours)] if len(sides) > 1 else None
         xs = [s.concurrency for s in levels]
-        for key, label, ax in (("ttft_ms", "TTFT", ax_lat), ("e2e_ms", "E2E", ax_lat), ("tpot_ms", "TPOT", ax_tok),
-                               ("itl_ms", "ITL", ax_tok)):
-            for q, style in (("p50", "-o"), ("p90", "--s"), ("p99", ":^")):
+        # line style: the quantile; marker: the metric (two metrics share a panel)
+        for key, label, ax, marker in (("ttft_ms", "TTFT", ax_lat, "o"), ("e2e_ms", "E2E", ax_lat, "s"),
+                                       ("tpot_ms", "TPOT", ax_tok, "o"), ("itl_ms", "ITL", ax_tok, "s")):
+            for q, line in (("p50", "-"), ("p90", "--"), ("p99", ":")):
                 ys = [getattr(s, key)[q] for s in levels]
                 if any(y is not None for y in ys):
-                    ax.plot(xs, [float("nan") if y is None else y for y in ys], style, color=colour,
+                    ax.plot(xs, [float("nan") if y is None else y for y in ys], line + marker, color=colour,
                             label=f"{tag}{label} {q.upper()}")
         ax_thr.plot(xs, [s.output_tokens_per_s for s in levels], "-o", color=colour, label=f"{tag}output tokens/s")
         ax_req.plot(xs, [s.requests_per_s for s in levels], "--s", color=colour or "tab:orange",

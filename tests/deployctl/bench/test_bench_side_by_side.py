@@ -34,8 +34,9 @@ def test_side_by_side_same_requests_ratios_knees_and_verdict(run_bench, tmp_path
         assert ratio["output_tokens_per_s"] < 1 and ratio["e2e_p50"] > 1
     assert doc["sides"]["A"]["knee"]["concurrency"] == 2 and cmp["knees"] == {"A": 2, "B": None}
     assert doc["verdict"] == cmp["verdict"]
-    assert cmp["verdict"].startswith("A up to 2 concurrent holding") and "B at no level" in cmp["verdict"]
-    assert "side by side" in err and "B/A" in err and "verdict: A up to 2" in err
+    assert cmp["verdict"].startswith("A holds P99 TTFT <= ") and ", B at no level;" in cmp["verdict"]
+    assert " up to 2 concurrent (A's limits" in cmp["verdict"]
+    assert "side by side" in err and "B/A" in err and "verdict: A holds" in err
     assert plot.stat().st_size > 10_000
 
 

@@ -40,8 +40,9 @@ def test_slow_runtime_shows_in_the_ratios_knees_and_verdict(run_bench, tmp_path)
     knee_a = a["knee"]["concurrency"]
     assert knee_a in (1, 2) and b["knee"]["concurrency"] in (1, 2)
     assert doc["comparison"]["knees"] == {"A": knee_a, "B": None}
-    assert doc["verdict"].startswith(f"A up to {knee_a} concurrent") and "B at no level" in doc["verdict"]
-    assert "knee A" in err and "knee B" in err and "verdict: A up to" in err
+    assert doc["verdict"].startswith("A holds") and f"up to {knee_a} concurrent" in doc["verdict"]
+    assert ", B at no level;" in doc["verdict"]
+    assert "knee A" in err and "knee B" in err and "verdict: A holds" in err
     # the same requests in the same order: at concurrency 1 the logs list them one after the other
     served_a = [p for _, p, _ in fromlog.parse_log(log_a).entries]
     served_b = [p for _, p, _ in fromlog.parse_log(log_b).entries]
