@@ -58,7 +58,7 @@ def open_loop_slip(s: LevelStats, max_in_flight: int) -> str | None:
              "lag): the server could not keep up, and the queueing is not in the latencies; raise --concurrency or "
              "lower --rate" if by_cap else
              "the generator could not send on time (CPU busy?); run bench on a less loaded machine")
-    return (f"concurrency {s.concurrency}, open loop at {s.rate:g} req/s: achieved {s.achieved_rate:.2f} req/s "
+    return (f"concurrency {s.concurrency}, open loop at {s.rate:.3g} req/s: achieved {s.achieved_rate:.2f} req/s "
             f"(schedule {s.scheduled_rate:.2f}), schedule lag P50 {lag['p50']:.1f} ms P99 {lag['p99']:.1f} ms "
             f"max {lag['max']:.1f} ms: {cause}")
 

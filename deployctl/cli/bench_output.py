@@ -15,7 +15,7 @@ def loop_label(cfg) -> str:
     """"open loop: ..." or "closed loop: ..." for the title of a run's table."""
     if cfg.rate:
         shape = "the log's arrival gaps" if cfg.arrival_gaps else "Poisson arrivals"
-        return f"open loop: {shape} at {cfg.rate:g} req/s, at most the level's concurrency in flight"
+        return f"open loop: {shape} at {cfg.rate:.3g} req/s, at most the level's concurrency in flight"
     return "closed loop: the level's concurrency in flight"
 
 
@@ -54,7 +54,7 @@ def table(report, name: str = "", context: str = "") -> None:
             err_console.print(f"server histograms at concurrency {s.concurrency}: " + ", ".join(parts))
         if s.loop == "open" and s.schedule_lag_ms is not None and s.schedule_lag_ms["p50"] is not None:
             lag = s.schedule_lag_ms
-            err_console.print(f"open loop at concurrency {s.concurrency}: target {s.rate:g} req/s, achieved "
+            err_console.print(f"open loop at concurrency {s.concurrency}: target {s.rate:.3g} req/s, achieved "
                               f"{s.achieved_rate if s.achieved_rate is not None else '-'} req/s, schedule lag "
                               f"P50/P99/max {lag['p50']:.1f}/{lag['p99']:.1f}/{lag['max']:.1f} ms")
         uniform = diagnose.uniform_failure(s, context)
