@@ -1,4 +1,4 @@
-"""Weight-verification throughput: deployctl.weights (parallel, streamed hashlib) against coreutils
+"""Weight-verification throughput: deployctl.hostscripts.weights (parallel, streamed hashlib) against coreutils
 `sha256sum` hashing the same files one after another, in the same run; then the warm-cache re-check.
 
     PYTHONPATH=. python bench/bench_hashing.py [--size-gb 2] [--files 8] [--dir /tmp]
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from deployctl.weights import HashCache, verify  # noqa: E402
+from deployctl.hostscripts.weights import HashCache, verify  # noqa: E402
 
 
 def make_files(root: Path, total_bytes: int, n: int) -> list[Path]:

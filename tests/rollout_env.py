@@ -2,7 +2,7 @@
 with the tiny model, and a deploy.yaml tying them together (tests/conftest.py imports this).
 
 ``rollout_env(n, **rollout) -> RolloutEnv``: n sshd hosts, each with its own runtime port and deploy_root, the
-host python an overlay venv (deployctl.localenv) shared by the session into which releases install the runtime
+host python an overlay venv (deployctl.demo.localenv) shared by the session into which releases install the runtime
 wheel, one nginx router. ``env.cli("deploy", "--yes")`` runs ``python -m deployctl ... -c deploy.yaml``.
 Everything is stopped after the test (runtimes killed by process group from their pidfiles).
 """
@@ -27,14 +27,14 @@ __all__ = ["rollout_python", "rollout_model", "rollout_cache", "rollout_env", "R
 
 @pytest.fixture(scope="session")
 def rollout_python(tmp_path_factory) -> str:
-    from deployctl.localenv import overlay_venv
+    from deployctl.demo.localenv import overlay_venv
 
     return str(overlay_venv(tmp_path_factory.mktemp("hostenv") / "venv"))
 
 
 @pytest.fixture(scope="session")
 def rollout_model(tmp_path_factory) -> Path:
-    from deployctl.localenv import tiny_model
+    from deployctl.demo.localenv import tiny_model
 
     return tiny_model(tmp_path_factory.mktemp("model") / "tiny-chat")
 

@@ -19,7 +19,7 @@ def demo(
 ) -> None:
     """The main job end to end on this machine: deploy, canary 5% with analysis, promote, rollback."""
     from deployctl.cli.rollout import progress_printer
-    from deployctl.demo import run_demo
+    from deployctl.demo.run import run_demo
 
     from deployctl.errors import UsageError
 

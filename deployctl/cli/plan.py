@@ -22,7 +22,7 @@ def init(
     """Write a commented deploy.yaml for MODEL_DIR with sensible defaults."""
     from deployctl.config import parse_config
     from deployctl.errors import UsageError
-    from deployctl.initfile import render_init
+    from deployctl.capacity.initfile import render_init
 
     if device not in ("cuda", "cpu"):
         raise UsageError(f"--device {device!r} is not cuda or cpu")
@@ -53,8 +53,8 @@ def plan(
     from deployctl.capacity import verdict
     from deployctl.config import EngineConfig, ModelConfig, load_config
     from deployctl.errors import ConfigError
-    from deployctl.sizing import override_engine, size_plan
-    from deployctl.units import parse_bytes
+    from deployctl.capacity.sizing import override_engine, size_plan
+    from deployctl.config.units import parse_bytes
 
     dtypes = ModelConfig.model_fields["dtype"].annotation.__args__  # the values deploy.yaml and the runtime accept
     if dtype is not None and dtype not in dtypes:
@@ -90,7 +90,7 @@ def plan(
 def _print_plan(sized, status: str, message: str) -> None:
     from rich.table import Table
 
-    from deployctl.units import format_bytes
+    from deployctl.config.units import format_bytes
 
     p, inp = sized.plan, sized.inputs
     table = Table(title="capacity plan", show_header=True)

@@ -106,7 +106,7 @@ def manifest(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from deployctl.errors import CheckFailed, ConfigError
-    from deployctl.weights import HashCache, default_cache_path, model_files, write_manifest
+    from deployctl.hostscripts.weights import HashCache, default_cache_path, model_files, write_manifest
 
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such directory", fix="pass the model directory (with config.json and *.safetensors)")

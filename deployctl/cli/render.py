@@ -27,7 +27,7 @@ def render(
 
     from deployctl.config import load_config
     from deployctl.render import render_all
-    from deployctl.validate import validate_tree
+    from deployctl.render.validate import validate_tree
 
     cfg = load_config(config)
     try:

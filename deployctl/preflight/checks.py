@@ -1,4 +1,4 @@
-"""Checks: rules over one host's facts (from deployctl/probe.py, plus ``facts["weights"]``, the
+"""Checks: rules over one host's facts (from deployctl/hostscripts/probe.py, plus ``facts["weights"]``, the
 weights.VerifyReport as JSON). Each returns a Check with pass/warn/fail, a message naming the values,
 and a fix. Pure functions of (config, host config, facts, environment): recorded fact files replay them.
 """
@@ -15,7 +15,7 @@ from deployctl.capacity import CapacityPlan, plan_capacity, verdict
 from deployctl.config import DeployConfig, HostConfig
 from deployctl.errors import DeployctlError
 from deployctl.preflight.drivers import driver_verdict
-from deployctl.units import format_bytes
+from deployctl.config.units import format_bytes
 
 MiB = 2**20
 DISK_FAIL_BYTES = 1 * 2**30  # releases (wheel, config) and logs need at least this under deploy_root
@@ -83,10 +83,10 @@ def check_torch(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
 
 
 def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
-    """The capacity plan (deployctl.sizing, the one code path) for this host: config.json from the
+    """The capacity plan (deployctl.capacity.sizing, the one code path) for this host: config.json from the
     host's model dir, weights bytes from its safetensors headers, GPU memory from NVML facts.
     Returns (SizedPlan, None) or (None, reason)."""
-    from deployctl.sizing import size_plan
+    from deployctl.capacity.sizing import size_plan
 
     model = facts.get("model") or {}
     if not model.get("config"):
@@ -271,6 +271,11 @@ def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
                  f"export {var}=... (it is shipped in a 0600 env file), or bind 127.0.0.1")
 
 
+# The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "gpu_memory", "capacity", "port", "disk", "weights", "chat_template",
+                    "api_key")
+
+
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:
     """All checks for one host, in a fixed order. ``facts["error"]`` (the probe failed) gives one
     "reach" check instead."""
@@ -296,4 +301,4 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     ]
 
 
-__all__ = ["Check", "run_checks", "plan_from_facts", "CapacityPlan"]
+__all__ = ["Check", "PREFLIGHT_CHECKS", "run_checks", "plan_from_facts", "CapacityPlan"]

@@ -1,5 +1,5 @@
-"""Facts from every host, in parallel: run the probe (deployctl/probe.py) with the host's python,
-then verify the weights there (deployctl/weights.py shipped the same way; in-process for local hosts,
+"""Facts from every host, in parallel: run the probe (deployctl/hostscripts/probe.py) with the host's python,
+then verify the weights there (deployctl/hostscripts/weights.py shipped the same way; in-process for local hosts,
 with byte progress). Both scripts travel inside the command line (see script_argv); nothing is copied.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
-from deployctl import probe as probe_module
-from deployctl import weights as weights_module
+from deployctl.hostscripts import probe as probe_module
+from deployctl.hostscripts import weights as weights_module
 from deployctl.config import DeployConfig, HostConfig
 from deployctl.errors import DeployctlError, RemoteError
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.rollout.hostprobe import http
-from deployctl.rollout.paths import service_port
+from deployctl.service.http import http
+from deployctl.config.layout import service_port
 
 TTFT = "deployctl_runtime_time_to_first_token_seconds"
 TPOT = "deployctl_runtime_time_per_output_token_seconds"
@@ -216,7 +216,7 @@ class Analyzer:
     def _scrape_all(self) -> tuple[dict, dict]:
         """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
         from deployctl.hosts import run_on_hosts
-        from deployctl.rollout.launcher import runtime_pid
+        from deployctl.service.launcher import runtime_pid
 
         def one(h):
             pid = runtime_pid(h, self.cfg) if h.name in self.canary else None

@@ -21,7 +21,8 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError, HealthError, RolloutAborted
-from deployctl.rollout import hostops, launcher, release
+from deployctl.rollout import hostops, release
+from deployctl.service import launcher
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted

@@ -7,7 +7,8 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import EXIT_INTERRUPTED, DeployctlError, RemoteError
-from deployctl.rollout import hostops, launcher, release
+from deployctl.rollout import hostops, release
+from deployctl.service import launcher
 from deployctl.rollout.lock import DeployLock, describe
 from deployctl.rollout.router import Router, Split, router_host_config
 from deployctl.rollout.state import StateStore
@@ -91,7 +92,7 @@ class Fleet:
 
     def upload_all(self, info) -> None:
         from deployctl.render import render_release
-        from deployctl.rollout.hostprobe import api_key
+        from deployctl.service.http import api_key
 
         key = api_key(self.cfg)
 

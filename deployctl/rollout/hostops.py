@@ -7,8 +7,9 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.rollout import launcher, release
-from deployctl.rollout.verify import Verified, verify
+from deployctl.service import launcher
+from deployctl.rollout import release
+from deployctl.service.verify import Verified, verify
 
 
 def verify_timeout(cfg: DeployConfig) -> float:

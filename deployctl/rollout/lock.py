@@ -17,7 +17,9 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from deployctl.errors import DeployctlError
-from deployctl.rollout.paths import actor, now_iso, state_dir, state_file
+from deployctl.config.layout import state_dir, state_file
+from deployctl.rollout.state import now_iso
+from deployctl.settings import actor
 
 DEFAULT_MAX_AGE_S = float(os.environ.get("DEPLOYCTL_LOCK_MAX_AGE_S", 6 * 3600))
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 from deployctl.config import DeployConfig, HostConfig
 from deployctl.errors import CheckFailed, ConfigError, DeployctlError
-from deployctl.rollout.paths import current_link, release_dir, releases_dir, shared_dir, state_dir
+from deployctl.config.layout import current_link, release_dir, releases_dir, shared_dir, state_dir
 
 FAULT_ENV = "DEPLOYCTL_RUNTIME_FAULT"  # test-only: copied into the new release's runtime.env when set
 

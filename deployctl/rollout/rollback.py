@@ -18,7 +18,7 @@ from deployctl.errors import CheckFailed, DeployctlError, HealthError
 from deployctl.rollout import hostops, release
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
-from deployctl.rollout.paths import release_dir
+from deployctl.config.layout import release_dir
 from deployctl.rollout.router import Split
 from deployctl.rollout.state import RolloutState
 

@@ -16,11 +16,18 @@ import json
 import shlex
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Optional
 
-from deployctl.rollout.paths import actor, now_iso, state_dir, state_file
+from deployctl.config.layout import state_dir, state_file
+from deployctl.settings import actor
 
 IN_PROGRESS = ("running", "paused", "aborting")
+
+
+def now_iso() -> str:
+    """Now in UTC, ISO 8601 with milliseconds and a ``Z``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass

@@ -8,7 +8,7 @@ from deployctl.config import DeployConfig
 from deployctl.rollout import release
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
-from deployctl.rollout.hostprobe import http
+from deployctl.service.http import http
 from deployctl.rollout.lock import describe
 
 

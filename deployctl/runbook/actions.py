@@ -1,7 +1,7 @@
 """What a failed runbook step does. ``describe`` says it in one line (dry-run, confirmation prompt);
 ``perform`` does it and returns one line saying what happened. Both raise DeployctlError subclasses.
 
-restart / start / stop: the runtime on the host (service.py: the rollout's launcher). Starts wait for /readyz 200.
+restart / start / stop: the runtime on the host (deployctl.service.launcher, as the rollout). Starts wait for /readyz 200.
 free_port: stop the process holding server.port (observed by a ``port`` check): the runtime's group when it is
 ours, else SIGTERM then SIGKILL to the holder. adjust: set deploy.yaml keys, re-render the host's runtime.yaml,
 restart. rollback / abort: deployctl.rollout.rollback (fleet-wide, as the commands); drain: this host out of the
@@ -9,10 +9,10 @@ router's split (deployctl.rollout.router). escalate: nothing changes; the messag
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
-from deployctl.errors import ConfigError
-from deployctl.runbook import service
+from deployctl.errors import ConfigError, RemoteError
 from deployctl.runbook.checks import Observation, Target
 from deployctl.runbook.model import Action
 
@@ -61,16 +61,32 @@ def perform(action: Action, obs: Observation, t: Target) -> str:
     if a == "escalate":
         return f"escalated: {t.fill(action.message)}"
     if a == "start":
-        return service.start(t) + "; " + _wait_ready(t, action.timeout_s)
+        return _start(t) + "; " + _wait_ready(t, action.timeout_s)
     if a == "stop":
-        return service.stop(t)
+        return _stop(t)
     if a == "restart":
-        return service.stop(t) + "; " + service.start(t) + "; " + _wait_ready(t, action.timeout_s)
+        return _stop(t) + "; " + _start(t) + "; " + _wait_ready(t, action.timeout_s)
     if a == "free_port":
         return _free_port(obs, t)
     if a == "adjust":
         return _adjust(action, t) + "; " + _wait_ready(t, action.timeout_s)
     return _rollout(a, t)
+
+
+def _start(t: Target) -> str:
+    """Start the release ``current`` points at on ``t``. Raises RemoteError."""
+    from deployctl.service import launcher
+
+    launcher.start(t.host, t.cfg)
+    return f"started the runtime on {t.host_cfg.name} ({t.host_cfg.launcher} launcher)"
+
+
+def _stop(t: Target) -> str:
+    """Stop the runtime (drain, then SIGKILL to its process group after the drain timeout). Raises RemoteError."""
+    from deployctl.service import launcher
+
+    how = launcher.stop(t.host, t.cfg)
+    return "the runtime was not running" if how == "not running" else f"runtime {how}"
 
 
 def _wait_ready(t: Target, timeout: float) -> str:
@@ -92,11 +108,13 @@ def _wait_ready(t: Target, timeout: float) -> str:
 
 def _free_port(obs: Observation, t: Target) -> str:
     if obs.value == "runtime":
-        return service.stop(t)
+        return _stop(t)
     pid = obs.fields.get("pid")
     if not pid:
         return f"port {t.variables['port']} was already free"
-    how = service.kill(t, int(pid))
+    from deployctl.service import launcher
+
+    how = launcher.kill_pid(t.host, int(pid))
     return f"stopped pid {pid} ({obs.fields.get('process')}) holding port {t.variables['port']}" + (" with SIGKILL" if how == "KILL" else "")
 
 
@@ -105,8 +123,7 @@ def _adjust(action: Action, t: Target) -> str:
 
     from deployctl.config import parse_config
     from deployctl.runbook.context import host_variables
-    from deployctl.runbook.render_bridge import rerender_runtime_yaml
-    from deployctl.runbook.yamledit import set_key
+    from deployctl.config.yamledit import set_key
 
     if not t.config_path:
         raise ConfigError("action adjust needs the deploy.yaml it changes", fix="pass -c deploy.yaml")
@@ -122,9 +139,34 @@ def _adjust(action: Action, t: Target) -> str:
     path.write_text(text)
     t.cfg = new_cfg
     t.variables = host_variables(new_cfg, t.host_cfg)
-    where = rerender_runtime_yaml(t)
+    where = _rerender_runtime_yaml(t)
     done = ", ".join(f"{k} = {v!r}" for k, v in changes.items())
-    return f"set {done} in {path}; re-rendered {where}; " + service.stop(t) + "; " + service.start(t)
+    return f"set {done} in {path}; re-rendered {where}; " + _stop(t) + "; " + _start(t)
+
+
+def _rerender_runtime_yaml(t: Target) -> str:
+    """Render runtime.yaml for ``t.cfg`` and write it over ``<current>/runtime.yaml`` on the host, keeping the
+    release's manifest.sha256 line for it true; the release id stays the current one. Returns the path written.
+    Raises RemoteError, ConfigError."""
+    from deployctl.render import render_release
+
+    v = t.variables
+    path = v["runtime_yaml"]
+    res = t.host.run(f"readlink -f {shlex.quote(v['current'])}", timeout=30, check=False)
+    release_dir = res.stdout.strip()
+    if res.exit_code != 0 or not release_dir or not t.host.exists(path):
+        raise RemoteError(f"{t.host_cfg.name}: no current release under {v['deploy_root']}; nothing to re-render",
+                          fix="install a release first (`deployctl deploy`)")
+    release_id = release_dir.rsplit("/", 1)[-1]
+    files = {f.path: f for f in render_release(t.cfg, t.host_cfg, release_id, api_key=None)}
+    rendered = files["runtime.yaml"]
+    t.host.put_text(rendered.content, path, mode=rendered.mode)
+    manifest = f"{release_dir}/manifest.sha256"
+    if t.host.exists(manifest):
+        lines = [f"{rendered.sha256}  runtime.yaml" if line.endswith("  runtime.yaml") else line
+                 for line in t.host.read_text(manifest).splitlines()]
+        t.host.put_text("\n".join(lines) + "\n", manifest)
+    return path
 
 
 def _rollout(name: str, t: Target) -> str:

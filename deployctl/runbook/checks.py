@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import ConfigError
-from deployctl.runbook import remote
+from deployctl.errors import CheckFailed, ConfigError
+from deployctl.hostscripts import snippets as remote
 from deployctl.runbook.context import fill
 from deployctl.runbook.model import Step
 
@@ -45,7 +45,7 @@ class Target:
     observed: dict[str, Observation] = field(default_factory=dict)
     config_path: Optional[str] = None
     pending_audit: list[dict[str, Any]] = field(default_factory=list)
-    plan_facts: Optional[dict[str, Any]] = None  # host facts behind the capacity plan (plan.py), probed once a run
+    plan_facts: Optional[dict[str, Any]] = None  # host facts behind the capacity plan (capacity_plan), probed once a run
 
     def fill(self, text: str, *, quote: bool = False) -> str:
         return fill(text, self.variables, self.observed, quote=quote)
@@ -180,9 +180,24 @@ def _setting(t: Target, step: Step) -> Observation:
     return Observation(value, {}, f"{key} = {value!r} in {path}")
 
 
-def _capacity(t: Target, step: Step) -> Observation:
-    from deployctl.runbook.plan import capacity_plan
+def capacity_plan(t: Target):
+    """The preflight's capacity plan for ``t`` from the host's own facts (config.json and safetensors headers from
+    its model directory, GPU memory from its NVML) with deploy.yaml's current engine settings: a
+    deployctl.capacity.CapacityPlan. Raises CheckFailed when the host's facts cannot size it (no config.json, GPU
+    unknown), RemoteError for SSH."""
+    from deployctl.preflight.checks import plan_from_facts
+    from deployctl.preflight.gather import host_facts
 
+    # the model's config and the GPU's size do not change within a run: probe the host once
+    if t.plan_facts is None:
+        t.plan_facts = host_facts(t.host, t.cfg, verify_weights=False)
+    sized, reason = plan_from_facts(t.cfg, t.host_cfg, t.plan_facts)
+    if sized is None:
+        raise CheckFailed(f"no capacity plan for {t.host_cfg.name}: {reason}", fix="run `deployctl preflight` and fix what it names")
+    return sized.plan
+
+
+def _capacity(t: Target, step: Step) -> Observation:
     name = step.check.capacity.field
     plan = capacity_plan(t)
     value = getattr(plan, name)
@@ -206,7 +221,7 @@ def _port(t: Target, step: Step) -> Observation:
 
 def _process(t: Target, step: Step) -> Observation:
     if t.host_cfg.launcher == "systemd":
-        from deployctl.rollout import launcher
+        from deployctl.service import launcher
 
         alive = launcher.is_running(t.host, t.cfg)
         return Observation(alive, {"pid": None}, f"{t.cfg.service.name}.service is {'active' if alive else 'not active'}")
@@ -217,9 +232,18 @@ def _process(t: Target, step: Step) -> Observation:
 
 
 def _preflight(t: Target, step: Step) -> Observation:
-    from deployctl.runbook.preflight_bridge import run_preflight_check
+    """Preflight check ``name`` on ``t`` with fresh facts from the probe (weights hashed only for the ``weights``
+    check): value = status (pass, warn, fail); fields message, fix. Raises RemoteError (SSH), ConfigError."""
+    from deployctl.preflight.checks import PREFLIGHT_CHECKS, run_checks
+    from deployctl.preflight.gather import host_facts
 
-    return run_preflight_check(t, step.check.preflight.name, step.timeout_s)
+    name = step.check.preflight.name
+    facts = host_facts(t.host, t.cfg, verify_weights=name == "weights")
+    found = [c for c in run_checks(t.cfg, t.host_cfg, facts) if c.name == name]
+    if not found:
+        raise ConfigError(f"preflight check {name!r} does not exist", fix=f"use one of: {', '.join(PREFLIGHT_CHECKS)}")
+    c = found[0]
+    return Observation(c.status, {"message": c.message, "fix": c.fix}, f"preflight {name}: {c.status}: {c.message}")
 
 
 CHECKS: dict[str, Callable[[Target, Step], Observation]] = {

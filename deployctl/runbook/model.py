@@ -29,7 +29,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from deployctl.yamlsource import parse_yaml
+from deployctl.config.yamlsource import parse_yaml
 from deployctl.errors import ConfigError
 from deployctl.runbook.expect import Expect
 
@@ -95,7 +95,7 @@ class PreflightCheck(_M):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from deployctl.runbook.preflight_bridge import PREFLIGHT_CHECKS
+        from deployctl.preflight.checks import PREFLIGHT_CHECKS
 
         if v not in PREFLIGHT_CHECKS:
             raise ValueError(f"no preflight check named {v!r}; known: {', '.join(PREFLIGHT_CHECKS)}")
@@ -108,7 +108,7 @@ class SettingCheck(_M):
 
 
 class CapacityCheck(_M):
-    """A field of the capacity plan for deploy.yaml on this host's model (deployctl/capacity.py)."""
+    """A field of the capacity plan for deploy.yaml on this host's model (deployctl/capacity/formula.py)."""
     field: Literal["fits", "fits_one", "max_feasible_num_seqs", "max_feasible_model_len", "max_concurrency",
                    "kv_pool_tokens", "num_blocks"]
 

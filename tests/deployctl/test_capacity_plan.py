@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deployctl.capacity import CapacityInputs, kv_bytes_per_token, num_kv_blocks, plan_capacity, verdict
-from deployctl.modelinfo import parse_model_config
+from deployctl.capacity.modelinfo import parse_model_config
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SHARED = Path(__file__).resolve().parents[3] / "shared"

@@ -193,7 +193,7 @@ def test_unreachable_host_is_one_failed_check():
 
 @pytest.mark.parametrize("name", ["h200", "rtx4090_shared", "no_driver", "c14_driver530_cu124", "c14_driver470_cu118"])
 def test_recorded_facts_have_the_probe_keys(name):
-    from deployctl.probe import FACT_KEYS
+    from deployctl.hostscripts.probe import FACT_KEYS
 
     assert set(FACT_KEYS) <= set(facts(name))
 

@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from deployctl.probe import FACT_KEYS
+from deployctl.hostscripts.probe import FACT_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_probe(**params) -> dict:
-    src = (REPO / "deployctl" / "probe.py").read_text()
+    src = (REPO / "deployctl" / "hostscripts" / "probe.py").read_text()
     proc = subprocess.run([sys.executable, "-I", "-", json.dumps(params)], input=src, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -95,7 +95,7 @@ def test_shipped_scripts_import_only_the_standard_library():
     import ast
 
     for name in ("probe.py", "weights.py"):
-        tree = ast.parse((REPO / "deployctl" / name).read_text())
+        tree = ast.parse((REPO / "deployctl" / "hostscripts" / name).read_text())
         mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert mods - set(sys.stdlib_module_names) <= {"pynvml"}, (name, mods - set(sys.stdlib_module_names))

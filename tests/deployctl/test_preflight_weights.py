@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from deployctl.weights import HashCache, verify, write_manifest
+from deployctl.hostscripts.weights import HashCache, verify, write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
@@ -133,7 +133,7 @@ def test_weights_script_runs_standalone_from_stdin(sharded, tmp_path):
     """What preflight does on a remote host: `python - verify DIR` with the source on stdin, -I (no
     PYTHONPATH, no deployctl importable), reporting the same issues as JSON."""
     (sharded / SHARD2).write_text(LFS_POINTER)
-    src = (REPO / "deployctl" / "weights.py").read_text()
+    src = (REPO / "deployctl" / "hostscripts" / "weights.py").read_text()
     proc = subprocess.run([sys.executable, "-I", "-", "verify", str(sharded), "--cache", str(tmp_path / "c.json")],
                           input=src, capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from deployctl.render_targets import render_alerts
-from deployctl.validate import check_alert_rules, run_rule_tests
+from deployctl.render.targets import render_alerts
+from deployctl.render.validate import check_alert_rules, run_rule_tests
 from render_support import make_config
 
 JOB = 'job="chat-7b"'

@@ -7,8 +7,8 @@ import yaml
 import pytest
 
 from deployctl.errors import ConfigError
-from deployctl.render_targets import render_files
-from deployctl.validate import check_compose, check_k8s_manifest
+from deployctl.render.targets import render_files
+from deployctl.render.validate import check_compose, check_k8s_manifest
 from render_support import API_KEY, make_config
 
 

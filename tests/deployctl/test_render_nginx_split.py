@@ -11,7 +11,7 @@ import pytest
 
 from deployctl.errors import ConfigError
 from deployctl.render import render_nginx, split_weights
-from deployctl.validate import check_nginx_conf
+from deployctl.render.validate import check_nginx_conf
 from render_support import make_config
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from deployctl.errors import ConfigError
 from deployctl.render import render_release
-from deployctl.validate import verify_systemd
+from deployctl.render.validate import verify_systemd
 from render_support import API_KEY, make_config, write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,7 +208,7 @@ def test_default_release_id_is_timestamp_and_content_hash(tmp_path):
 
 
 def test_tools_missing_is_a_clear_error(monkeypatch, tmp_path):
-    from deployctl.validate import ToolMissing, check_alert_rules
+    from deployctl.render.validate import ToolMissing, check_alert_rules
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(Path, "exists", lambda self: False)

@@ -51,7 +51,7 @@ def env(shared, ssh_fleet, tmp_path):
 
 def _install_alert_rules(env) -> None:
     from deployctl.config import load_config
-    from deployctl.render_targets import render_alerts
+    from deployctl.render.targets import render_alerts
 
     rules = render_alerts(load_config(env.cfg))
     target = Path(env.root) / "shared" / "prometheus" / "alerts.rules.yaml"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deployctl.weights import verify
+from deployctl.hostscripts.weights import verify
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])}

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployctl.demo import Traffic
+from deployctl.demo.run import Traffic
 from rollout_env import rollout_state, wait_for
 
 pytestmark = pytest.mark.slow

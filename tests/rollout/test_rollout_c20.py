@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from deployctl.demo import Traffic
+from deployctl.demo.run import Traffic
 from rollout_env import rollout_state, wait_for
 
 pytestmark = pytest.mark.slow

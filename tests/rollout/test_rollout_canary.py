@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from deployctl.demo import Traffic
+from deployctl.demo.run import Traffic
 from rollout_env import rollout_state, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The runtime's KV sizing against the shared vectors that also pin deployctl/capacity.py (one formula)."""
+"""The runtime's KV sizing against the shared vectors that also pin deployctl/capacity/formula.py (one formula)."""
 from __future__ import annotations
 
 import json

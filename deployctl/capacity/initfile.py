@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from deployctl.modelinfo import load_model_config
+from deployctl.capacity.modelinfo import load_model_config
 
 _TEMPLATE = """\
 # deploy.yaml for {name}: one service, its hosts, and how to roll it out.

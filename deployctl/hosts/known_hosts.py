@@ -6,7 +6,7 @@ and installs ``RejectUnknownPolicy`` (a paramiko ``RejectPolicy`` that keeps the
 can show its SHA256 fingerprint). A changed key is refused by paramiko itself (``BadHostKeyException``).
 Non-standard ports are looked up as ``[host]:port``, as OpenSSH writes them.
 
-Only this module and deployctl/hosts.py (with its transports) import paramiko.
+Only this module and the SSH transport (deployctl/hosts/ssh.py, which also probes a host's key) import paramiko.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import paramiko
 
-from deployctl.hosts import known_hosts_path
+from deployctl.hosts.base import known_hosts_path
 
 # paramiko logs transport failures ("Exception (client): Error reading SSH protocol banner") through Python's
 # last-resort handler onto stderr; deployctl reports each failure itself, in one line.
@@ -152,30 +152,3 @@ class HostKeyProbe:
     status: str
     expected_fingerprint: str | None
     key: paramiko.PKey
-
-
-def probe_host_key(cfg, *, known_hosts: Path | None = None) -> HostKeyProbe:
-    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
-    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
-    from deployctl.host_ssh import SSHTransport, fabric_connection  # fabric only when probing
-
-    conn = fabric_connection(cfg)
-    user_files = conn.ssh_config.get("userknownhostsfile")
-    if isinstance(user_files, str):
-        user_files = user_files.split()
-    known = lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
-    try:
-        key = fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        transport = SSHTransport(cfg, known_hosts=known_hosts)
-        raise transport.connect_error(conn, exc) from None
-    fp = fingerprint(key)
-    if any(k.asbytes() == key.asbytes() for k in known.values()):
-        status, expected = "trusted", fp
-    elif known:
-        old = known.get(key.get_name()) or next(iter(known.values()))
-        status, expected = "changed", fingerprint(old)
-    else:
-        status, expected = "unknown", None
-    return HostKeyProbe(cfg.name, known_hosts_name(conn.host, conn.port), conn.host, conn.port,
-                        key.get_name(), fp, status, expected, key)

@@ -1,13 +1,9 @@
-"""Where things live under a host's deploy_root (layout in ../shared/DESIGN.md) and who is acting."""
+"""Where things live under a host's deploy_root (layout in ../shared/DESIGN.md), and the runtime's port there."""
 from __future__ import annotations
 
-import getpass
-import os
 import posixpath
-import socket
-from datetime import datetime, timezone
 
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config.models import DeployConfig, HostConfig
 
 
 def releases_dir(h: HostConfig) -> str:
@@ -45,16 +41,3 @@ def pid_file(h: HostConfig) -> str:
 def service_port(cfg: DeployConfig, h: HostConfig) -> int:
     """The runtime's port on host ``h``: the host's ``server_port`` if set, else ``server.port``."""
     return getattr(h, "server_port", None) or cfg.server.port
-
-
-def actor() -> str:
-    """``user@machine`` of the operator running deployctl."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers)
-        user = os.environ.get("USER", "unknown")
-    return f"{user}@{socket.gethostname()}"
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

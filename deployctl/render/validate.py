@@ -87,7 +87,7 @@ def check_nginx_conf(cfg: DeployConfig, conf: Path) -> ValidationResult:
 
     The access log is redirected into the prefix and upstream host names this machine cannot resolve are
     replaced by 127.0.0.1 (nginx resolves them at load); both are listed in ``notes``."""
-    from deployctl.render import render_nginx_main
+    from deployctl.render.release import render_nginx_main
 
     text = conf.read_text()
     notes = []

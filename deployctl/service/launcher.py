@@ -14,7 +14,7 @@ import shlex
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.rollout.paths import current_link, log_file, pid_file, shared_dir
+from deployctl.config.layout import current_link, log_file, pid_file, shared_dir
 
 EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
 
@@ -68,7 +68,7 @@ def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
         return "stopped"
-    from deployctl.rollout.paths import service_port
+    from deployctl.config.layout import service_port
 
     pidf = shlex.quote(pid_file(h))
     ticks = max(1, int(wait * 10))
@@ -94,6 +94,20 @@ rm -f "$pidf"; echo stopped
 """
     r = host.run(["bash", "-c", script], timeout=wait + 30)  # bash: /dev/tcp
     return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "stopped"
+
+
+def kill_pid(host, pid: int, *, timeout: float = 30) -> str:
+    """SIGTERM ``pid`` on ``host``, wait up to ``timeout`` s, then SIGKILL (a foreign process holding the service
+    port). Returns "gone" (it was not running), "TERM" or "KILL": how it ended. Raises RemoteError."""
+    zombie = f"grep -q '^State:.*Z' /proc/{pid}/status 2>/dev/null"
+    running = f"kill -0 {pid} 2>/dev/null && ! {zombie}"
+    script = (
+        f"{running} || {{ echo gone; exit 0; }}; kill -TERM {pid}; "
+        f"end=$(( $(date +%s) + {int(timeout)} )); "
+        f"while {running} && [ \"$(date +%s)\" -lt $end ]; do sleep 0.2; done; "
+        f"if {running}; then kill -KILL {pid}; echo KILL; else echo TERM; fi"
+    )
+    return host.run(script, timeout=timeout + 30).stdout.strip().splitlines()[-1]
 
 
 def is_running(host, cfg: DeployConfig) -> bool:

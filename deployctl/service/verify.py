@@ -9,8 +9,8 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import HealthError
-from deployctl.rollout import launcher
-from deployctl.rollout.hostprobe import http
+from deployctl.service import launcher
+from deployctl.service.http import http
 
 RELEASE_HEADER = "X-Deployctl-Release"
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deployctl.errors import ConfigError
-from deployctl.yamlsource import parse_yaml
-from deployctl.units import parse_bytes
+from deployctl.config.yamlsource import parse_yaml
+from deployctl.config.units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 # Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from deployctl.capacity import CapacityInputs, CapacityPlan, plan_capacity
+from deployctl.capacity.formula import CapacityInputs, CapacityPlan, plan_capacity
 from deployctl.config import EngineConfig
 from deployctl.errors import ConfigError
-from deployctl.modelinfo import ModelShape, dtype_bytes, load_model_config, weights_bytes
+from deployctl.capacity.modelinfo import ModelShape, dtype_bytes, load_model_config, weights_bytes
 
 
 @dataclass(frozen=True)

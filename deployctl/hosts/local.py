@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from deployctl.hosts import CommandTimeout, RemoteCommandError, RunResult, short_command, tail
+from deployctl.hosts.base import CommandTimeout, RemoteCommandError, RunResult, short_command, tail
 
 KILL_GRACE_S = 0.5
 

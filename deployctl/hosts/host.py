@@ -9,10 +9,11 @@ that names the host and carries the command, exit code and the tail of stderr. G
   0600 temp file that the command sources and deletes;
 - ``sudo`` runs ``sudo -n`` unless ``sudo_password_env`` names a password source (sent on stdin);
 - SSH host keys: unknown keys are refused with their SHA256 fingerprint, changed keys always
-  (deployctl/hostkeys.py);
+  (deployctl/hosts/known_hosts.py);
 - ``start_background`` detaches fully (setsid, stdin from /dev/null, output appended to a log file).
 
-Transports: deployctl/host_local.py (subprocess) and deployctl/host_ssh.py (the only fabric import).
+Transports: deployctl/hosts/local.py (subprocess) and deployctl/hosts/ssh.py (the only fabric import);
+the result and error types are in deployctl/hosts/base.py.
 """
 from __future__ import annotations
 
@@ -22,98 +23,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
-from deployctl.errors import RemoteError
+from deployctl.hosts.base import (Argv, RemoteCommandError, RunResult, SudoPasswordRequired, one_line, command_line,
+                                  short_command, tail)
 
 if TYPE_CHECKING:
     from deployctl.config import HostConfig
 
 T = TypeVar("T")
-Argv = Union[list, str]
-TAIL_CHARS = 800
-
-
-def known_hosts_path() -> Path:
-    """The deployctl-managed known_hosts file: $DEPLOYCTL_KNOWN_HOSTS or ~/.config/deployctl/known_hosts."""
-    env = os.environ.get("DEPLOYCTL_KNOWN_HOSTS")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.config/deployctl/known_hosts").expanduser()
-
-
-def tail(text: str, limit: int = TAIL_CHARS) -> str:
-    """The last ``limit`` characters of ``text``, stripped."""
-    text = (text or "").strip()
-    return text if len(text) <= limit else "…" + text[-limit:]
-
-
-def command_line(argv: Argv) -> str:
-    """A shell command line: a list is shlex-quoted word by word; a string is taken as already quoted."""
-    if isinstance(argv, str):
-        return argv
-    return " ".join(shlex.quote(str(a)) for a in argv)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A finished command. ``duration_s`` is wall-clock seconds as seen by deployctl."""
-
-    host: str
-    command: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_s: float
-
-
-class HostError(RemoteError):
-    """Base of every host error: carries host, command, exit_code (None if it never ran) and stderr_tail."""
-
-    def __init__(self, message: str, *, host: str, command: str | None = None, exit_code: int | None = None,
-                 stderr_tail: str = "", fix: str | None = None):
-        super().__init__(message, fix=fix)
-        self.host = host
-        self.command = command
-        self.exit_code = exit_code
-        self.stderr_tail = stderr_tail
-
-
-class RemoteCommandError(HostError):
-    """A command exited non-zero with check=True."""
-
-
-class CommandTimeout(HostError):
-    """A command outlived its timeout and was killed."""
-
-
-class HostUnreachable(HostError):
-    """The host could not be reached: connection refused, DNS, timeout, or the connection was lost."""
-
-
-class AuthFailed(HostError):
-    """SSH authentication failed: wrong user or wrong key."""
-
-
-class HostKeyUnknown(HostError):
-    """The host offered a key that no known_hosts file holds. ``fingerprint`` is "SHA256:..."."""
-
-    def __init__(self, message: str, *, host: str, fingerprint: str, **kw):
-        super().__init__(message, host=host, **kw)
-        self.fingerprint = fingerprint
-
-
-class HostKeyChanged(HostError):
-    """The host offered a key different from the one in known_hosts; never accepted mid-rollout."""
-
-    def __init__(self, message: str, *, host: str, fingerprint: str, expected: str, **kw):
-        super().__init__(message, host=host, **kw)
-        self.fingerprint = fingerprint
-        self.expected = expected
-
-
-class SudoPasswordRequired(HostError):
-    """sudo asked for a password and no password source is configured (or it was refused)."""
 
 
 class Host:
@@ -131,10 +49,10 @@ class Host:
     def from_config(cls, cfg: "HostConfig", *, known_hosts: Path | None = None) -> "Host":
         """A Host for ``cfg``. ``known_hosts``: an extra known_hosts file read after the usual ones."""
         if cfg.address == "local":
-            from deployctl.host_local import LocalTransport
+            from deployctl.hosts.local import LocalTransport
 
             return cls(cfg, LocalTransport(cfg.name))
-        from deployctl.host_ssh import SSHTransport
+        from deployctl.hosts.ssh import SSHTransport
 
         return cls(cfg, SSHTransport(cfg, known_hosts=known_hosts))
 
@@ -157,7 +75,7 @@ class Host:
         if check and result.exit_code != 0:
             raise RemoteCommandError(
                 f"`{short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
-                f"{_one_line(result.stderr or result.stdout)}",
+                f"{one_line(result.stderr or result.stdout)}",
                 host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(result.stderr))
         return result
 
@@ -194,7 +112,7 @@ class Host:
         if check and result.exit_code != 0:
             raise RemoteCommandError(
                 f"`sudo {short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
-                f"{_one_line(err or result.stdout)}",
+                f"{one_line(err or result.stdout)}",
                 host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(err))
         return result
 
@@ -283,15 +201,3 @@ def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts))),
                             thread_name_prefix="deployctl-host") as pool:
         return list(pool.map(one, hosts))
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines else "(no output)"
-    return line if len(line) <= limit else line[:limit] + "…"
-
-
-def short_command(cmd: str, limit: int = 120) -> str:
-    """``cmd`` on one line, cut to ``limit`` characters (for messages)."""
-    one = " ".join(cmd.split())
-    return one if len(one) <= limit else one[:limit] + "…"

@@ -305,11 +305,3 @@ def render_nginx_main(cfg: DeployConfig, *, prefix: str, include_path: str, user
     _safe_path(str(include_path), "nginx include path")
     ctx = {"service": cfg.service, "prefix": str(prefix).rstrip("/"), "include_path": str(include_path), "user": user}
     return render_template("nginx-main.conf.j2", ctx)
-
-
-def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
-               env: Mapping[str, str] | None = None) -> list[Path]:
-    """Write every file of ``target`` for every host under ``out_dir``; see deployctl.render_targets."""
-    from deployctl.render_targets import render_all as _render_all
-
-    return _render_all(cfg, out_dir, target=target, release_id=release_id, env=os.environ if env is None else env)

@@ -1,7 +1,7 @@
 """The SSH transport: Fabric's Connection with host keys enforced, commands bounded on both ends.
 
 - Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
-  first connect (deployctl/hostkeys.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or
+  first connect (deployctl/hosts/known_hosts.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or
   HostKeyChanged, each one line naming the host.
 - Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
@@ -25,8 +25,8 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
-from deployctl import hostkeys
-from deployctl.hosts import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
+from deployctl.hosts import known_hosts as hostkeys
+from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, RemoteCommandError, RunResult, short_command, tail)
 
 REMOTE_KILL_AFTER_S = 1.0
@@ -297,3 +297,27 @@ def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
     except Exception:  # the temp file may not exist; the original error matters
         pass
 
+
+def probe_host_key(cfg, *, known_hosts: Path | None = None) -> hostkeys.HostKeyProbe:
+    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
+    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
+    conn = fabric_connection(cfg)
+    user_files = conn.ssh_config.get("userknownhostsfile")
+    if isinstance(user_files, str):
+        user_files = user_files.split()
+    known = hostkeys.lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
+    try:
+        key = hostkeys.fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        transport = SSHTransport(cfg, known_hosts=known_hosts)
+        raise transport.connect_error(conn, exc) from None
+    fp = hostkeys.fingerprint(key)
+    if any(k.asbytes() == key.asbytes() for k in known.values()):
+        status, expected = "trusted", fp
+    elif known:
+        old = known.get(key.get_name()) or next(iter(known.values()))
+        status, expected = "changed", hostkeys.fingerprint(old)
+    else:
+        status, expected = "unknown", None
+    return hostkeys.HostKeyProbe(cfg.name, hostkeys.known_hosts_name(conn.host, conn.port), conn.host, conn.port,
+                                 key.get_name(), fp, status, expected, key)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from deployctl.errors import ConfigError, UsageError
-from deployctl.render import (RenderedFile, host_port, release_context, render_nginx, render_release, render_template,
-                              runtime_args)
+from deployctl.render.release import (RenderedFile, host_port, release_context, render_nginx, render_release,
+                                      render_template, runtime_args)
 
 if TYPE_CHECKING:
     from deployctl.config import DeployConfig
@@ -174,9 +174,10 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
 
 
 def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
-               env: Mapping[str, str]) -> list[Path]:
+               env: Mapping[str, str] | None = None) -> list[Path]:
     """Render ``target`` for every host into ``out_dir`` and return the written paths (RENDER.json last).
-    Raises UsageError (exit 2), ConfigError (exit 3)."""
+    ``env`` (default: os.environ) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
+    env = os.environ if env is None else env
     api_key = api_key_from_env(cfg, env)
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")

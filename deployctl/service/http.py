@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.rollout.paths import service_port
+from deployctl.config.layout import service_port
 
 _SNIPPET = r"""
 import json, os, sys, urllib.request, urllib.error

@@ -164,7 +164,7 @@ def stop_nginx(cfg) -> None:
 
 def stop_runtimes(cfg) -> None:
     from deployctl.hosts import Host
-    from deployctl.rollout import launcher
+    from deployctl.service import launcher
 
     for hc in cfg.hosts:
         with Host.from_config(hc) as h:
@@ -174,7 +174,7 @@ def stop_runtimes(cfg) -> None:
 def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = False, pause_s: float = 10) -> DemoResult:
     """The demo (module doc). Raises DeployctlError subclasses like deploy and rollback do."""
     from deployctl.config import load_config
-    from deployctl.localenv import overlay_venv, tiny_model
+    from deployctl.demo.localenv import overlay_venv, tiny_model
     from deployctl.rollout.deploy import Deployment
     from deployctl.rollout.rollback import rollback
 

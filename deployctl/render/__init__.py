@@ -1,0 +1,15 @@
+"""Rendering from templates/ (the only jinja2 import): release files, the router, alerts, containers, k8s.
+
+- ``release``  the template environment, one host's release files, the nginx router config.
+- ``targets``  ``deployctl render``: every file of a target (systemd, container, k8s) under one directory.
+- ``validate`` checks of rendered files with the real tools (systemd-analyze, nginx -t, promtool, k8s schemas).
+
+Import from this package (``from deployctl.render import render_release``); jinja2 loads on first render.
+"""
+from deployctl.render.release import (RenderedFile, host_port, release_context, release_dir, release_manifest,
+                                      render_nginx, render_nginx_main, render_release, render_template, runtime_args,
+                                      split_weights)
+from deployctl.render.targets import render_all
+
+__all__ = ["RenderedFile", "host_port", "release_context", "release_dir", "release_manifest", "render_all",
+           "render_nginx", "render_nginx_main", "render_release", "render_template", "runtime_args", "split_weights"]
