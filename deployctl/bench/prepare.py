@@ -64,8 +64,8 @@ def build(need: int, seed: int, target: Target, max_model_len: int | None, timeo
           input_len: str | None = None, output_len: str | None = None, dataset: Path | None = None,
           from_log: Path | None = None, probe: Callable[..., fit.TokenEstimate] = fit.probe_tokens) -> Workload:
     """``need`` requests (the ladder cycles through them). When the context is known, probes the server's tokens
-    per word (two requests, fit.probe_tokens) to choose or check lengths in tokens; explicit lengths that cannot
-    fit even at 1 token per word are refused before that."""
+    per word (a few requests of max_tokens 1, fit.probe_tokens) to choose or check lengths in tokens; explicit
+    lengths that cannot fit even at 1 token per word are refused before that."""
     if dataset is not None:
         default_out = workload.parse_length_spec(output_len or str(fit.DEFAULT_OUTPUT_TOKENS), "--output-len")
         override = default_out(random.Random(seed)) if output_len is not None else None
