@@ -7,7 +7,6 @@ URL: http://ADDRESS:PORT with the host's address (127.0.0.1, or server.bind when
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -16,6 +15,7 @@ from deployctl.errors import UsageError
 
 def resolve_hosts(config: Path, names: str) -> tuple[list[tuple[str, str]], Optional[str]]:
     """([(name, url)], api key or None). Raises UsageError for an unknown name, ConfigError for a bad file."""
+    from deployctl import settings
     from deployctl.config import load_config
 
     cfg = load_config(config)
@@ -42,7 +42,7 @@ def resolve_hosts(config: Path, names: str) -> tuple[list[tuple[str, str]], Opti
         out.append((name, f"http://{address}:{host.server_port or cfg.server.port}"))
     key = None
     if cfg.server.api_key_env:
-        key = os.environ.get(cfg.server.api_key_env)
+        key = settings.secret(cfg.server.api_key_env)
         if not key:
             raise UsageError(f"{config}: server.api_key_env {cfg.server.api_key_env} is not set in the environment",
                              fix=f"export {cfg.server.api_key_env}=...")
