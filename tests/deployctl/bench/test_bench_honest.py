@@ -110,7 +110,8 @@ def test_json_has_vllm_keys_equal_to_our_figures_and_save_result_writes_each_lev
 
 
 def test_recommendation_is_json_and_a_deploy_yaml_fragment(run_bench):
-    with FakeServer(FakeConfig(ttft_s=0.05, tpot_s=0.01, max_concurrency=2)) as srv:
+    # a queued request waits a whole one (0.25 s): its TTFT 0.35 s is well over 2x level 1 (0.2 s)
+    with FakeServer(FakeConfig(ttft_s=0.1, tpot_s=0.05, max_concurrency=2)) as srv:
         rc, doc, err = run_bench("--url", srv.url, "--concurrency", "1,2,4", "--requests", "4", *QUICK)
     assert rc == 0, err
     rec, knee = doc["recommendation"], doc["knee"]
