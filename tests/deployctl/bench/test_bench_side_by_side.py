@@ -16,7 +16,7 @@ def _prompts(cfg: FakeConfig) -> list[str]:
 
 
 def test_side_by_side_same_requests_ratios_knees_and_verdict(run_bench, tmp_path):
-    a, b = FakeConfig(ttft_s=0.03, tpot_s=TPOT_A), FakeConfig(ttft_s=0.03, tpot_s=TPOT_B)
+    a, b = FakeConfig(ttft_s=0.1, tpot_s=TPOT_A), FakeConfig(ttft_s=0.1, tpot_s=TPOT_B)  # 2x rule: margins for load
     plot = tmp_path / "ab.png"
     with FakeServer(a) as sa, FakeServer(b) as sb:
         rc, doc, err = run_bench("--url", sa.url, "--url", sb.url, "--concurrency", "1,2", "--requests", "4",
