@@ -120,3 +120,23 @@ def test_recommendation_is_json_and_a_deploy_yaml_fragment(run_bench):
     fragment = yaml.safe_load(rec["deploy_yaml"])
     assert fragment["engine"]["max_num_seqs"] == 2
     assert fragment["router"]["rate_limit_rps"] == knee["rate_limit_rps"]
+
+
+def _open_level(slot_wait_s: float):
+    from deployctl.bench.client import RequestResult
+    from deployctl.bench.stats import level_stats
+
+    # scheduled every 50 ms (20 req/s), sent ever later: the 20th request left 0.5 s late
+    results = [RequestResult(start=i * 0.05 + i * 0.025, ttft=0.01, e2e=0.02, output_tokens=2,
+                             schedule_lag=i * 0.025, slot_wait=slot_wait_s) for i in range(21)]
+    return level_stats(4, 20.0, results, 2.0)
+
+
+def test_slip_names_its_cause_the_cap_or_the_generator():
+    from deployctl.bench.diagnose import open_loop_slip
+
+    by_cap, by_generator = _open_level(0.025), _open_level(0.0)
+    assert by_cap.scheduled_rate == pytest.approx(20.0) and by_cap.achieved_rate == pytest.approx(20 / 1.5, rel=1e-3)
+    assert by_cap.schedule_lag_ms["max"] == pytest.approx(500.0)
+    assert "concurrency cap (4 in flight)" in open_loop_slip(by_cap, 4)
+    assert "the generator could not send on time" in open_loop_slip(by_generator, 4)
