@@ -2,41 +2,12 @@
 preemption by recompute. No torch: deals in requests, token counts and block ids."""
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
+from deployctl_runtime.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput  # noqa: F401 (re-export)
 from deployctl_runtime.request import Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_scheduled_tokens: int  # tokens whose KV this step computes, starting at request.num_computed_tokens
-    block_ids: list[int]  # the whole block table after this step's allocation
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the request's last token, so a new token is sampled."""
-        r = self.request
-        return r.num_computed_tokens + self.num_scheduled_tokens == r.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    preempted_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass
-class ModelRunnerOutput:
-    """One sampled token (and its logprob, or None) per scheduled request whose step samples, by request id."""
-    sampled: dict[str, tuple[int, float | None]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -112,6 +83,8 @@ class Scheduler:
                     req.num_cached_tokens = num_hit_tokens
                 req.num_computed_tokens += num_hit_tokens
                 req.status = RequestStatus.RUNNING
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
                 self.running.append(req)
                 out.scheduled.append(ScheduledRequest(req, num_new, self.kv.get_block_ids(req.request_id)))
                 budget -= num_new
@@ -138,7 +111,12 @@ class Scheduler:
             sampled = result.sampled.get(req.request_id)
             if sampled is None:
                 continue
-            req.append_output(*sampled)
+            if sampled.error is not None:  # e.g. non-finite logits: this request ends, the batch goes on
+                req.error = sampled.error
+                self.finish(req, "error")
+                progressed.append(req)
+                continue
+            req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
             reason = req.check_stop(self.max_model_len)
             if reason is not None:
                 self.finish(req, reason)

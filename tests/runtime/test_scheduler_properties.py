@@ -6,9 +6,10 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
-from deployctl_runtime.request import Request, RequestStatus
+from deployctl_runtime.outputs import ModelRunnerOutput
+from deployctl_runtime.request import Request, RequestStatus, SampledToken
 from deployctl_runtime.sampling_params import SamplingParams
-from deployctl_runtime.scheduler import ModelRunnerOutput, Scheduler
+from deployctl_runtime.scheduler import Scheduler
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 48
@@ -48,7 +49,7 @@ def fake_step(sched: Scheduler, token: int) -> None:
         assert item.num_scheduled_tokens >= 1
         assert len(item.block_ids) * BLOCK_SIZE >= item.request.num_computed_tokens + item.num_scheduled_tokens
         if item.samples:
-            result.sampled[item.request.request_id] = (token, None)
+            result.sampled[item.request.request_id] = SampledToken(token)
     sched.update_from_output(out, result)
 
 

@@ -33,6 +33,7 @@ class ServeConfig(BaseModel):
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
     seed: int = 0
     max_queued_requests: int = Field(256, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
@@ -43,8 +44,11 @@ class ServeConfig(BaseModel):
     skip_verify: bool = False
     log_requests: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: str | None = None  # also log here, rotated by size (logging.handlers.RotatingFileHandler)
+    log_max_bytes: int = Field(100 * 2**20, ge=1024)  # rotate when the file would grow past this
+    log_backup_count: int = Field(5, ge=1, le=100)  # keep this many rotated files (.1 newest); older are deleted
 
-    @field_validator("kv_cache_memory", mode="before")
+    @field_validator("kv_cache_memory", "log_max_bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
@@ -53,7 +57,7 @@ class ServeConfig(BaseModel):
         """Keyword arguments for EngineArgs (ENGINE_API.md)."""
         keys = ("model", "device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                 "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching",
-                "enable_chunked_prefill", "seed")
+                "enable_chunked_prefill", "enforce_eager", "seed")
         return {k: getattr(self, k) for k in keys}
 
 
