@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_env import rollout_state, wait_for
+from support.rollout import rollout_state, wait_for
 
 pytestmark = pytest.mark.slow
 
