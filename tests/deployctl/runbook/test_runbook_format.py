@@ -184,29 +184,30 @@ steps:
 """
 
 
+PROCESS_STEP = "when: [never]\nsteps:\n  - id: a\n    title: A\n    check: {process: {}}\n    expect: is true\n"
+
+
+def local_deploy_yaml(tmp_path: Path) -> Path:
+    """A deploy.yaml with one ``address: local`` host under tmp_path/root."""
+    path = tmp_path / "deploy.yaml"
+    path.write_text("service: {name: svc}\nmodel: {path: /nonexistent/model}\nengine: {device: cpu}\n"
+                    f"hosts:\n  - {{name: h1, address: local, deploy_root: {tmp_path / 'root'}, launcher: process}}\n")
+    return path
+
+
 def test_a_cycle_of_step_branches_is_refused_before_anything_runs(tmp_path):
     # b -> a -> b ... ran each check 50 times (MAX_STEPS_PER_HOST = 100), then reported the host "healthy", exit 0;
     # with an action in the loop it would act 50 times
     counter = tmp_path / "counter"
     path = write(tmp_path, "cycle.yaml", CYCLE.format(counter=counter))
     config_error(runbook(tmp_path, "show", "cycle"), str(path), "on_pass", "'a'")
-    (tmp_path / "deploy.yaml").write_text(
-        "service: {name: svc}\nmodel: {path: /nonexistent/model}\nengine: {device: cpu}\n"
-        f"hosts:\n  - {{name: h1, address: local, deploy_root: {tmp_path / 'root'}, launcher: process}}\n")
+    local_deploy_yaml(tmp_path)
     config_error(runbook(tmp_path, "run", "cycle", "--yes", "-c", str(tmp_path / "deploy.yaml")), str(path))
     assert not counter.exists()
 
 
 def test_a_step_branching_to_itself_is_refused(tmp_path):
-    path = write(tmp_path, "self.yaml", """title: Self
-when: [never]
-steps:
-  - id: a
-    title: A
-    check: {process: {}}
-    expect: is true
-    on_fail: {action: restart, verify: false, then: a}
-""")
+    path = write(tmp_path, "self.yaml", "title: Self\n" + PROCESS_STEP + "    on_fail: {action: restart, verify: false, then: a}\n")
     config_error(runbook(tmp_path, "show", "self"), str(path), "on_fail.then", "'a'")
 
 
@@ -221,9 +222,7 @@ steps:
     check: {{command: {{run: "echo a >> {counter}"}}}}
     expect: "== 0"
 """)
-    (tmp_path / "deploy.yaml").write_text(
-        "service: {name: svc}\nmodel: {path: /nonexistent/model}\nengine: {device: cpu}\n"
-        f"hosts:\n  - {{name: h1, address: local, deploy_root: {tmp_path / 'root'}, launcher: process}}\n")
+    local_deploy_yaml(tmp_path)
     proc = runbook(tmp_path, "run", "once", "--host", "h1", "--host", "h1", "--json", "-c", str(tmp_path / "deploy.yaml"))
     assert proc.returncode == 0, proc.stderr
     import json
@@ -250,14 +249,5 @@ steps:
 
 def test_an_infinite_timeout_is_a_config_error(tmp_path):
     # `timeout_s: .inf` with `wait: true` polled a failing check for ever (and window_s: .inf slept for ever)
-    bad = write(tmp_path, "forever.yaml", """title: Forever
-when: [never]
-steps:
-  - id: a
-    title: A
-    check: {process: {}}
-    expect: is true
-    timeout_s: .inf
-    wait: true
-""")
+    bad = write(tmp_path, "forever.yaml", "title: Forever\n" + PROCESS_STEP + "    timeout_s: .inf\n    wait: true\n")
     config_error(runbook(tmp_path, "show", "forever"), str(bad), "timeout_s")
