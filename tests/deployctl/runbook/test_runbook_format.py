@@ -214,14 +214,8 @@ def test_a_step_branching_to_itself_is_refused(tmp_path):
 def test_a_repeated_host_is_run_once(tmp_path):
     # `--host h1 --host h1` ran the whole runbook twice on h1 (with --yes, every action twice)
     counter = tmp_path / "counter"
-    write(tmp_path, "once.yaml", f"""title: Once
-when: [never]
-steps:
-  - id: a
-    title: A
-    check: {{command: {{run: "echo a >> {counter}"}}}}
-    expect: "== 0"
-""")
+    once = CYCLE.format(counter=counter).replace("title: Cycle", "title: Once").split("    on_pass: b\n")[0]
+    write(tmp_path, "once.yaml", once)  # the cycle's first step alone
     local_deploy_yaml(tmp_path)
     proc = runbook(tmp_path, "run", "once", "--host", "h1", "--host", "h1", "--json", "-c", str(tmp_path / "deploy.yaml"))
     assert proc.returncode == 0, proc.stderr
