@@ -102,6 +102,7 @@ class Sampler:
                 row[stop] = float("-inf")
                 if not torch.isfinite(row).any():  # only a stop is allowed (a complete grammar): stopping wins
                     row[stop] = kept
+                    r.grammar_complete = True  # check_stop ends it at this stop despite min_tokens
             if p.repetition_penalty != 1.0:  # CTRL (Keskar et al. 2019) as HF applies it: prompt and output tokens
                 seen = torch.tensor(r.all_token_ids, device=row.device, dtype=torch.long).unique()
                 vals = row[seen]

@@ -130,7 +130,7 @@ def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
     p = None if chat else req.prompt
     num_prompts = len(p) if isinstance(p, list) and not all(isinstance(x, int) for x in p) else 1
     capacity = ctx.cfg.max_num_seqs + ctx.cfg.max_queued_requests
-    k = max(req.n, getattr(req, "best_of", None) or 0)
+    k = max(req.n, req.best_of or 0)
     if num_prompts * k > capacity:
         raise invalid(f"this request asks for {num_prompts * k} choices ({num_prompts} prompt(s) x n {k}); "
                       f"the server holds at most {capacity} at once (--max-num-seqs {ctx.cfg.max_num_seqs} + "
@@ -152,7 +152,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     prompts = _tokenize_prompts(ctx, req, chat, tools)
     max_tokens = _check_lengths(ctx, req, prompts, chat)
     wanted = sampling.logprobs_wanted(req, chat)
-    k = max(req.n, (None if chat else req.best_of) or 0)
+    k = max(req.n, req.best_of or 0)
     logprobs = wanted if wanted is not None or k == req.n else 0  # best_of ranks by cumulative logprob
     all_prompts, params, sub_ids = [], [], []
     serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id

@@ -92,6 +92,18 @@ def test_unusable_formats_and_tools_are_400_naming_the_field(api_server, body, p
     assert r.json()["error"]["param"] == param, r.text
 
 
+def test_min_tokens_yields_to_a_complete_grammar(api_server):
+    """The grammar ends the answer: once it is complete only a stop token is allowed, and min_tokens (which masks
+    stops) must not keep the request generating stop tokens until min_tokens (inflating usage)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "one", "schema": {"enum": [1]}}}
+    for path, body in (("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "x"})):
+        r = httpx.post(api_server.url + path, json={**body, "max_tokens": 12, "min_tokens": 6, "response_format": fmt,
+                                                    "return_token_ids": True}, timeout=30).json()
+        choice = r["choices"][0]
+        assert choice["finish_reason"] == "stop", r
+        assert len(choice["token_ids"]) == 2 and r["usage"]["completion_tokens"] == 2, r  # "1" then one stop
+
+
 def _check_call(call, tool):
     assert call.type == "function" and call.id.startswith("call_")
     assert call.function.name == tool["function"]["name"]
