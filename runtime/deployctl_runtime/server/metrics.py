@@ -1,4 +1,4 @@
-"""Prometheus metrics, prefix `deployctl_runtime_`, names exactly as in CONTRACTS.md.
+"""Prometheus metrics, prefix `deployctl_runtime_`, names exactly as in docs/CONTRACTS.md.
 
 Engine gauges and cumulative engine counters are read from the latest `EngineStats` snapshot at scrape time
 (a custom collector); per-request counters and histograms are updated live by the serving layer.
