@@ -31,7 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # beside torch 2.13.0 CPU without pulling another torch
 "$VPY" -c "import triton" 2>/dev/null || "$VPY" -m pip install -q triton==3.9.0
 
-# .venv-engines: the pinned vLLM and SGLang, for tests/deployctl/test_engines_parsers.py (their own argument
+# .venv-engines: the pinned vLLM and SGLang, for tests/deployctl/engines/test_engines_parsers.py (their own argument
 # parsers and metric names). torch 2.13.0 CPU first; the engines with --no-deps (they pin other torch builds and
 # CUDA kernels); then only the light packages their parsers import. About 3.4 GB (torch and triton are most of
 # it). Skipped when the marker records this exact list.

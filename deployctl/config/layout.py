@@ -1,7 +1,7 @@
 """The on-host layout: every path under a host's deploy_root, and where the runtime answers there. The one home
 of these rules: render, rollout, runbooks, preflight and the service layer all ask this module.
 
-Under ``deploy_root`` (documented in the project's DESIGN notes)::
+Under ``deploy_root`` (docs/DESIGN.md, "On a host")::
 
     releases/<release id>/   one rendered release (runtime.yaml, launch.sh, unit, runtime.env, manifest.sha256)
     current -> releases/<id> the release that runs (a relative symlink, switched atomically)

@@ -1,7 +1,7 @@
 """Preflight: facts from every host (probe + weight verification), then checks with fixes.
 
 ``run_preflight(cfg, hosts)`` -> PreflightReport; ``report.to_json()`` is the shape of
-``deployctl preflight --json`` in ../shared/CONTRACTS.md:
+``deployctl preflight --json`` in docs/CONTRACTS.md:
 ``{"ok": bool, "hosts": [{"host", "checks": [{"name", "status", "message", "fix"}], "facts": {...}}]}``.
 """
 from __future__ import annotations

@@ -281,11 +281,7 @@ class Analyzer:
         if not p.enabled or not p.requests:
             return None
         by = {h.name: h for h in self.cfg.hosts}
-        from deployctl.engines import adapter
-
-        done = adapter(self.cfg.engine.kind).sse_done
-        targets = {n: target(host_url(self.cfg, by[n]), self.cfg.model.name, chat=self.chat, api_key=api_key(self.cfg),
-                             done_marker=done)
+        targets = {n: target(host_url(self.cfg, by[n]), self.cfg.model.name, chat=self.chat, api_key=api_key(self.cfg))
                    for n in [*self.canary, *self.stable]}
         r = ProbeRunner(targets, requests=p.requests, max_tokens=p.max_tokens, timeout=p.timeout_s,
                         spread_s=self.cfg.rollout.analysis.interval_s).start()

@@ -41,11 +41,8 @@ class ProbeTarget(Target):
         return {**super().headers(), PROBE_HEADER: "probe"}
 
 
-def target(base_url: str, model: str, *, chat: bool, api_key: Optional[str] = None,
-           done_marker: bool = True) -> ProbeTarget:
-    """A probe target; ``done_marker`` False for engines whose streams end without ``data: [DONE]``."""
-    return ProbeTarget(base_url.rstrip("/"), "chat" if chat else "completions", model, api_key,
-                       done_marker=done_marker)
+def target(base_url: str, model: str, *, chat: bool, api_key: Optional[str] = None) -> ProbeTarget:
+    return ProbeTarget(base_url.rstrip("/"), "chat" if chat else "completions", model, api_key)
 
 
 @dataclass

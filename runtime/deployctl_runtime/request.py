@@ -55,6 +55,7 @@ class Request:
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None  # set by the scheduler (request_queue_time_seconds)
         self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        self.grammar_complete = False  # set by the sampler when its grammar allows only a stop token next
         self.block_hashes: list[bytes] = []  # SHA-256 chain keys of its full blocks, filled by the KV manager
 
     @property
@@ -79,9 +80,10 @@ class Request:
             self.output_top_logprobs.append(top_logprobs)
 
     def check_stop(self, max_model_len: int) -> str | None:
-        """Finish reason after the last appended token, or None to continue."""
+        """Finish reason after the last appended token, or None to continue. A stop before min_tokens ends the
+        request only when its grammar allowed nothing else (the grammar is complete: more tokens cannot follow)."""
         n = self.num_output_tokens
-        if n >= self.params.min_tokens and self.output_token_ids[-1] in self.stop_ids:
+        if (n >= self.params.min_tokens or self.grammar_complete) and self.output_token_ids[-1] in self.stop_ids:
             return "stop"
         if n >= self.params.max_tokens or self.num_tokens >= max_model_len:
             return "length"

@@ -42,10 +42,10 @@ def structured_spec(req: Any, tools: ToolMode | None) -> StructuredOutputsParams
 def logit_bias(req: Any) -> dict[int, float]:
     out = {}
     for key, value in (req.logit_bias or {}).items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise invalid(f"'logit_bias': keys must be token ids, got {key!r}", "logit_bias") from None
+        digits = key[1:] if key.startswith("-") else key  # "-1" gets the validator's ">= 0" message
+        if not (digits.isascii() and digits.isdigit()):  # int() would also take "1_0", " 1", "+1", "\u0661"
+            raise invalid(f"'logit_bias': keys must be token ids (decimal digits), got {key!r}", "logit_bias")
+        out[int(key)] = value
     return out
 
 

@@ -92,6 +92,19 @@ class _SamplingFields(_Strict):
     prediction: Any = None
     web_search_options: Any = None
     modalities: list[str] | None = None
+    best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
+
+    @model_validator(mode="after")
+    def _best_of(self):
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise _CrossFieldError("best_of", f"best_of ({self.best_of}) must be >= n ({self.n})")
+            if self.best_of > MAX_N:
+                raise _CrossFieldError("best_of", f"best_of must be at most {MAX_N}, got {self.best_of}")
+            if self.stream and self.best_of > self.n:
+                raise _CrossFieldError("best_of", "best_of > n cannot be streamed (the best choices are known only "
+                                       "at the end); send stream false", "unsupported_parameter")
+        return self
 
     @model_validator(mode="after")
     def _openai_strictness(self):
@@ -122,20 +135,11 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
-    best_of: int | None = None
 
     @model_validator(mode="after")
-    def _best_of(self):
+    def _echo(self):
         if self.echo:
             raise _CrossFieldError("echo", "echo is not supported by this server", "unsupported_parameter")
-        if self.best_of is not None:
-            if self.best_of < self.n:
-                raise _CrossFieldError("best_of", f"best_of ({self.best_of}) must be >= n ({self.n})")
-            if self.best_of > MAX_N:
-                raise _CrossFieldError("best_of", f"best_of must be at most {MAX_N}, got {self.best_of}")
-            if self.stream and self.best_of > self.n:
-                raise _CrossFieldError("best_of", "best_of > n cannot be streamed (the best choices are known only "
-                                       "at the end); send stream false", "unsupported_parameter")
         return self
 
     @field_validator("prompt")

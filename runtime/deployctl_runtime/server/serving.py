@@ -5,10 +5,10 @@ context length, back-pressure, the engine's own admission check. `Generation` tu
 text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), request timeout, and on any exit
 (finished, stop string, timeout, client gone) aborts what is still running so its blocks are freed (C07).
 
-Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
-max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
-max_tokens defaults to the remaining context, max_model_len - prompt. A text so long that it cannot fit whatever the
-tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
+Context-length rule (C03 d; the offline API's too, sampling_params.context_length_error): prompt >= max_model_len
+is rejected (param "prompt"/"messages"); an explicit max_tokens with prompt + max_tokens > max_model_len is
+rejected naming both (param "max_tokens"); an omitted max_tokens defaults to the remaining context. A text so long
+that it cannot fit whatever the tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
 Choices: a list of prompts times k gives engine choice prompt_i * k + j, k = best_of or n; with a seed, choice j
 samples with seed + j (reproducible, yet distinct). best_of > n keeps, per prompt, the n choices with the highest
@@ -130,7 +130,7 @@ def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
     p = None if chat else req.prompt
     num_prompts = len(p) if isinstance(p, list) and not all(isinstance(x, int) for x in p) else 1
     capacity = ctx.cfg.max_num_seqs + ctx.cfg.max_queued_requests
-    k = max(req.n, getattr(req, "best_of", None) or 0)
+    k = max(req.n, req.best_of or 0)
     if num_prompts * k > capacity:
         raise invalid(f"this request asks for {num_prompts * k} choices ({num_prompts} prompt(s) x n {k}); "
                       f"the server holds at most {capacity} at once (--max-num-seqs {ctx.cfg.max_num_seqs} + "
@@ -152,7 +152,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     prompts = _tokenize_prompts(ctx, req, chat, tools)
     max_tokens = _check_lengths(ctx, req, prompts, chat)
     wanted = sampling.logprobs_wanted(req, chat)
-    k = max(req.n, (None if chat else req.best_of) or 0)
+    k = max(req.n, req.best_of or 0)
     logprobs = wanted if wanted is not None or k == req.n else 0  # best_of ranks by cumulative logprob
     all_prompts, params, sub_ids = [], [], []
     serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id

@@ -70,6 +70,13 @@ def test_c25_chat_top_logprobs_3_with_text_and_bytes(api_client, stream):
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    # int() would read these as 10, 1, 1 and 1: a key that is not plain decimal digits is not a token id
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1_0": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {" 1": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"+1": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"\u0661": 1}}, "logit_bias"),
+    # best_of changes what a chat answer means too: checked (and honoured), never dropped as an unknown field
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "best_of": 2, "n": 3}, "best_of"),
 ])
 def test_openai_strictness_and_refused_fields_are_400_naming_the_field(api_server, path, body, param):
     r = post(api_server, path, {"max_tokens": 2, **body})
@@ -91,6 +98,17 @@ def test_logit_bias_is_honoured(api_server):
                                          "logit_bias": {str(target): 100}, "ignore_eos": True,
                                          "return_token_ids": True}).json()
     assert r["choices"][0]["token_ids"] == [target] * 5
+
+
+def test_chat_best_of_returns_the_seeded_choice_with_the_highest_cumulative_logprob(api_client):
+    msgs = [{"role": "user", "content": "Hi"}]
+    every = api_client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, seed=7,
+                                               n=4, logprobs=True)
+    totals = {c.message.content: sum(t.logprob for t in c.logprobs.content) for c in every.choices}
+    best = api_client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, seed=7,
+                                              n=1, extra_body={"best_of": 4})
+    assert len(totals) > 1 and len(best.choices) == 1
+    assert best.choices[0].message.content == max(totals, key=totals.get)
 
 
 # ---- routes ----------------------------------------------------------------------------------------------------
