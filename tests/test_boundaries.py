@@ -99,6 +99,7 @@ def test_cli_help_imports_neither_torch_nor_fabric(argv):
 LAYERS = (
     ("deployctl", "deployctl.errors", "deployctl.hostscripts"),
     ("deployctl.settings", "deployctl.resources", "deployctl.promhist"),
+    ("deployctl.engines",),  # engine adapters: plain data the config validation and everything above read
     ("deployctl.config",),
     ("deployctl.capacity", "deployctl.hosts", "deployctl.render"),
     ("deployctl.service", "deployctl.preflight", "deployctl.bench"),

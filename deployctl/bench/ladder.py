@@ -21,6 +21,9 @@ from deployctl.bench.fromlog import arrival_times
 from deployctl.bench.client import RequestResult, Target, make_client, send
 from deployctl.bench.stats import LevelStats, Objectives, level_stats
 from deployctl.bench.workload import BenchRequest
+from deployctl.engines import adapter
+
+RUNTIME_PREFIX = adapter("deployctl-runtime").metrics.prefix  # the bundled runtime's metric prefix
 
 
 # Distinct requests built up front; a longer level cycles through them (10**9 requests must not build 10**9 prompts).
@@ -43,7 +46,7 @@ class LadderConfig:
     max_level_s: float | None = None
     objectives: Objectives = field(default_factory=Objectives)
     metrics_url: str | None = None
-    metrics_prefix: str = "deployctl_runtime_"
+    metrics_prefix: str = RUNTIME_PREFIX
     arrival_gaps: tuple[float, ...] | None = None
 
     def level_requests(self, concurrency: int) -> int:

@@ -1,6 +1,6 @@
 """The server's own view of a level: its Prometheus latency histograms, scraped before and after, subtracted.
 
-Metric names are ``<prefix><name>``; the default prefix is the runtime's (``deployctl_runtime_``, see
+Metric names are ``<prefix><name>``; the default prefix is the bundled runtime's (deployctl.engines.runtime, see
 CONTRACTS.md); ``vllm:`` gives vLLM's. Quantiles as Prometheus' histogram_quantile (deployctl.promhist).
 """
 from __future__ import annotations

@@ -57,8 +57,14 @@ def size_plan(
             f"max_model_len {engine.max_model_len} is above the model's max_position_embeddings {shape.max_position_embeddings}",
             fix=f"set engine.max_model_len to at most {shape.max_position_embeddings}",
         )
+    from deployctl.engines.capacity import SEMANTICS, kv_heads_per_gpu
+    from deployctl.engines.validate import check_tp_heads
+
+    tp = engine.tensor_parallel_size
+    check_tp_heads(tp, shape.num_attention_heads)
     nbytes = dtype_bytes(dtype, shape, engine.device)
     weights, weights_source = weights_bytes(model_dir, shape, nbytes)
+    semantics = SEMANTICS[engine.kind]
     gpu_source = "not needed"
     kv_cache_memory = engine.kv_cache_memory
     if engine.device == "cpu" and kv_cache_memory is None and engine.num_gpu_blocks_override is None:
@@ -71,22 +77,26 @@ def size_plan(
             gpu_source = "--gpu-memory"
         kv_cache_memory = None
     inputs = CapacityInputs(
+        # Per GPU under tensor parallelism (deployctl.engines.capacity): weights / TP, KV heads split across ranks.
         num_hidden_layers=shape.num_hidden_layers,
-        num_key_value_heads=shape.num_key_value_heads,
+        num_key_value_heads=kv_heads_per_gpu(shape.num_key_value_heads, tp),
         head_dim=shape.head_dim,
         dtype_bytes=nbytes,
-        weights_bytes=weights,
+        weights_bytes=weights // tp,
         block_size=engine.block_size,
         max_model_len=engine.max_model_len,
         max_num_seqs=engine.max_num_seqs,
         gpu_memory_bytes=gpu_memory,
         gpu_memory_utilization=engine.gpu_memory_utilization,
-        runtime_overhead_bytes=engine.runtime_overhead if engine.device == "cuda" else 0,
+        # vllm semantics reserve runtime_overhead inside the fraction; sglang's fraction holds weights + KV only
+        runtime_overhead_bytes=engine.runtime_overhead if engine.device == "cuda" and semantics == "vllm" else 0,
         kv_cache_memory=kv_cache_memory,
         num_gpu_blocks_override=engine.num_gpu_blocks_override,
         max_position_embeddings=shape.max_position_embeddings,
     )
-    return SizedPlan(plan_capacity(inputs), shape, inputs, weights_source, gpu_source)
+    notes = [f"{engine.kind}: {semantics} memory semantics; every number is per GPU at tensor_parallel_size {tp} "
+             f"({tp} GPUs per host)"] if tp > 1 or semantics != "vllm" else []
+    return SizedPlan(plan_capacity(inputs), shape, inputs, weights_source, gpu_source, notes)
 
 
 def override_engine(engine: EngineConfig, **changes) -> EngineConfig:

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from deployctl.cli._app import app, err_console, print_json
+from deployctl.engines import adapter
 from deployctl.errors import CheckFailed, UsageError
 
 DEFAULT_KEY_ENVS = ("DEPLOYCTL_API_KEY", "OPENAI_API_KEY")
@@ -101,7 +102,7 @@ def bench(
     max_level_seconds: Optional[float] = typer.Option(None, "--max-level-seconds", help="Send no new request after this long in a level."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Env var holding the API key (default DEPLOYCTL_API_KEY, then OPENAI_API_KEY)."),
     metrics_url: Optional[str] = typer.Option(None, "--metrics-url", help="Scrape this /metrics before and after each level and report the server's histograms."),
-    metrics_prefix: str = typer.Option("deployctl_runtime_", "--metrics-prefix", help="Metric name prefix (vLLM: 'vllm:')."),
+    metrics_prefix: str = typer.Option(adapter("deployctl-runtime").metrics.prefix, "--metrics-prefix", help="Metric name prefix (vLLM: 'vllm:')."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: true (vLLM extension) so outputs reach max_tokens."),
     max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger error share (0-1) is past the knee."),
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),

@@ -105,11 +105,13 @@ def status(config: Path = CONFIG, as_json: bool = JSON) -> None:
         print_json(doc)
         return
     table = Table(title="hosts")
-    for col in ("host", "release", "healthy", "weight", "detail"):
+    for col in ("host", "release", "engine", "healthy", "weight", "detail"):
         table.add_column(col)
     for h in doc["hosts"]:
         w = "?" if h["weight"] is None else f"{h['weight']:g}%"
-        table.add_row(h["host"], h["current_release"] or "-", "yes" if h["healthy"] else "NO", w, h.get("detail", ""))
+        engine = " ".join(x for x in (h.get("engine"), h.get("engine_version")) if x) or "-"
+        table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w,
+                      h.get("detail", ""))
     out_console.print(table)
     ro = doc["rollout"]
     if ro:

@@ -48,6 +48,12 @@ class ModelConfig(_Frozen):
 
 
 class EngineConfig(_Frozen):
+    # Which inference server runs (deployctl.engines.KINDS) and its pinned version (pip version on the hosts,
+    # image tag for the container targets; None: the bundled runtime's own wheel, or required for the others).
+    kind: str = "deployctl-runtime"
+    version: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    extra_args: list[str] = Field(default_factory=list)  # flags deployctl does not model, passed as they are
     device: Literal["cuda", "cpu"] = "cuda"
     max_model_len: int = Field(8192, ge=2)
     max_num_seqs: int = Field(64, gt=0)
@@ -62,6 +68,20 @@ class EngineConfig(_Frozen):
     kv_cache_memory: Optional[ByteSize] = None
     # Activation peak + CUDA context allowance used by the capacity plan on CUDA.
     runtime_overhead: ByteSize = 1536 * 1024 * 1024
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        from deployctl.engines.validate import check_kind
+
+        return check_kind(v)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str], info) -> list[str]:
+        from deployctl.engines.validate import check_extra_args
+
+        return check_extra_args(info.data.get("kind", ""), v)
 
     @field_validator("block_size")
     @classmethod
@@ -100,6 +120,7 @@ class HostConfig(_Frozen):
     python: str = "python3"
     launcher: Literal["systemd", "process"] = "systemd"
     gpu: int = Field(0, ge=0)
+    gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None  # GPU ids for tensor parallelism; default [gpu]
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
@@ -119,6 +140,11 @@ class HostConfig(_Frozen):
     @property
     def is_local(self) -> bool:
         return self.address == "local"
+
+    @property
+    def gpu_ids(self) -> list[int]:
+        """The GPU ids (NVML / PCI bus order) the engine uses on this host: ``gpus``, else ``[gpu]``."""
+        return list(self.gpus) if self.gpus else [self.gpu]
 
 
 class RouterConfig(_Frozen):
@@ -244,6 +270,9 @@ class DeployConfig(_Frozen):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"hosts: duplicate host name {dup[0]!r}; give every host a unique name")
+        from deployctl.engines.validate import check_engine_config
+
+        check_engine_config(self)
         if not self.server.is_loopback and not self.server.api_key_env:
             raise ValueError(
                 f"server.bind {self.server.bind} is not loopback and server.api_key_env is not set; "
@@ -309,6 +338,8 @@ def _format_error(err: dict, source: str, lines: dict[tuple, int]) -> str:
     if err["type"] == "missing":
         return f"{where}: {dotted} is required; add it (see the example deploy.yaml from `deployctl init`)"
     msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a cross-key check: its message names the keys
+        return f"{where}: {msg}"
     value = err.get("input")
     shown = "" if isinstance(value, (dict, list)) or value is None else f" (got {value!r})"
     return f"{where}: {dotted}: {msg}{shown}"

@@ -5,7 +5,8 @@ Preflight sends this file's source to the host and runs it with the host's confi
 (nvidia-ml-py) is used when importable in that python; torch is probed in a subprocess of that python
 with a timeout (``import torch`` takes about a second). Runs on Python >= 3.8, Linux.
 
-Params (all optional): deploy_root, model_path, bind, port, gpu (index), torch_timeout_s.
+Params (all optional): deploy_root, model_path, bind, port, gpu (index), torch_timeout_s, engine_distribution,
+engine_module.
 The facts' keys are listed in ``FACT_KEYS``; see collect() for each section's shape. Memory and disk
 sizes are bytes (integers).
 """
@@ -22,7 +23,16 @@ import sys
 import time
 
 PROBE_VERSION = 1
-FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "disk", "port", "service", "model")
+FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "disk", "port", "service",
+             "model")
+# Run by the runtime environment's python: the engine distribution's version (metadata, not assumed) and whether
+# its module is importable (found on sys.path; not imported: vLLM's import initialises CUDA and takes seconds).
+_ENGINE_SNIPPET = (
+    "import importlib.metadata as m, importlib.util as u, json, sys\n"
+    "d, mod = sys.argv[1], sys.argv[2]\n"
+    "try:\n    v = m.version(d)\nexcept m.PackageNotFoundError:\n    v = None\n"
+    "print(json.dumps({'version': v, 'importable': u.find_spec(mod) is not None,"
+    " 'error': None if v else 'distribution %s is not installed' % d}))\n")
 
 _TORCH_SNIPPET = r"""
 import json, sys, warnings
@@ -142,6 +152,18 @@ def finish_torch_probe(started, python: str, timeout: float, t0: float) -> dict:
             out = {"ok": False, "error": "import torch did not finish within %ss" % timeout}
     out["python"] = python
     out["duration_s"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def probe_engine(python: str, distribution: str, module: str, timeout: float = 30) -> dict:
+    """{"python", "version", "importable", "error"} of the engine distribution in ``python``'s environment."""
+    out = {"python": python, "version": None, "importable": False, "error": None}
+    try:
+        r = subprocess.run([python, "-c", _ENGINE_SNIPPET, distribution, module], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout)
+        out.update(json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr.strip()[-300:] or "no answer"})
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        out["error"] = str(exc) or type(exc).__name__
     return out
 
 
@@ -380,6 +402,8 @@ def collect(params: dict) -> dict:
     facts["service"] = probe_service(deploy_root, params.get("unit") or "")
     facts["model"] = probe_model(model_path)
     facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
+    dist = params.get("engine_distribution")
+    facts["engine"] = probe_engine(python, dist, params.get("engine_module") or dist) if dist else None
     return {k: facts[k] for k in FACT_KEYS}
 
 

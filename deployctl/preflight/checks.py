@@ -76,10 +76,32 @@ def check_torch(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
         why = "; ".join(t.get("warnings") or []) or "torch.cuda.is_available() is False"
         return Check("torch", "fail", f"torch {t['version']} (CUDA {t['cuda']}) in {py} cannot use CUDA: {why}",
                      "fix the NVIDIA driver (see nvidia_driver) and check CUDA_VISIBLE_DEVICES")
-    if host.gpu >= int(t.get("device_count") or 0):
-        return Check("torch", "fail", f"hosts[{host.name}].gpu is {host.gpu} but torch sees {t.get('device_count')} GPU(s)",
-                     "set the host's gpu to an index torch can see")
+    if max(host.gpu_ids) >= int(t.get("device_count") or 0):
+        return Check("torch", "fail", f"hosts[{host.name}] uses GPU(s) {host.gpu_ids} but torch sees "
+                     f"{t.get('device_count')} GPU(s)", "set the host's gpu / gpus to indices torch can see")
     return Check("torch", "pass", f"torch {t['version']} (CUDA {t['cuda']}) in {py}; CUDA usable, {t['device_count']} GPU(s)")
+
+
+def check_engine(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
+    """The pinned engine (engine.kind at engine.version) is importable in the host's runtime environment, its
+    version as read there by importlib.metadata (probe.py ``probe_engine``). Not run for the bundled runtime: the
+    release installs its own wheel."""
+    from deployctl.engines import adapter
+
+    a = adapter(cfg.engine.kind)
+    if a.distribution is None:
+        return Check("engine", "pass", f"{a.kind}: the release installs its own wheel")
+    e = facts.get("engine") or {}
+    py = e.get("python") or host.python
+    want = cfg.engine.version
+    fix = (f"install it: {py} -m pip install {a.distribution}=={want} (or change engine.version to what the "
+           "hosts run)")
+    if not e.get("importable"):
+        return Check("engine", "fail", f"{a.distribution} is not importable by {py}: {e.get('error') or 'not probed'}",
+                     fix)
+    if e.get("version") != want:
+        return Check("engine", "fail", f"{a.distribution} {e.get('version')} in {py}; engine.version is {want}", fix)
+    return Check("engine", "pass", f"{a.distribution} {want} importable by {py}")
 
 
 def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
@@ -103,7 +125,7 @@ def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
         path.write_text(json.dumps(model["config"]))
         sized = size_plan(cfg.engine, None, model_config=path, dtype=cfg.model.dtype, gpu_memory=gpu_total)
     if model.get("weights_bytes"):
-        inputs = replace(sized.inputs, weights_bytes=int(model["weights_bytes"]))
+        inputs = replace(sized.inputs, weights_bytes=int(model["weights_bytes"]) // cfg.engine.tensor_parallel_size)
         sized = replace(sized, inputs=inputs, plan=plan_capacity(inputs), weights_source="safetensors headers on host")
     return sized, None
 
@@ -121,9 +143,10 @@ def check_capacity(sized, reason: Optional[str]) -> Check:
     return Check("capacity", status, message, fix)
 
 
-def _gpu(facts: dict, host: HostConfig) -> Optional[dict]:
+def _gpu(facts: dict, host: HostConfig, index: Optional[int] = None) -> Optional[dict]:
+    index = host.gpu_ids[0] if index is None else index
     for gpu in (facts.get("nvidia") or {}).get("gpus") or []:
-        if gpu.get("index") == host.gpu:
+        if gpu.get("index") == index:
             return gpu
     return None
 
@@ -133,15 +156,24 @@ def _service_pids(facts: dict) -> set:
 
 
 def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) -> Check:
-    """Free VRAM covers weights + KV pool + overhead; memory held by other processes is named.
+    """Every GPU of the host (hosts[].gpus, one per tensor-parallel rank) has the free VRAM its share needs
+    (weights/TP + KV pool + overhead: the plan is per GPU); memory held by other processes is named per GPU.
     Memory held by this service's running release counts as free (the rollout replaces it)."""
     if cfg.engine.device == "cpu":
         return Check("gpu_memory", "pass", "skipped: device is cpu")
-    gpu = _gpu(facts, host)
+    checks = [_check_one_gpu(cfg, host, facts, sized, index) for index in host.gpu_ids]
+    if len(checks) == 1:
+        return checks[0]
+    worst = next((c for status in ("fail", "warn") for c in checks if c.status == status), checks[0])
+    return Check("gpu_memory", worst.status, "; ".join(c.message for c in checks), worst.fix)
+
+
+def _check_one_gpu(cfg: DeployConfig, host: HostConfig, facts: dict, sized, index: int) -> Check:
+    gpu = _gpu(facts, host, index)
     if gpu is None:
         n = len((facts.get("nvidia") or {}).get("gpus") or [])
-        return Check("gpu_memory", "fail", f"GPU {host.gpu} not found on {host.name} ({n} GPU(s) visible to NVML)",
-                     "set the host's gpu index to an existing GPU, or fix the driver")
+        return Check("gpu_memory", "fail", f"GPU {index} not found on {host.name} ({n} GPU(s) visible to NVML)",
+                     "set the host's gpu index (hosts[].gpu / gpus) to existing GPUs, or fix the driver")
     if sized is None:
         return Check("gpu_memory", "warn", "skipped: no capacity plan for this host", "fix the capacity check first")
     p = sized.plan
@@ -153,7 +185,7 @@ def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) ->
     available = int(gpu["memory_free"]) + ours_bytes
     named = ", ".join(f"pid {o['pid']} ({o.get('name') or '?'}) {_mib(o['used_memory']) if o.get('used_memory') else '? MiB'}"
                       for o in others)
-    head = f"GPU {host.gpu} ({gpu.get('name')}, {_mib(gpu['memory_total'])})"
+    head = f"GPU {index} ({gpu.get('name')}, {_mib(gpu['memory_total'])})"
     parts = f"weights {_mib(p.weights_bytes)} + KV pool {_mib(p.kv_pool_bytes)} + overhead {_mib(overhead)}"
     if available < need:
         total = int(gpu["memory_total"])
@@ -272,7 +304,7 @@ def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "gpu_memory", "capacity", "port", "disk", "weights", "chat_template",
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpu_memory", "capacity", "port", "disk", "weights", "chat_template",
                     "api_key")
 
 
@@ -291,6 +323,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     return [
         check_driver(cfg, facts),
         check_torch(cfg, host, facts),
+        *([check_engine(cfg, host, facts)] if cfg.engine.kind != "deployctl-runtime" else []),
         check_gpu_memory(cfg, host, facts, sized),
         capacity,
         check_port(cfg, host, facts),

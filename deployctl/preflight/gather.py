@@ -22,9 +22,12 @@ HASH_BYTES_PER_S_FLOOR = 100e6  # remote hashing timeout: 120 s + bytes at this 
 
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
+    from deployctl.engines import adapter
+
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
             "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60,
-            "unit": f"{cfg.service.name}.service" if host.launcher == "systemd" else ""}
+            "unit": f"{cfg.service.name}.service" if host.launcher == "systemd" else "",
+            "engine_distribution": adapter(cfg.engine.kind).distribution, "engine_module": adapter(cfg.engine.kind).module}
 
 
 def cache_path(host: HostConfig) -> str:

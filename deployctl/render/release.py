@@ -162,8 +162,11 @@ def _check_api_key(api_key: str | None) -> None:
         )
 
 
-def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dict[str, Any]:
-    """Names shared by the per-host templates (unit, launcher, container files)."""
+def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_key: str | None = None) -> dict[str, Any]:
+    """Names shared by the per-host templates (unit, launcher, container files), the engine's command and env
+    (deployctl.engines.command.render_context) included."""
+    from deployctl.engines.command import render_context as engine_context
+
     # It is a directory name, a Docker tag and a Kubernetes label value: the last is the strictest (<= 63
     # characters, alphanumeric at both ends).
     if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", release_id):
@@ -185,7 +188,8 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dic
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
         "port": layout.service_port(cfg, host),
-    }
+    } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
+                       port=layout.service_port(cfg, host), api_key=api_key)
 
 
 def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_key: str | None,
@@ -193,16 +197,22 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     """The files of ``<deploy_root>/releases/<release_id>/`` for ``host``: runtime.yaml, ``<service>.service``,
     runtime.env (0600, the only file holding the API key), launch.sh (0755), release.json and manifest.sha256
     (sha256sum format over the others except runtime.env). Raises ConfigError (exit 3)."""
+    from deployctl.engines.command import KEYED_MAIN, keyed_main
+
     _check_api_key(api_key)
-    ctx = release_context(cfg, host, release_id)
+    ctx = release_context(cfg, host, release_id, api_key)
     ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
     ctx["api_key"] = api_key
     ctx["where"] = host.name
     info = {"release_id": release_id, "service": cfg.service.name, "host": host.name, "launcher": host.launcher,
             "model_path": cfg.model.path, "model_manifest": cfg.model.manifest, "served_model_name": cfg.model.name,
-            "device": cfg.engine.device, "port": layout.service_port(cfg, host)}
-    files = [
-        RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx)),
+            "device": cfg.engine.device, "port": layout.service_port(cfg, host), "engine_kind": cfg.engine.kind,
+            "engine_version": cfg.engine.version, "engine_distribution": ctx["adapter"].distribution,
+            "tensor_parallel_size": cfg.engine.tensor_parallel_size, "gpus": host.gpu_ids}
+    files = [RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx))] if ctx["adapter"].config_file else []
+    if ctx["adapter"].api_key_flag:
+        files.append(RenderedFile(KEYED_MAIN, keyed_main(cfg)))
+    files += [
         RenderedFile(f"{cfg.service.name}.service", render_template("runtime.service.j2", ctx)),
         RenderedFile("runtime.env", render_template("runtime.env.j2", ctx), 0o600),
         RenderedFile("launch.sh", render_template("launch.sh.j2", ctx), 0o755),

@@ -62,18 +62,30 @@ def _pct(share: float) -> str:
 
 def render_alerts(cfg: DeployConfig) -> RenderedFile:
     """Prometheus alert rules from deploy.yaml ``slo:`` (prometheus/alerts.rules.yaml)."""
-    ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct,
+    from deployctl.engines import METRIC_ROLES, adapter
+
+    a = adapter(cfg.engine.kind)
+    ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct, "adapter": a,
+           "m": {role: a.metrics[role] for role in METRIC_ROLES},
            "job": cfg.slo.prometheus_job or cfg.service.name,
            "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS}
     return RenderedFile("prometheus/alerts.rules.yaml", render_template("alerts.rules.yaml.j2", ctx))
 
 
 def _probe_url(cfg: DeployConfig, port: int) -> str:
-    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}/readyz"
+    from deployctl.engines import adapter
+
+    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}{adapter(cfg.engine.kind).ready_route}"
 
 
 def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
+    from deployctl.engines import adapter
+    from deployctl.engines.command import image as engine_image
+
     c = cfg.container
+    if not adapter(cfg.engine.kind).config_file:  # a foreign engine runs from its official image
+        return {"container": c, "image": c.image or engine_image(cfg), "base_image": None,
+                "startup_s": math.ceil(cfg.server.startup_timeout_s), "rollout_cfg": cfg.rollout}
     base = c.base_image or ("nvidia/cuda:12.4.1-runtime-ubuntu22.04" if cfg.engine.device == "cuda"
                             else "python:3.11-slim")
     return {"container": c, "image": c.image or f"deployctl/{cfg.service.name}:{release_id}", "base_image": base,
@@ -84,14 +96,19 @@ def _container_files(cfg: DeployConfig, release_id: str, api_key: str | None) ->
     out: list[RenderedFile] = []
     for host in cfg.hosts:
         release = {f.path: f for f in render_release(cfg, host, release_id, api_key=api_key)}
-        ctx = {**release_context(cfg, host, release_id), **_container_ctx(cfg, release_id)}
+        ctx = {**release_context(cfg, host, release_id, api_key), **_container_ctx(cfg, release_id)}
         url = _probe_url(cfg, ctx["port"])
         ctx["healthcheck"] = ["CMD", "python3", "-c", "import sys, urllib.request; "
                               f"sys.exit(0 if urllib.request.urlopen('{url}', timeout=4).status == 200 else 1)"]
         d = f"hosts/{host.name}/"
-        out += [RenderedFile(d + "Dockerfile", render_template("Dockerfile.j2", ctx)),
-                RenderedFile(d + "compose.yaml", render_template("compose.yaml.j2", ctx)),
-                RenderedFile(d + "runtime.yaml", release["runtime.yaml"].content),
+        if ctx["adapter"].config_file:
+            out += [RenderedFile(d + "Dockerfile", render_template("Dockerfile.j2", ctx)),
+                    RenderedFile(d + "runtime.yaml", release["runtime.yaml"].content)]
+        else:
+            from deployctl.engines.command import container_argv
+
+            ctx["pod_command"] = container_argv(cfg, host, port=ctx["port"])
+        out += [RenderedFile(d + "compose.yaml", render_template("compose.yaml.j2", ctx)),
                 RenderedFile(d + "runtime.env", release["runtime.env"].content, 0o600)]
     return out
 
@@ -100,22 +117,28 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
     if cfg.server.is_loopback or not cfg.server.api_key_env:
         raise ConfigError(f"server.bind is {cfg.server.bind}: pods must listen on the pod IP for probes and the Service",
                           fix="set server.bind: 0.0.0.0 and server.api_key_env for the k8s targets")
+    from deployctl.engines.command import container_argv
+
     host = cfg.hosts[0]  # pods share one runtime.yaml; the per-host port does not apply
     args = runtime_args(cfg, host, release_id)
     args["port"] = cfg.server.port
+    pod_command = container_argv(cfg, host, port=cfg.server.port)
     yaml_text = render_template("runtime.yaml.j2", {"service": cfg.service, "where": "every pod",
                                                     "release_id": release_id, "runtime_args": args})
+    if not release_context(cfg, host, release_id)["adapter"].config_file:
+        yaml_text = json.dumps(pod_command)  # what the pods run: its hash rolls them
     sha = hashlib.sha256(yaml_text.encode()).hexdigest()
     name = cfg.service.name
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "deployctl",
               "deployctl/release": release_id}
-    ctx = {**release_context(cfg, host, release_id), **_container_ctx(cfg, release_id), "port": cfg.server.port,
+    ctx = {**release_context(cfg, host, release_id, api_key), **_container_ctx(cfg, release_id), "port": cfg.server.port,
            "labels": labels, "pod_labels": labels, "config_sha256": sha, "runtime_yaml": yaml_text,
            "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
-           "replicas": len(cfg.hosts), "rollout": rollout, "pause_s": math.ceil(cfg.rollout.pause_s),
+           "replicas": len(cfg.hosts), "rollout": rollout, "pod_command": pod_command, "pause_s": math.ceil(cfg.rollout.pause_s),
            "startup_failure_threshold": max(1, math.ceil(cfg.server.startup_timeout_s / 10))}
     env = [f for f in render_release(cfg, host, release_id, api_key=api_key) if f.path == "runtime.env"][0]
-    return [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx)),
+    configmap = [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx))]
+    return [*(configmap if ctx["adapter"].config_file else []),
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),

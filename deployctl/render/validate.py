@@ -169,7 +169,7 @@ def _rollout_step_problems(strategy: dict) -> list[str]:
     return problems
 
 
-def check_compose(path: Path) -> ValidationResult:
+def check_compose(path: Path, ready_route: str = "/readyz") -> ValidationResult:
     """Parse compose.yaml and check what the runtime needs: GPU reservation (cuda), /readyz healthcheck,
     read-only weights mount, env_file. (No compose schema tool is installable here.)"""
     import yaml
@@ -177,8 +177,8 @@ def check_compose(path: Path) -> ValidationResult:
     doc = yaml.safe_load(path.read_text())
     svc = (doc.get("services") or {}).get("runtime") or {}
     problems = []
-    if "/readyz" not in " ".join(map(str, (svc.get("healthcheck") or {}).get("test", []))):
-        problems.append("services.runtime.healthcheck.test does not probe /readyz")
+    if ready_route not in " ".join(map(str, (svc.get("healthcheck") or {}).get("test", []))):
+        problems.append(f"services.runtime.healthcheck.test does not probe {ready_route}")
     if not any(v.get("read_only") for v in svc.get("volumes", []) if isinstance(v, dict)):
         problems.append("services.runtime.volumes: the weights mount is not read_only")
     if svc.get("env_file") != ["runtime.env"]:
@@ -199,5 +199,7 @@ def validate_tree(cfg: DeployConfig, out_dir: Path) -> list[ValidationResult]:
         elif path.parent.name == "k8s" and path.suffix == ".yaml":
             results.append(check_k8s_manifest(path))
         elif path.name == "compose.yaml":
-            results.append(check_compose(path))
+            from deployctl.engines import adapter
+
+            results.append(check_compose(path, adapter(cfg.engine.kind).ready_route))
     return results

@@ -3,7 +3,7 @@
 Error rate: from the router's JSON access log lines of the window, split by upstream (canary vs stable). Each
 upstream attempt of a request counts against the server that answered it; a 5xx (502 from a dead backend
 included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometheus histograms
-(``deployctl_runtime_time_to_first_token_seconds``, ``deployctl_runtime_time_per_output_token_seconds``) scraped
+(the engine adapter's ``ttft`` and ``tpot`` metrics, deployctl.engines) scraped
 at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
 histogram_quantile (deployctl.promhist).
 
@@ -28,8 +28,6 @@ from deployctl.service.http import http
 from deployctl.config.layout import network_address, service_port
 from deployctl.rollout.verdicts import combine, low_traffic
 
-TTFT = "deployctl_runtime_time_to_first_token_seconds"
-TPOT = "deployctl_runtime_time_per_output_token_seconds"
 
 
 @dataclass
@@ -136,10 +134,14 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
 
 def scrape(host, cfg: DeployConfig) -> Optional[list]:
     """Samples of the runtime's /metrics on ``host`` (deployctl.promhist), None when it cannot be read."""
+    from deployctl.engines import adapter
     from deployctl.promhist import PromParseError, parse_text
 
+    route = adapter(cfg.engine.kind).metrics_route
+    if route is None:  # an engine without metrics (Analyzer(metrics=False) never asks)
+        return None
     try:
-        r = http(host, cfg, "GET", "/metrics", timeout=5)
+        r = http(host, cfg, "GET", route, timeout=5)
     except Exception:
         return None
     if r.status != 200:
@@ -204,7 +206,8 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
                            canary, stable, window_s, weight)
     # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
     # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
-    if stable.requests == 0 and not (baseline and baseline.ttft_count):
+    # (an engine without metrics: a window where stable served traffic; its latency comes from the probes)
+    if stable.requests == 0 and not (baseline and (baseline.ttft_count or baseline.requests)):
         return Verdict("inconclusive", "stable served 0 requests in the window and no earlier window gives a "
                                        "baseline: nothing to compare the canary with", canary, stable, window_s, weight)
     if canary.error_rate > a.max_error_rate:
@@ -301,20 +304,25 @@ class Analyzer:
         text, _ = self.router.access_log_since(w.log_offset) if self.router is not None else ("", 0)
         counts = count_access_log(text, self.addr)
         after, pids = self._scrape_all()
+        from deployctl.engines import metric
+
+        ttft, tpot = metric(self.cfg.engine.kind, "ttft"), metric(self.cfg.engine.kind, "tpot")
         groups = []
         for names in (self.canary, self.stable):
             g = GroupStats(hosts=names)
             g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
             g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT, g)
-            g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT, g)
+            if ttft:
+                g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, ttft, g)
+            if tpot:
+                g.p99_tpot_s, _ = _p99(w.scrapes, after, names, tpot, g)
             groups.append(g)
         if self.metrics:
             groups[0].down = [n for n in self.canary if after.get(n) is None]
             groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
-        if stable.ttft_count and stable.requests:
+        if stable.requests and (stable.ttft_count or not self.metrics):
             self.baseline = stable
         return combine(v, self._probe_verdict(w, latency=low_traffic(v)))
 

@@ -308,7 +308,10 @@ class Deployment:
 
         fl = self.fleet
         chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline)
+        from deployctl.engines import adapter
+
+        exports = adapter(self.cfg.engine.kind).metrics_route is not None  # else judged by the active probes
+        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline, metrics=exports)
         streak = InconclusiveStreak(a.inconclusive_limit)
         try:
             deadline = time.monotonic() + pause

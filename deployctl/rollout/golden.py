@@ -183,8 +183,10 @@ def ask(client: httpx.Client, base_url: str, model: str, prompt: Prompt, *, chat
             r = client.post(url, json=_body(model, prompt, chat, max_tokens, extras), headers=headers)
         except httpx.HTTPError as e:
             return Answer(error=f"{type(e).__name__}: {e}"[:200])
-        if r.status_code == 400 and extras:
-            continue  # an engine without return_token_ids/logprobs: ask again, compare text
+        if r.status_code in (400, 422) and extras:
+            # an engine without return_token_ids/logprobs (transformers serve: 422 for unknown fields): ask again,
+            # compare text
+            continue
         if r.status_code != 200:
             return Answer(error=f"HTTP {r.status_code}: {r.text[:160]}")
         try:

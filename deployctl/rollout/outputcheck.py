@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from deployctl.rollout.golden import Answer, Prompt
+from deployctl.rollout.golden import Answer, Prompt, text_pieces
 
 NGRAM_MAX = 4
 
@@ -152,11 +152,13 @@ def compare(prompts: list[Prompt], stable: list[Answer], canary: list[Answer], r
             rep.problems.append(f"{p.label()}: the canary did not answer ({c.error})")
             continue
         rep.compared += 1
-        levels.add("token" if s.level == c.level == "token" else "text")
+        same_level = s.level == c.level == "token" and (s.token_ids is None) == (c.token_ids is None)
+        levels.add("token" if same_level else "text")
         s_tokens += s.completion_tokens
         c_tokens += c.completion_tokens
         rep.problems.extend(_degenerate(p, s, c, rules))
-        su, cu = s.units, c.units
+        # one side gave tokens, the other text only (e.g. runtime stable, transformers canary): compare text pieces
+        su, cu = (s.units, c.units) if same_level else (text_pieces(s.text), text_pieces(c.text))
         at = common_prefix(su, cu)
         if su == cu:
             rep.identical += 1

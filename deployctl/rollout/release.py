@@ -207,9 +207,43 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
     return rdir
 
 
+# A foreign engine (release.json engine_distribution) runs from <release>/engine/bin/python: when the host's python
+# env already has engine_distribution==engine_version (what preflight checks) a wrapper that execs that python;
+# otherwise a venv of its own with the pinned version pip-installed (and its dependencies: vLLM brings its torch).
+# Per release, so a rollback restarts the engine the old release was deployed with.
+ENGINE_INSTALL = """dist=$(awk -F'"' '$2 == "engine_distribution" {{ print $4; exit }}' "$rdir/release.json")
+ver=$(awk -F'"' '$2 == "engine_version" {{ print $4; exit }}' "$rdir/release.json")
+if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
+  rm -rf "$rdir/engine.partial" && mkdir -p "$rdir/engine.partial/bin"
+  have=$(PYTHONPATH= {python} -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$dist" 2>/dev/null || true)
+  if [ "$have" = "$ver" ]; then
+    printf '#!/bin/sh\\nexec %s "$@"\\n' {python} > "$rdir/engine.partial/bin/python"
+    chmod 0755 "$rdir/engine.partial/bin/python"; how="host env"
+  else
+    rm -rf "$rdir/engine.partial" && PYTHONPATH= {python} -m venv "$rdir/engine.partial"
+    PYTHONPATH= timeout {timeout} "$rdir/engine.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+    how="own venv"
+  fi
+  printf '%s==%s %s\\n' "$dist" "$ver" "$how" > "$rdir/engine.partial/.deployctl-installed"
+  rm -rf "$rdir/engine" && mv "$rdir/engine.partial" "$rdir/engine"
+fi"""
+
+
+def engine_of(host, release_id: str, *, timeout: float = 15) -> tuple:
+    """(engine_kind, engine_version) from the release's release.json on ``host``; (None, None) when unreadable
+    (releases rendered before engines existed are the bundled runtime's)."""
+    path = posixpath.join(release_dir(host.config, release_id), "release.json")
+    r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=timeout)
+    try:
+        info = json.loads(r.stdout)
+    except ValueError:
+        return None, None
+    return info.get("engine_kind") or "deployctl-runtime", info.get("engine_version")
+
+
 def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
-    """In one remote command: point ``current`` at the release atomically (``switch_current``), then install
-    its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
+    """In one remote command: point ``current`` at the release atomically (``switch_current``), give a foreign
+    engine its pinned version in ``<release>/engine`` (ENGINE_INSTALL), then install its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
     already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
     (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
     env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
@@ -222,6 +256,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
+{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout))}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployctl.config import DeployConfig
+from deployctl.engines import KINDS, adapter
 from deployctl.rollout import release
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
@@ -14,13 +15,15 @@ from deployctl.rollout.lock import describe
 
 def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     cur = release.current_release(h)
-    r = http(h, cfg, "GET", "/readyz", timeout=3)
-    return {"current_release": cur, "healthy": r.status == 200,
-            "detail": f"/readyz {r.status}" if r.status else (r.error or "no answer")}
+    kind, version = release.engine_of(h, cur) if cur else (None, None)
+    route = adapter(kind if kind in KINDS else cfg.engine.kind).ready_route
+    r = http(h, cfg, "GET", route, timeout=3)
+    return {"current_release": cur, "engine": kind, "engine_version": version, "healthy": r.status == 200,
+            "detail": f"{route} {r.status}" if r.status else (r.error or "no answer")}
 
 
 def status(cfg: DeployConfig) -> dict[str, Any]:
-    """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail"}], "rollout": {...}|None,
+    """``{"hosts": [{"host", "current_release", "engine", "engine_version", "healthy", "weight", "detail"}], "rollout": {...}|None,
     "lock": {...}|None}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown)."""
     from deployctl.rollout.hostops import on_hosts
@@ -38,7 +41,7 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
         shares = (split or {}).get("shares", {})
         hosts = []
         for name in fleet.hosts:
-            row = {"host": name, "current_release": None, "healthy": False,
+            row = {"host": name, "current_release": None, "engine": None, "engine_version": None, "healthy": False,
                    "weight": shares.get(name, 0.0) if split else None}
             if name in ok:
                 row.update(ok[name])

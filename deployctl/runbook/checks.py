@@ -90,10 +90,22 @@ def _typed(text: str) -> Any:
         return text
 
 
+def metric_name(kind: str, name: str):
+    """A runbook's metric: a role of deployctl.engines.base.METRIC_ROLES (ttft, tpot, e2e, kv_usage, waiting, ...)
+    resolved through engine ``kind``'s adapter (None when it has none), or a literal Prometheus name."""
+    from deployctl.engines import METRIC_ROLES, metric
+
+    return metric(kind, name) if name in METRIC_ROLES else name
+
+
 def _metric(t: Target, step: Step) -> Observation:
     from deployctl import promhist
 
     spec = step.check.metric
+    name = metric_name(t.cfg.engine.kind, spec.name)
+    if name is None:
+        return Observation(None, {}, f"{spec.name}: {t.cfg.engine.kind} exports no such metric", no_data=True)
+    spec = spec.model_copy(update={"name": name})
 
     def scrape() -> list:
         r = t.http("/metrics", timeout=step.timeout_s)

@@ -56,7 +56,9 @@ class HttpCheck(_M):
 
 
 class MetricCheck(_M):
-    """One value from the runtime's /metrics. stat: value (sum over matching series), present (bool),
+    """One value from the runtime's /metrics. name: a metric role of deployctl.engines.base.METRIC_ROLES (ttft, tpot,
+    e2e, queue_time, kv_usage, waiting, running, preemptions, success, rejected) resolved through the deployed
+    engine's adapter, or a literal Prometheus name. stat: value (sum over matching series), present (bool),
     quantile (histogram, q), mean (histogram sum/count), tail_ratio (histogram quantile q / mean: how far the
     tail is from the average), count (histogram count), increase (counter, over window_s)."""
     name: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.config.layout import log_file
+from deployctl.engines import adapter
 from deployctl.errors import HealthError
 from deployctl.service import launcher
 from deployctl.service.http import http
@@ -35,6 +36,8 @@ def _fail(host, what: str) -> HealthError:
 def _check_device(host, cfg: DeployConfig, ready) -> None:
     """The runtime's /readyz says where it runs (device, device_name, dtype; older runtimes say nothing and pass).
     Raises HealthError when it is not the engine.device deploy.yaml asked for (cuda asked, cpu running)."""
+    if not adapter(cfg.engine.kind).config_file:
+        return  # a foreign engine's readiness route says nothing about its device
     try:
         body = ready.json()
     except ValueError:
@@ -45,9 +48,21 @@ def _check_device(host, cfg: DeployConfig, ready) -> None:
                           f"but deploy.yaml asks for engine.device {cfg.engine.device}")
 
 
+def _ready(host, cfg: DeployConfig):
+    """GET the readiness route: the bundled runtime's /readyz first (a host may still run a release of another
+    engine, e.g. while an engine switch is restored), the configured engine's route when that route is unknown
+    (404): vLLM, SGLang and transformers serve /health, which the runtime answers 200 even while loading."""
+    first = adapter("deployctl-runtime").ready_route
+    r = http(host, cfg, "GET", first, timeout=3)
+    route = adapter(cfg.engine.kind).ready_route
+    if r.status == 404 and route != first:
+        r = http(host, cfg, "GET", route, timeout=3)
+    return r
+
+
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
                log_offset: Optional[int] = None) -> float:
-    """Poll /readyz until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
+    """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
     seconds waited. Raises HealthError on timeout, or when the runtime exits (its log since ``log_offset``
     shows an exit, or the process group is gone)."""
     t0 = time.monotonic()
@@ -55,7 +70,7 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
     while True:
         if should_stop:
             should_stop()
-        r = http(host, cfg, "GET", "/readyz", timeout=3)
+        r = _ready(host, cfg)
         if r.status == 200:
             _check_device(host, cfg, r)
             return time.monotonic() - t0
@@ -73,8 +88,7 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
 
 def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[int, Optional[str]]:
     """One short chat completion. Returns (completion tokens, release header). Raises HealthError."""
-    body = {"model": cfg.model.name, "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 4, "temperature": 0}
+    body = adapter(cfg.engine.kind).sample_body(cfg.model.name)
     r = http(host, cfg, "POST", "/v1/chat/completions", body, timeout=timeout)
     if r.status != 200:
         detail = r.body[:300] if r.body else r.error

@@ -46,3 +46,28 @@ def make_config(**sections: Any):
 def write_config(path, **sections: Any):
     path.write_text(yaml.safe_dump(config_dict(**sections), sort_keys=False))
     return path
+
+
+def golden_problems(got: dict[str, str], golden_dir, label: str) -> list[str]:
+    """Differences between rendered files ``got`` ({relative path: text}) and ``golden_dir`` (rewritten from ``got``
+    first when DEPLOYCTL_UPDATE_GOLDEN=1), as unified diffs and missing/extra file lines."""
+    import difflib
+    import os
+    import shutil
+    from pathlib import Path
+
+    golden_dir = Path(golden_dir)
+    if os.environ.get("DEPLOYCTL_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(golden_dir, ignore_errors=True)
+        for rel, text in got.items():
+            (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / rel).write_text(text)
+    want = ({str(p.relative_to(golden_dir)): p.read_text() for p in sorted(golden_dir.rglob("*")) if p.is_file()}
+            if golden_dir.exists() else {})
+    problems = [f"missing from the render: {p}" for p in sorted(set(want) - set(got))]
+    problems += [f"not in the golden files: {p}" for p in sorted(set(got) - set(want))]
+    for rel in sorted(set(got) & set(want)):
+        if got[rel] != want[rel]:
+            problems.append("".join(difflib.unified_diff(want[rel].splitlines(True), got[rel].splitlines(True),
+                                                         f"golden/{label}/{rel}", f"rendered/{rel}")))
+    return problems

@@ -35,8 +35,9 @@ def test_deployment_validates_and_carries_probes_gpu_and_secret(tmp_path):
     assert start["httpGet"]["path"] == "/readyz" and start["periodSeconds"] * start["failureThreshold"] >= 900
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert c["env"] == [{"name": "DEPLOYCTL_RUNTIME_API_KEY", "valueFrom": {"secretKeyRef": {
-        "name": "chat-7b-api-key", "key": "DEPLOYCTL_RUNTIME_API_KEY"}}}]
+    assert c["env"] == [{"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+                        {"name": "DEPLOYCTL_RUNTIME_API_KEY", "valueFrom": {"secretKeyRef": {
+                            "name": "chat-7b-api-key", "key": "DEPLOYCTL_RUNTIME_API_KEY"}}}]
     model_mount = next(m for m in c["volumeMounts"] if m["name"] == "model")
     assert model_mount == {"name": "model", "mountPath": "/models/llm-7b-chat", "readOnly": True}
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30  # above the drain timeout

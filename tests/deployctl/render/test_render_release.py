@@ -142,7 +142,7 @@ def test_undefined_template_variable_fails_with_exit_3(tmp_path):
     override = tmp_path / "tpl"
     override.mkdir()
     text = (REPO / "templates" / "launch.sh.j2").read_text()
-    assert "{{ timeout_stop_s }}" in text and "{{ host.python | sh }}" in text
+    assert "{{ timeout_stop_s }}" in text and "{{ engine_cmd }}" in text
     (override / "launch.sh.j2").write_text(text.replace("{{ timeout_stop_s }}", "{{ timeout_stop_seconds }}"))
     cfg = write_config(tmp_path / "deploy.yaml")
     done = _cli(["render", "--out", str(tmp_path / "out"), "-c", str(cfg), "--release-id", "r1"],
@@ -150,7 +150,7 @@ def test_undefined_template_variable_fails_with_exit_3(tmp_path):
     assert done.returncode == 3, done.stderr
     assert "template launch.sh.j2 line" in done.stderr and "'timeout_stop_seconds'" in done.stderr
     # An attribute that does not exist is named the same way.
-    (override / "launch.sh.j2").write_text(text.replace("{{ host.python | sh }}", "{{ host.interpreter | sh }}"))
+    (override / "launch.sh.j2").write_text(text.replace("{{ service.name }}", "{{ service.interpreter }}"))
     done = _cli(["render", "--out", str(tmp_path / "out"), "-c", str(cfg), "--release-id", "r1"],
                 {"DEPLOYCTL_TEMPLATES": str(override)})
     assert done.returncode == 3 and "'interpreter'" in done.stderr and "launch.sh.j2" in done.stderr

@@ -16,7 +16,7 @@ RELEASE_DIR=/opt/deployctl/chat-7b/releases/20261130T000000Z-golden1
 PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.pid
 CHILD_PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.child.pid
 LOG_FILE=/opt/deployctl/chat-7b/shared/logs/runtime.log
-PYTHON=/opt/deployctl/venv/bin/python
+ENGINE_CMD=(/opt/deployctl/venv/bin/python -m deployctl_runtime serve --config /opt/deployctl/chat-7b/releases/20261130T000000Z-golden1/runtime.yaml)
 BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
 MAX_BACKOFF_S=60
 MAX_FAILURES=${DEPLOYCTL_LAUNCH_MAX_FAILURES:-5}
@@ -39,8 +39,9 @@ run() {
   cd "$RELEASE_DIR" || exit 1
   set -a; . "$RELEASE_DIR/runtime.env"; set +a
   export PYTHONUNBUFFERED=1
+  export CUDA_DEVICE_ORDER=PCI_BUS_ID
   export CUDA_VISIBLE_DEVICES=1
-  # Bounded wait for the GPU (driver loaded, device visible) before the first start.
+  # Bounded wait for the GPUs (driver loaded, devices visible) before the first start.
   deadline=$(( $(date +%s) + GPU_WAIT_S ))
   until nvidia-smi -i 1 -L >/dev/null 2>&1; do
     if [ "$(date +%s)" -ge "$deadline" ]; then log "GPU 1 not ready after ${GPU_WAIT_S}s; giving up"; rm -f "$PID_FILE"; exit 1; fi
@@ -65,8 +66,8 @@ run() {
   failures=0; delay=$BACKOFF_S
   while :; do
     started=$(date +%s)
-    log "starting runtime: $PYTHON -m deployctl_runtime serve --config $RELEASE_DIR/runtime.yaml"
-    "$PYTHON" -m deployctl_runtime serve --config "$RELEASE_DIR/runtime.yaml" </dev/null >>"$LOG_FILE" 2>&1 &
+    log "starting runtime: ${ENGINE_CMD[*]}"
+    "${ENGINE_CMD[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
     child=$!
     echo "$child" >"$CHILD_PID_FILE"
     # `wait` returns early when a trapped signal arrives: keep waiting until the child is gone.

@@ -1,0 +1,112 @@
+"""Engine settings checked before any host is touched (deploy.yaml load, and the model shape at plan/render/deploy).
+
+Each check raises ``ValueError`` (inside config validation: pydantic adds the file, line and key) or
+``ConfigError`` (exit 3) with one line that names the key and the fix. ``cfg`` is a DeployConfig, ``shape`` a
+model shape with ``num_attention_heads`` (duck-typed: engines sit below config).
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from deployctl.engines import KINDS, SETTINGS, adapter
+from deployctl.errors import ConfigError
+
+
+# One extra_args item: a --flag, --flag=value or a bare value, in characters safe unquoted in a unit and sh.
+_ARG = re.compile(r"^[A-Za-z0-9_./+@:,=%-]{1,200}$")
+# Flags that would put a secret on the command line (visible in ps and /proc): the env file carries the key.
+_SECRET_FLAGS = ("--api-key", "--api-key-file")
+# Settings deploy.yaml models under another key than engine.<setting>.
+_SETTING_KEYS = {"model": "model.path", "served_model_name": "model.served_name", "host": "server.bind",
+                 "port": "server.port (or hosts[].server_port)", "dtype": "model.dtype",
+                 "num_gpu_blocks": "engine.num_gpu_blocks_override"}
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` when it is one of KINDS. Raises ValueError naming the allowed kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"not an engine deployctl deploys; set engine.kind to one of {', '.join(KINDS)}")
+    return kind
+
+
+def check_extra_args(kind: str, args: Sequence[str]) -> list[str]:
+    """``args`` when every item is safe and none repeats a modelled setting or passes a secret.
+    Raises ValueError naming the flag and the deploy.yaml key to use instead."""
+    if kind not in KINDS:
+        return list(args)  # check_kind reports it
+    a = adapter(kind)
+    if args and a.config_file:
+        raise ValueError(f"only for foreign engines; {kind} takes only the modelled settings "
+                         "(remove engine.extra_args or set engine.kind)")
+    modelled = {}
+    for setting, flag in a.flags.items():
+        names = [flag.name] if hasattr(flag, "name") else [flag.on, flag.off]
+        for n in names:
+            if n:
+                modelled[n.split("=", 1)[0]] = setting
+    for item in args:
+        if not _ARG.match(item):
+            raise ValueError(f"item {item!r} has characters deployctl will not put on a command "
+                             "line; use letters, digits and _ . / + @ : , = % - only")
+        name = item.split("=", 1)[0]
+        if name in _SECRET_FLAGS:
+            raise ValueError(f"{name} would put the API key on the command line; "
+                             "set server.api_key_env instead (the key travels in the 0600 env file)")
+        if name in modelled:
+            key = _SETTING_KEYS.get(modelled[name], f"engine.{modelled[name]}")
+            raise ValueError(f"{name} duplicates a setting deployctl models; remove it and set "
+                             f"{key} instead")
+        if name in a.fixed_args:
+            raise ValueError(f"{name} is always rendered for {kind}; remove it")
+    return list(args)
+
+
+def check_engine_config(cfg) -> None:
+    """Cross-key checks of ``engine`` against ``hosts`` and ``server``. Raises ValueError (one line: key, fix)."""
+    e = cfg.engine
+    a = adapter(e.kind)
+    if a.distribution and not e.version:
+        raise ValueError(f"engine.version is required for engine.kind {e.kind}: pin the {a.distribution} version "
+                         "the hosts run (e.g. the pip version, also the image tag)")
+    if a.config_file and e.version:
+        raise ValueError(f"engine.version does not apply to {e.kind} (its version is the release's wheel); "
+                         "remove engine.version")
+    tp = e.tensor_parallel_size
+    if tp > 1 and not a.has("tensor_parallel_size"):
+        raise ValueError(f"engine.tensor_parallel_size {tp}: {e.kind} has no tensor parallelism; set it to 1 or "
+                         "use engine.kind vllm or sglang")
+    if tp > 1 and e.device != "cuda":
+        raise ValueError(f"engine.tensor_parallel_size {tp} needs engine.device cuda (got {e.device})")
+    if e.kind in ("vllm", "sglang") and e.device != "cuda":
+        raise ValueError(f"engine.device {e.device}: deployctl runs {e.kind} on cuda hosts; set engine.device cuda "
+                         "or use engine.kind transformers / deployctl-runtime on CPU")
+    for i, h in enumerate(cfg.hosts):
+        ids = h.gpu_ids
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"hosts[{i}].gpus {ids} lists a GPU twice; give each GPU id once")
+        if tp > len(ids):
+            raise ValueError(f"engine.tensor_parallel_size {tp} is more than the {len(ids)} GPU(s) of host "
+                             f"{h.name!r} ({ids}); list {tp} GPU ids in hosts[{i}].gpus or lower "
+                             "engine.tensor_parallel_size")
+    if a.model_name_is_path and cfg.model.name != cfg.model.path:
+        raise ValueError(f"model.served_name must be the model path for {e.kind} (it answers only requests naming "
+                         f"the directory it loaded); set model.served_name: {cfg.model.path}")
+    if a.api_key_env is None and a.api_key_flag is None and cfg.server.api_key_env:
+        raise ValueError(f"server.api_key_env is set but {e.kind} cannot check API keys; unset it and bind "
+                         "server.bind 127.0.0.1 behind the router, or use another engine.kind")
+
+
+def check_tp_heads(tp: int, num_attention_heads: int) -> None:
+    """The attention heads must split evenly across the TP ranks (vLLM 0.33.0 refuses otherwise at start:
+    vllm/config/model.py ``ModelConfig.verify_with_parallel_config``). Raises ConfigError (exit 3)."""
+    if num_attention_heads % tp:
+        ok = [d for d in (1, 2, 4, 8, 16, 32, 64) if num_attention_heads % d == 0 and d < tp]
+        raise ConfigError(f"engine.tensor_parallel_size {tp} does not divide the model's {num_attention_heads} "
+                          "attention heads", fix=f"set engine.tensor_parallel_size to {' or '.join(map(str, ok))}")
+
+
+def settings_of(kind: str) -> list[str]:
+    """The shared settings (base.SETTINGS) engine ``kind`` takes on its command line or config file."""
+    a = adapter(kind)
+    return [s for s in SETTINGS if a.has(s)]

@@ -1,0 +1,167 @@
+"""The rendered vLLM and SGLang command lines are accepted by the engines' own argument parsers, every modelled
+setting arrives with its value, and a flag the engine does not have is refused (exit 2). The pinned vllm and
+sglang live in .venv-engines (tests/setup.sh: torch 2.13.0 CPU, the engines with --no-deps, the light packages
+their parsers import); each engine's parser runs once per test in a subprocess (importing vLLM takes ~10-30 s
+here). The adapters' metric names are checked against the names the installed packages define."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployctl.config import load_config, parse_config
+from deployctl.engines import adapter
+from deployctl.engines.base import Flag, Switch
+from deployctl.engines.command import setting_values
+from deployctl.config import layout
+from deployctl.render import render_all
+from support import paths
+
+REPO = paths.REPO
+ENGINES_PY = REPO / ".venv-engines" / "bin" / "python"
+SITE = next((REPO / ".venv-engines" / "lib").glob("python3*/site-packages"), None) if ENGINES_PY.exists() else None
+DATA = REPO / "tests" / "data" / "engines"
+HELPER = paths.REPO / "tests" / "support" / "engine_argparse.py"
+KEY = {"LLM_API_KEY": "sk-parsers-0123456789abcdef"}
+
+
+def _require_venv():
+    if not ENGINES_PY.exists():
+        pytest.fail(".venv-engines is missing: run `bash tests/setup.sh` (it installs the pinned vllm and sglang)")
+
+
+def _parse(kind: str, commands: list[list[str]]) -> list[dict]:
+    _require_venv()
+    r = subprocess.run([str(ENGINES_PY), str(HELPER), kind], input=json.dumps(commands), capture_output=True,
+                       text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "VLLM_TARGET_DEVICE": "cpu",
+                                                    "HOME": str(REPO / ".venv-engines")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _engine_args(kind: str, argv: list[str]) -> list[str]:
+    """The arguments the engine's parser sees: after ``serve`` (vLLM, kept: the parser has the subcommand), after
+    the module name (SGLang)."""
+    if kind == "vllm":
+        return argv[argv.index("serve"):]  # after `python -m vllm.entrypoints.cli.main` or the `vllm` script
+    return argv[argv.index("sglang.launch_server") + 1:]
+
+
+def _variants(kind: str) -> list:
+    """The golden config plus flips of every switch and a one-GPU host, as DeployConfigs."""
+    base = yaml.safe_load((DATA / f"deploy-{kind}.yaml").read_text())
+    out = [load_config(DATA / f"deploy-{kind}.yaml")]
+    flipped = dict(base, engine={**base["engine"], "enable_prefix_caching": not base["engine"]["enable_prefix_caching"],
+                                 "enable_chunked_prefill": not base["engine"]["enable_chunked_prefill"],
+                                 "tensor_parallel_size": 1, "extra_args": [], "gpu_memory_utilization": 0.5,
+                                 "block_size": 32 if kind == "vllm" else 16, "max_model_len": 4096})
+    out.append(parse_config(yaml.safe_dump(flipped), "flipped.yaml"))
+    return out
+
+
+def _rendered_commands(kind: str, tmp_path: Path) -> list[tuple[object, object, list[str]]]:
+    """(config, host, argv) for every engine command in the rendered files: unit ExecStart, launch.sh's ENGINE_CMD,
+    the k8s pod command and the compose entrypoint."""
+    found = []
+    for n, cfg in enumerate(_variants(kind)):
+        for target in ("systemd", "container", "k8s-rollout"):
+            out = tmp_path / f"{n}-{target}"
+            render_all(cfg, out, target=target, release_id="r1", env=KEY)
+            for h in cfg.hosts:
+                d = out / "hosts" / h.name
+                if target == "systemd":
+                    unit = (d / f"{cfg.service.name}.service").read_text()
+                    found.append((cfg, h, shlex.split(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1))))
+                    launch = (d / "launch.sh").read_text()
+                    found.append((cfg, h, shlex.split(re.search(r"^ENGINE_CMD=\((.*)\)$", launch, re.M).group(1))))
+                elif target == "container":
+                    found.append((cfg, h, yaml.safe_load((d / "compose.yaml").read_text())["services"]["runtime"]["entrypoint"]))
+            if target == "k8s-rollout":
+                pod = yaml.safe_load((out / "k8s" / "rollout.yaml").read_text())["spec"]["template"]["spec"]
+                found.append((cfg, cfg.hosts[0], pod["containers"][0]["command"]))
+    return found
+
+
+def _expected(cfg, host, port: int) -> dict[str, object]:
+    """option spelling -> the value the engine must have parsed for it (from the adapter and deploy.yaml)."""
+    a = adapter(cfg.engine.kind)
+    values = setting_values(cfg, host, port)
+    want: dict[str, object] = {}
+    for setting, spell in a.flags.items():
+        if isinstance(spell, Switch):
+            flag = spell.on if values[setting] else spell.off
+            if flag and "=" in flag:
+                want[flag.split("=")[0]] = flag.split("=", 1)[1]
+            elif flag:
+                want[flag] = not flag.startswith("--no-")
+        elif isinstance(spell, Flag) and not spell.positional:
+            want[spell.name] = values[setting]
+    return want
+
+
+def _same(parsed, rendered) -> bool:
+    if isinstance(parsed, list):
+        return [str(x) for x in parsed] == [str(rendered)]
+    if isinstance(parsed, bool) or isinstance(rendered, bool):
+        return parsed == rendered
+    if isinstance(parsed, (int, float)):
+        return float(parsed) == float(rendered)
+    return str(parsed) == str(rendered)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_rendered_commands_parse_with_every_value(tmp_path, kind):
+    found = _rendered_commands(kind, tmp_path)
+    assert len(found) >= 8
+    bad_flag = ["--max-num-seqs", "64x"] if kind == "vllm" else ["--max-running-requests", "64x"]
+    results = _parse(kind, [_engine_args(kind, argv) for _, _, argv in found]
+                     + [_engine_args(kind, found[0][2]) + bad_flag,
+                        _engine_args(kind, found[0][2]) + ["--no-such-flag-deployctl"]])
+    *good, typo_value, unknown_flag = results
+    for (cfg, host, argv), res in zip(found, good):
+        assert res["ok"], (argv, res)
+        for option, value in _expected(cfg, host, layout.service_port(cfg, host)).items():  # no per-host ports here
+            assert option in res["options"], (option, "not parsed from", argv)
+            dest, parsed = res["options"][option]
+            assert _same(parsed, value), (option, dest, parsed, value)
+        if kind == "vllm":
+            assert res["positional"] == cfg.model.path
+        for extra in cfg.engine.extra_args:  # engine.extra_args reach the engine's parser as they are
+            assert extra.split("=")[0] in res["options"], extra
+    assert not typo_value["ok"] and typo_value["exit"] == 2 and "64x" in typo_value["error"]
+    assert not unknown_flag["ok"] and unknown_flag["exit"] == 2 and "no-such-flag" in unknown_flag["error"]
+
+
+def _metric_names_in_source(package: str) -> set[str]:
+    """Every ``"<package>:name"`` string in the installed package's Python source (counters also as name_total)."""
+    names: set[str] = set()
+    for path in (SITE / package).rglob("*.py"):
+        for m in re.finditer(rf'"({package}:[a-z0-9_]+)"', path.read_text(errors="replace")):
+            names.add(m.group(1))
+    return names | {n + "_total" for n in names}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_adapter_metric_names_exist_in_the_installed_engine(kind):
+    _require_venv()
+    defined = _metric_names_in_source(kind)
+    assert len(defined) > 20, "found no metric names: the source layout changed"
+    a = adapter(kind)
+    named = {role: n for role, n in a.metrics.names.items() if n}
+    assert {"ttft", "e2e", "kv_usage", "waiting", "running"} <= set(named)
+    missing = {role: n for role, n in named.items() if n not in defined}
+    assert not missing, f"{kind} {a.metrics.prefix}: names not defined by the installed package: {missing}"
+
+
+def test_api_key_reaches_each_engine_the_way_its_source_reads_it():
+    _require_venv()
+    src = "\n".join(p.read_text(errors="replace") for p in (SITE / "vllm").rglob("*.py") if "VLLM_API_KEY" in p.read_text(errors="replace"))
+    assert adapter("vllm").api_key_env == "VLLM_API_KEY" and "envs.VLLM_API_KEY" in src
+    fields = (SITE / "sglang" / "srt" / "arg_groups" / "fields" / "serving.py").read_text()
+    assert adapter("sglang").api_key_flag == "--api-key" and re.search(r"^\s+api_key: ", fields, re.M)

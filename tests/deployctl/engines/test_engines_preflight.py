@@ -1,0 +1,74 @@
+"""Preflight per engine over recorded NVML facts (tests/data/facts/h100x8_vllm.json: 8 × H100, vllm 0.33.0 in the
+runtime env, a foreign training process on GPU 3): the pinned engine at that version in the host's environment
+(the version read there), every tensor-parallel GPU with the free memory of its per-GPU share, foreign processes
+named per GPU. And the probe really reads an engine's version with the host's python."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+from deployctl.config import parse_config
+from deployctl.hostscripts.probe import probe_engine
+from deployctl.preflight import check_facts
+from support import paths
+
+FACTS = json.loads((paths.DATA / "facts" / "h100x8_vllm.json").read_text())
+
+
+def _checks(gpus: list[int], tp: int, version: str = "0.33.0", facts: dict = FACTS) -> dict:
+    cfg = parse_config(f"""
+service: {{name: llama-8b}}
+model: {{path: /models/llama-3-8b-instruct, dtype: bfloat16}}
+engine: {{kind: vllm, version: {version}, tensor_parallel_size: {tp}, gpu_memory_utilization: 0.9}}
+server: {{port: 8080}}
+hosts:
+  - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/llama-8b, python: /opt/deployctl/venv/bin/python,
+      gpus: {gpus}}}
+""")
+    rep = check_facts(cfg, [(cfg.hosts[0], copy.deepcopy(facts))], {})
+    return {c.name: c for c in rep.hosts[0].checks}
+
+
+def test_tp4_on_free_gpus_passes_with_per_gpu_shares():
+    c = _checks([4, 5, 6, 7], 4)
+    assert c["engine"].status == "pass" and "vllm 0.33.0" in c["engine"].message
+    assert c["gpu_memory"].status == "pass", c["gpu_memory"].message
+    assert all(f"GPU {i} (NVIDIA H100 80GB HBM3" in c["gpu_memory"].message for i in (4, 5, 6, 7))
+    assert "weights 3,829 MiB" in c["gpu_memory"].message  # 16,060,522,496 bytes / 4 ranks
+    assert c["capacity"].status == "pass" and c["torch"].status == "pass"
+
+
+def test_a_foreign_process_on_one_tp_gpu_fails_naming_it_on_that_gpu():
+    c = _checks([0, 1, 2, 3], 4)
+    g = c["gpu_memory"]
+    assert g.status == "fail" and "GPU 3 (NVIDIA H100 80GB HBM3" in g.message
+    assert "held by other processes: pid 5120 (python3) 40,960 MiB" in g.message
+    assert g.message.count("held by other processes") == 1  # GPUs 0-2 are free
+
+
+def test_engine_version_is_read_not_assumed():
+    c = _checks([4, 5], 2, version="0.34.0")
+    assert c["engine"].status == "fail" and "vllm 0.33.0 in /opt/deployctl/venv/bin/python; engine.version is 0.34.0" in c["engine"].message
+    assert "pip install vllm==0.34.0" in c["engine"].fix
+    missing = dict(FACTS, engine={"python": "/usr/bin/python3", "version": None, "importable": False,
+                                  "error": "distribution vllm is not installed"})
+    c = _checks([4, 5], 2, facts=missing)
+    assert c["engine"].status == "fail" and "not importable by /usr/bin/python3" in c["engine"].message
+
+
+def test_tp_beyond_the_gpus_torch_sees_fails():
+    f = copy.deepcopy(FACTS)
+    f["torch"]["device_count"] = 2
+    c = _checks([0, 1, 2, 3], 4, facts=f)
+    assert c["torch"].status == "fail" and "torch sees 2 GPU(s)" in c["torch"].message
+
+
+def test_probe_reads_the_version_with_the_hosts_python():
+    import pydantic
+
+    got = probe_engine(sys.executable, "pydantic", "pydantic")
+    assert got["version"] == pydantic.VERSION and got["importable"]
+    absent = probe_engine(sys.executable, "vllm-not-installed-here", "vllm_not_here")
+    assert absent["version"] is None and not absent["importable"] and "not installed" in absent["error"]

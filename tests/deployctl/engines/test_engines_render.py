@@ -1,0 +1,83 @@
+"""Render per engine: vLLM (TP 2) and SGLang (TP 4) for every target pass the same validators as the bundled
+runtime's files (systemd-analyze verify, nginx -t, promtool, kubernetes-validate, the compose checks) and match
+golden files (tests/data/golden/engines/<kind>-<target>; DEPLOYCTL_UPDATE_GOLDEN=1 regenerates them). The API key
+is only in the 0600 env file, never on a command line; the GPUs are in PCI bus order; probes and alert rules use the
+engine's own routes and metric names."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployctl.config import load_config, parse_config
+from deployctl.engines import adapter
+from deployctl.render import render_all
+from support.render import golden_problems
+from deployctl.render.validate import check_alert_rules, validate_tree
+from support import paths
+
+DATA = paths.DATA
+GOLDEN = DATA / "golden" / "engines"
+KEY = "sk-engines-golden-0123456789"
+ENV = {"LLM_API_KEY": KEY}
+
+
+def _tree(root: Path) -> dict[str, str]:
+    # launch.sh is the runtime's template around ENGINE_CMD (golden in tests/data/golden/systemd; the command is
+    # checked by test_engines_parsers.py); runtime.env holds the key
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in ("runtime.env", "launch.sh")}
+
+
+@pytest.mark.parametrize("kind,target", [(k, t) for k in ("vllm", "sglang") for t in ("systemd", "container", "k8s-rollout")])
+def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
+    cfg = load_config(DATA / "engines" / f"deploy-{kind}.yaml")
+    out = tmp_path / "out"
+    render_all(cfg, out, target=target, release_id="20261201T000000Z-golden1", env=ENV)
+    results = validate_tree(cfg, out)
+    assert results and all(r.ok for r in results), [(r.tool, r.path, r.output) for r in results if not r.ok]
+    a = adapter(kind)
+    for path in out.rglob("*"):
+        if path.is_file() and path.name != "runtime.env":
+            assert KEY not in path.read_text(), f"the API key leaked into {path.name}"
+    envs = list(out.rglob("runtime.env"))
+    assert envs and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in envs)
+    assert all(f"{a.api_key_env or 'DEPLOYCTL_ENGINE_API_KEY'}={KEY}" in p.read_text() for p in envs)
+    rules = (out / "prometheus" / "alerts.rules.yaml").read_text()
+    assert a.metrics["ttft"] in rules and "deployctl_runtime_" not in rules
+    if target == "systemd":
+        for h in cfg.hosts:
+            unit = (out / "hosts" / h.name / f"{cfg.service.name}.service").read_text()
+            ids = ",".join(map(str, h.gpu_ids))
+            assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in unit and f"CUDA_VISIBLE_DEVICES={ids}" in unit
+            assert all(f"DeviceAllow=/dev/nvidia{g} rw" in unit for g in h.gpu_ids)
+            assert f"/releases/20261201T000000Z-golden1/engine/bin/python " in unit  # the release's pinned engine env
+            launch = (out / "hosts" / h.name / "launch.sh").read_text()
+            assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in launch
+    if target == "k8s-rollout":
+        pod = yaml.safe_load((out / "k8s" / "rollout.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]
+        assert pod["image"] == f"{a.image}:v{cfg.engine.version}"
+        assert pod["resources"]["limits"]["nvidia.com/gpu"] == cfg.engine.tensor_parallel_size
+        assert pod["readinessProbe"]["httpGet"]["path"] == a.ready_route
+        assert not (out / "k8s" / "configmap.yaml").exists()  # the settings are on the pod's command
+    problems = golden_problems(_tree(out), GOLDEN / f"{kind}-{target}", f"{kind}-{target}")
+    assert not problems, "rendered files differ (DEPLOYCTL_UPDATE_GOLDEN=1 if intended):\n" + "\n".join(problems)
+
+
+def test_transformers_render_has_an_explicit_cache_and_empty_rules(tmp_path):
+    text = (DATA / "engines" / "deploy-vllm.yaml").read_text()
+    doc = yaml.safe_load(text)
+    doc["engine"] = {"kind": "transformers", "version": "5.24.0", "device": "cpu", "max_model_len": 256,
+                     "max_num_seqs": 4, "block_size": 16}
+    doc["server"] = {"bind": "127.0.0.1", "port": 8000}
+    doc["model"]["served_name"] = doc["model"]["path"]  # transformers serve answers only to its model path
+    cfg = parse_config(yaml.safe_dump(doc), "t.yaml")
+    out = tmp_path / "out"
+    render_all(cfg, out, target="systemd", release_id="r1", env={})
+    assert all(r.ok for r in validate_tree(cfg, out))
+    launch = (out / "hosts" / "gpu-a" / "launch.sh").read_text()
+    assert "engine/bin/python -m transformers.cli.transformers serve /models/Meta-Llama-3-8B-Instruct" in launch
+    assert "--cb-num-blocks 64 " in launch and "--continuous-batching" in launch  # 4 × 256/16
+    rules = out / "prometheus" / "alerts.rules.yaml"
+    assert yaml.safe_load(rules.read_text())["groups"][0]["rules"] == [] and check_alert_rules(rules).ok
