@@ -204,7 +204,7 @@ class Deployment:
 
         ok, bad = hostops.on_hosts(hosts, act)
         for n, v in ok.items():
-            self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens "
+            self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens{v.note()} "
                              f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
         for err in bad.values():
             if isinstance(err, (Intervened, KeyboardInterrupt)):
