@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # pydantic models are imported lazily by callers
 RESTART_SEC = 5  # systemd RestartSec / first launcher backoff: the old process must free the port and GPU memory
 START_LIMIT_BURST = 5  # starts within START_LIMIT_INTERVAL_S before systemd (and launch.sh) give up
 START_LIMIT_INTERVAL_S = 600
+# The runtime's exit code for bad settings (runtime/deployctl_runtime/server/cli.py run_serve: 2 on a config error):
+# systemd's RestartPreventExitStatus and launch.sh never restart it, since every retry would fail the same way.
+CONFIG_ERROR_EXIT = 2
 GPU_WAIT_S = 120  # bounded wait for the GPU before start (cuda only)
 STOP_MARGIN_S = 15  # TimeoutStopSec = drain_timeout_s + this
 READ_TIMEOUT_MARGIN_S = 30  # nginx proxy_read_timeout = request_timeout_s + this
@@ -172,7 +175,7 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dic
         "run_user": host.user if host.user and host.user != "root" else None,
         "restart_sec": RESTART_SEC, "max_backoff_s": 60, "stable_after_s": 60,
         "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,
-        "gpu_wait_s": GPU_WAIT_S,
+        "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
         "port": host_port(cfg, host),

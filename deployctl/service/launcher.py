@@ -5,7 +5,8 @@ shared/run/runtime.pid, log shared/logs/runtime.log, restart on failure with bac
 (it detaches itself with setsid, stdin /dev/null, output to the log) with PYTHONPATH removed so the installed wheel
 is what runs. Stop: SIGTERM to the supervisor (it forwards one SIGTERM to the runtime, which drains), wait up to
 the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group.
-``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``.
+``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``
+(``reset-failed`` before every start, so a unit left failed by a crash loop or a configuration error starts again).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def start(host, cfg: DeployConfig) -> int:
         unit = _unit(cfg)
         host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
         host.sudo(["systemctl", "daemon-reload"])
+        # a unit left failed (start limit hit, RestartPreventExitStatus) refuses or miscounts the next start
+        host.sudo(["systemctl", "reset-failed", unit], check=False)
         host.sudo(["systemctl", "restart", unit], timeout=120)
         return offset
     q = shlex.quote
