@@ -65,7 +65,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
     fleet = Fleet(cfg, say)
     try:
         fleet.connect()
-        st = fleet.store.read_rollout()
+        st = fleet.store.read_rollout(on_bad=lambda msg: say("warn", msg))
         target = _target(fleet, st, to)
 
         def look(h):
