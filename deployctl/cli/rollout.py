@@ -98,8 +98,11 @@ def rollback(
 
 @app.command()
 @handle_errors
-def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
-    """Per host: current release, health, traffic weight; the rollout in progress."""
+def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+           check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
+                                      "when the hosts differ in release, engine, model manifest or config.")) -> None:
+    """Per host: current release, health, supervision, traffic weight; the rollout in progress; which host
+    differs from the rest. With --check: exit 1 on any problem (for cron and alerting)."""
     from rich.table import Table
 
     from deployctl.config import load_config
@@ -108,6 +111,7 @@ def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--jso
     doc = get_status(load_config(config))
     if as_json:
         print_json(doc)
+        _status_check(doc, check)
         return
     table = Table(title="hosts")
     for col in ("host", "release", "healthy", "weight", "detail"):
@@ -125,6 +129,21 @@ def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--jso
     if doc.get("lock"):
         lk = doc["lock"]
         out_console.print(f"lock: {lk['text']}" + (f" [stale: {lk['why_stale']}]" if lk["stale"] else ""), markup=False)
+    for d in doc.get("differences", []):
+        out_console.print(f"inconsistent: {d}", markup=False)
+    _status_check(doc, check)
+
+
+def _status_check(doc: dict, check: bool) -> None:
+    """With --check: CheckFailed (exit 1) naming every unhealthy host and every difference."""
+    if not check:
+        return
+    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"] if not h["healthy"]]
+    problems += doc.get("differences", [])
+    if problems:
+        from deployctl.errors import CheckFailed
+
+        raise CheckFailed(f"status --check: {'; '.join(problems)}")
 
 
 @app.command()

@@ -165,6 +165,7 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dic
     _safe_path(host.deploy_root, f"hosts[{host.name}].deploy_root")
     _safe_path(host.python, f"hosts[{host.name}].python")
     _safe_path(cfg.model.path, "model.path")
+    _safe_path(cfg.model.manifest, "model.manifest")
     root = host.deploy_root.rstrip("/")
     is_cuda = cfg.engine.device == "cuda"
     return {
@@ -172,6 +173,9 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dic
         "release_id": release_id, "release_dir": release_dir(host, release_id), "is_cuda": is_cuda,
         "log_file": f"{root}/shared/logs/runtime.log", "pid_file": f"{root}/shared/run/runtime.pid",
         "child_pid_file": f"{root}/shared/run/runtime.child.pid",
+        # the model manifest's sha256 at each start: what the running runtime loaded (deployctl.rollout.fleetcheck)
+        "model_manifest_file": f"{cfg.model.path.rstrip('/')}/{cfg.model.manifest}",
+        "loaded_manifest_file": f"{root}/shared/run/runtime.model.sha256",
         "run_user": host.user if host.user and host.user != "root" else None,
         "restart_sec": RESTART_SEC, "max_backoff_s": 60, "stable_after_s": 60,
         "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,

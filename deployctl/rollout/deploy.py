@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, HealthError, RolloutAborted
+from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release
 from deployctl.service import launcher
 from deployctl.rollout.analysis import Analyzer
@@ -211,7 +211,7 @@ class Deployment:
                 raise err
         if bad:
             n, err = next(iter(bad.items()))
-            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{n}: {err}")
+            raise err if isinstance(err, DeployctlError) else DeployctlError(about(n, err))
 
     def _all_at_once(self, plan: DeployPlan) -> None:
         names = plan.stable

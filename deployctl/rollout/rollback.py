@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import CheckFailed, DeployctlError, HealthError
+from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
 from deployctl.rollout import hostops, release
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
@@ -74,7 +74,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
         if bad:
             name, err = next(iter(bad.items()))
-            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{name}: {err}")
+            raise err if isinstance(err, DeployctlError) else DeployctlError(about(name, err))
         current = {n: found[n][0] for n in fleet.hosts}
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
@@ -133,7 +133,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float)
         for n, v in ok.items():
             say("host", f"{n}: ready in {v.ready_s:.1f} s ({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})",
                 host=n, timings=v.timings)
-        problems += [f"{n}: {e}" for n, e in bad.items()]
+        problems += [about(n, e) for n, e in bad.items()]
         serving += list(ok)
         route(serving)
     dur = time.monotonic() - t0

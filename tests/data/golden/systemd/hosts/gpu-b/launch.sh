@@ -67,6 +67,7 @@ run() {
   failures=0; delay=$BACKOFF_S
   while :; do
     started=$(date +%s)
+    sha256sum /models/llm-7b-chat/manifest.sha256 >/opt/deployctl/chat-7b/shared/run/runtime.model.sha256 2>/dev/null || rm -f /opt/deployctl/chat-7b/shared/run/runtime.model.sha256
     log "starting runtime: $PYTHON -m deployctl_runtime serve --config $RELEASE_DIR/runtime.yaml"
     "$PYTHON" -m deployctl_runtime serve --config "$RELEASE_DIR/runtime.yaml" </dev/null >>"$LOG_FILE" 2>&1 &
     child=$!
