@@ -1,21 +1,28 @@
-"""The project's exceptions. Each carries the exit code of ../shared/CONTRACTS.md; the CLI turns
-one into a one-line message and that code. Messages name the thing, the value and the fix."""
+"""The project's exceptions and its process exit codes. Each exception carries its ``ExitCode`` (the contract's
+table); the CLI's ``main()`` turns one into a one-line message and that code. Messages name the thing, the value
+and the fix."""
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CONFIG = 3
-EXIT_REMOTE = 4
-EXIT_HEALTH = 5
-EXIT_ABORTED = 6
-EXIT_INTERRUPTED = 130
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """deployctl's process exit statuses."""
+
+    OK = 0
+    CHECK_FAILED = 1  # a check, verification or analysis failed
+    USAGE = 2  # wrong command line or a bad DEPLOYCTL_* value
+    CONFIG = 3  # deploy.yaml or another input file is wrong
+    REMOTE = 4  # a remote or SSH operation failed
+    HEALTH = 5  # health or sample inference failed
+    ABORTED = 6  # the rollout was aborted and traffic is back on stable
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 class DeployctlError(Exception):
     """Base class: ``str(err)`` is the one-line message shown to the operator."""
 
-    exit_code = EXIT_CHECK_FAILED
+    exit_code: ExitCode = ExitCode.CHECK_FAILED
 
     def __init__(self, message: str, *, fix: str | None = None):
         super().__init__(message)
@@ -29,37 +36,37 @@ class DeployctlError(Exception):
 class CheckFailed(DeployctlError):
     """A check, verification or analysis failed (exit 1)."""
 
-    exit_code = EXIT_CHECK_FAILED
+    exit_code = ExitCode.CHECK_FAILED
 
 
 class UsageError(DeployctlError):
     """Wrong command-line usage (exit 2)."""
 
-    exit_code = EXIT_USAGE
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(DeployctlError):
     """deploy.yaml, a model config or another input file is wrong (exit 3)."""
 
-    exit_code = EXIT_CONFIG
+    exit_code = ExitCode.CONFIG
 
 
 class RemoteError(DeployctlError):
     """A remote or SSH operation failed (exit 4)."""
 
-    exit_code = EXIT_REMOTE
+    exit_code = ExitCode.REMOTE
 
 
 class HealthError(DeployctlError):
     """Health or sample inference failed (exit 5)."""
 
-    exit_code = EXIT_HEALTH
+    exit_code = ExitCode.HEALTH
 
 
 class RolloutAborted(DeployctlError):
     """The rollout was aborted and traffic is back on stable (exit 6)."""
 
-    exit_code = EXIT_ABORTED
+    exit_code = ExitCode.ABORTED
 
 
 def about(host: str, err: object) -> str:

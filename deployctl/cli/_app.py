@@ -1,23 +1,43 @@
 """The typer app, the consoles and the one place where errors become exit codes.
 
-Every command module in this package registers its commands on ``app`` and wraps its body in
-``@handle_errors``. Lower layers raise ``deployctl.errors.DeployctlError``; nothing else prints.
+Every command module in this package registers its commands on ``app``. Lower layers raise
+``deployctl.errors.DeployctlError``; nothing else prints. ``_Group.invoke`` (the app's root group, run by
+``deployctl.cli.main()``, ``python -m deployctl`` and in-process test runners alike) turns a DeployctlError into
+its one-line message and ``ExitCode``, and Ctrl-C into 130: commands declare no error handling of their own.
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
-from deployctl.errors import EXIT_INTERRUPTED, DeployctlError
+from deployctl import settings
+from deployctl.errors import DeployctlError, ExitCode
+
+
+class _Group(TyperGroup):
+    """The root command group; its ``invoke`` is the error boundary of every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DeployctlError as err:
+            if _state["debug"]:
+                err_console.print_exception()
+            raise fail(err) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
+
 
 app = typer.Typer(
+    cls=_Group,
     name="deployctl",
     help="Put an LLM inference service into production and take it back out.",
     no_args_is_help=True,
@@ -30,13 +50,14 @@ app = typer.Typer(
 err_console = Console(stderr=True, highlight=False)
 # Tables and reports a person reads (never used together with --json).
 # Piped into a file or `less`, rich would assume 80 columns and cut release ids and timestamps in tables.
-out_console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200)
+out_console = Console(highlight=False, width=None if sys.stdout.isatty() or settings.columns_set() else 200)
 _state = {"debug": False}
 
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
     _state["debug"] = debug
+    settings.current()  # a bad DEPLOYCTL_* value: one line naming it, exit 2, before the command starts
 
 
 def is_debug() -> bool:
@@ -52,24 +73,4 @@ def print_json(document: Any) -> None:
 def fail(err: DeployctlError) -> typer.Exit:
     """Print ``err`` as one line on stderr and return the typer.Exit carrying its code."""
     err_console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
-    # The class attribute: host errors (deployctl.hosts) use the instance's .exit_code for the remote
-    # command's exit status, as INTERFACES.md says; the process exit code is the class's.
-    return typer.Exit(type(err).exit_code)
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn DeployctlError into its message and exit code, Ctrl-C into 130."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DeployctlError as err:
-            if _state["debug"]:
-                err_console.print_exception()
-            raise fail(err) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-
-    return wrapper
+    return typer.Exit(err.exit_code)

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, print_json
+from deployctl.cli._app import app, err_console, print_json
 from deployctl.errors import CheckFailed, UsageError
 
 DEFAULT_KEY_ENVS = ("DEPLOYCTL_API_KEY", "OPENAI_API_KEY")
@@ -62,12 +61,14 @@ def _check_url(url: str, flag: str = "--url") -> None:
 
 
 def _api_key(env_name: Optional[str]) -> Optional[str]:
+    from deployctl import settings
+
     if env_name:
-        key = os.environ.get(env_name)
+        key = settings.secret(env_name)
         if not key:
             raise UsageError(f"--api-key-env {env_name}: that environment variable is not set", fix=f"export {env_name}=...")
         return key
-    return next((os.environ[n] for n in DEFAULT_KEY_ENVS if os.environ.get(n)), None)
+    return next((settings.secret(n) for n in DEFAULT_KEY_ENVS if settings.secret(n)), None)
 
 
 def _positive(name: str, value: Optional[float]) -> None:
@@ -139,7 +140,6 @@ def _table(report) -> None:
 
 
 @app.command("bench")
-@handle_errors
 def bench(
     url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
     concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies (run in increasing order)."),

@@ -7,11 +7,10 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, handle_errors, out_console
+from deployctl.cli._app import app, out_console
 
 
 @app.command()
-@handle_errors
 def demo(
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to put the model, hosts and nginx (default: a new temp dir)."),
     keep: bool = typer.Option(False, "--keep", help="Leave the runtimes and nginx running at the end."),

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, out_console, print_json
 
 hosts_app = typer.Typer(help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
@@ -29,7 +29,6 @@ def _select(config: Path, name: Optional[str]):
 
 
 @hosts_app.command("trust")
-@handle_errors
 def trust(
     name: str = typer.Argument(..., help="Host name from deploy.yaml."),
     config: Path = CONFIG_OPT,
@@ -71,7 +70,6 @@ def trust(
 
 
 @hosts_app.command("check")
-@handle_errors
 def check(
     name: Optional[str] = typer.Argument(None, help="Only this host (default: every host)."),
     config: Path = CONFIG_OPT,

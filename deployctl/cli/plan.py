@@ -6,13 +6,12 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, escape, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
 CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
 
 @app.command()
-@handle_errors
 def init(
     model_dir: Path = typer.Argument(..., help="HF model directory with config.json."),
     out: Path = typer.Option(Path("deploy.yaml"), "--out", "-o", help="Where to write deploy.yaml."),
@@ -35,7 +34,6 @@ def init(
 
 
 @app.command()
-@handle_errors
 def plan(
     config: Path = CONFIG_OPT,
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="config.json (or model dir) instead of model.path."),

@@ -6,13 +6,12 @@ from typing import List, Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, escape, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
 _COLORS = {"pass": "green", "warn": "yellow", "fail": "red"}
 
 
 @app.command()
-@handle_errors
 def preflight(
     config: Path = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read."),
     host: Optional[List[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
@@ -22,7 +21,7 @@ def preflight(
     """Facts from each host (in parallel), then checks with fixes. Exit 1 when any check fails, 4 when
     a host cannot be reached (the other hosts are still checked and reported)."""
     from deployctl.config import load_config
-    from deployctl.errors import EXIT_CHECK_FAILED, EXIT_REMOTE
+    from deployctl.errors import ExitCode
     from deployctl.preflight import run_preflight
 
     cfg = load_config(config)
@@ -37,9 +36,9 @@ def preflight(
     else:
         _print_report(report)
     if any(c.name == "reach" for h in report.hosts for c in h.checks):
-        raise typer.Exit(EXIT_REMOTE)  # a host could not be probed at all
+        raise typer.Exit(ExitCode.REMOTE)  # a host could not be probed at all
     if not report.ok:
-        raise typer.Exit(EXIT_CHECK_FAILED)
+        raise typer.Exit(ExitCode.CHECK_FAILED)
 
 
 class _HostProgress:
@@ -97,7 +96,6 @@ def _print_report(report) -> None:
 
 
 @app.command()
-@handle_errors
 def manifest(
     model_dir: Path = typer.Argument(..., help="Model directory to hash."),
     name: str = typer.Option("manifest.sha256", "--name", help="Manifest file name inside MODEL_DIR."),

@@ -6,12 +6,11 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, print_json
+from deployctl.cli._app import app, err_console, print_json
 from deployctl.errors import UsageError
 
 
 @app.command()
-@handle_errors
 def render(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write the rendered files to."),
     target: str = typer.Option("systemd", "--target", "-t", help="systemd, container, k8s or k8s-rollout."),

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, out_console, print_json
 
 CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
@@ -39,7 +39,6 @@ def _confirm(yes: bool):
 
 
 @app.command()
-@handle_errors
 def deploy(
     config: Path = CONFIG_OPT,
     canary: Optional[int] = typer.Option(None, "--canary", help="First canary weight in percent (then rollout.steps above it)."),
@@ -60,7 +59,6 @@ def deploy(
 
 
 @app.command()
-@handle_errors
 def promote(config: Path = CONFIG_OPT) -> None:
     """Move a running rollout on to its next step now (ends the current analysis pause)."""
     from deployctl.config import load_config
@@ -70,7 +68,6 @@ def promote(config: Path = CONFIG_OPT) -> None:
 
 
 @app.command()
-@handle_errors
 def abort(config: Path = CONFIG_OPT) -> None:
     """Send all traffic back to stable and put the canary hosts back on the previous release."""
     from deployctl.config import load_config
@@ -80,7 +77,6 @@ def abort(config: Path = CONFIG_OPT) -> None:
 
 
 @app.command()
-@handle_errors
 def rollback(
     config: Path = CONFIG_OPT,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
@@ -97,7 +93,6 @@ def rollback(
 
 
 @app.command()
-@handle_errors
 def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
            check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
                                       "when the hosts differ in release, engine, model manifest or config.")) -> None:
@@ -147,7 +142,6 @@ def _status_check(doc: dict, check: bool) -> None:
 
 
 @app.command()
-@handle_errors
 def history(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
     """Past deploys, promotions, aborts and rollbacks with who, when, result and reason."""
     from rich.table import Table

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli._app import app, err_console, fail, handle_errors, out_console, print_json
+from deployctl.cli._app import app, err_console, fail, out_console, print_json
 
 runbook_app = typer.Typer(help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
                           no_args_is_help=True, rich_markup_mode=None)
@@ -21,7 +21,6 @@ OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "g
 
 
 @runbook_app.command("list")
-@handle_errors
 def list_(as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
           config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """Every runbook with its title and symptoms. Exit 3 when a runbook file is invalid (the others still list)."""
@@ -48,7 +47,6 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print one JSON doc
 
 
 @runbook_app.command()
-@handle_errors
 def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`)."),
          config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """The runbook as readable text: when to use it, then each step's check, expectation and action."""
@@ -59,7 +57,6 @@ def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runb
 
 
 @runbook_app.command()
-@handle_errors
 def run(
     name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`)."),
     host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable); default: all."),

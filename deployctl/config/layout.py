@@ -1,9 +1,28 @@
-"""Where things live under a host's deploy_root (layout in ../shared/DESIGN.md), and the runtime's port there."""
+"""The on-host layout: every path under a host's deploy_root, and where the runtime answers there. The one home
+of these rules: render, rollout, runbooks, preflight and the service layer all ask this module.
+
+Under ``deploy_root`` (documented in the project's DESIGN notes)::
+
+    releases/<release id>/   one rendered release (runtime.yaml, launch.sh, unit, runtime.env, manifest.sha256)
+    current -> releases/<id> the release that runs (a relative symlink, switched atomically)
+    shared/logs/runtime.log  the runtime's log (appended across releases)
+    shared/run/runtime.pid   the launcher's pid (launch.sh; its process group holds the runtime)
+    shared/run/runtime.child.pid  the runtime's own pid
+    shared/hash-cache.json   preflight's weight-hash cache
+    state/                   rollout state, lock, history, audit.jsonl
+
+The runtime listens on ``server.bind`` at ``service_port``; from its own host it is reached at
+``runtime_address`` (loopback for a wildcard bind). All paths are POSIX strings (they name files on the host).
+"""
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 
 from deployctl.config.models import DeployConfig, HostConfig
+
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+LOOPBACK = "127.0.0.1"
 
 
 def releases_dir(h: HostConfig) -> str:
@@ -11,11 +30,22 @@ def releases_dir(h: HostConfig) -> str:
 
 
 def release_dir(h: HostConfig, release_id: str) -> str:
+    """``<deploy_root>/releases/<release_id>``."""
     return posixpath.join(h.deploy_root, "releases", release_id)
 
 
 def current_link(h: HostConfig) -> str:
     return posixpath.join(h.deploy_root, "current")
+
+
+def current_target(release_id: str) -> str:
+    """What ``current`` points at for ``release_id``: ``releases/<id>``, relative to deploy_root."""
+    return posixpath.join("releases", release_id)
+
+
+def runtime_yaml(h: HostConfig) -> str:
+    """The runtime.yaml of the release that runs: ``<deploy_root>/current/runtime.yaml``."""
+    return posixpath.join(current_link(h), "runtime.yaml")
 
 
 def state_dir(h: HostConfig) -> str:
@@ -35,9 +65,48 @@ def log_file(h: HostConfig) -> str:
 
 
 def pid_file(h: HostConfig) -> str:
+    """The launcher's pidfile (launch.sh; the runtime runs in its process group)."""
     return shared_dir(h, "run", "runtime.pid")
+
+
+def child_pid_file(h: HostConfig) -> str:
+    """The runtime process's own pidfile (written by launch.sh)."""
+    return shared_dir(h, "run", "runtime.child.pid")
+
+
+def hash_cache(h: HostConfig) -> str:
+    """Preflight's weight-hash cache on the host."""
+    return shared_dir(h, "hash-cache.json")
 
 
 def service_port(cfg: DeployConfig, h: HostConfig) -> int:
     """The runtime's port on host ``h``: the host's ``server_port`` if set, else ``server.port``."""
     return getattr(h, "server_port", None) or cfg.server.port
+
+
+def runtime_address(cfg: DeployConfig) -> str:
+    """Where the runtime answers on its own host: ``server.bind``, or loopback (127.0.0.1) for a wildcard bind
+    (0.0.0.0, ::)."""
+    bind = cfg.server.bind
+    return LOOPBACK if bind in WILDCARD_BINDS else bind
+
+
+def url_host(address: str) -> str:
+    """``address`` as the host part of a URL or an nginx ``server`` line: an IPv6 literal in brackets."""
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]"
+    except ValueError:
+        pass
+    return address
+
+
+def base_url(cfg: DeployConfig, h: HostConfig) -> str:
+    """``http://<runtime_address>:<service_port>``: the runtime as seen from its own host."""
+    return f"http://{url_host(runtime_address(cfg))}:{service_port(cfg, h)}"
+
+
+def network_address(h: HostConfig) -> str:
+    """The host's address from another machine's side (the router, the access log): ``address``, or 127.0.0.1
+    for ``address: local``."""
+    return LOOPBACK if h.is_local else h.address

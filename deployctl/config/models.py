@@ -49,7 +49,7 @@ class ModelConfig(_Frozen):
 
 class EngineConfig(_Frozen):
     device: Literal["cuda", "cpu"] = "cuda"
-    max_model_len: int = Field(8192, gt=0)
+    max_model_len: int = Field(8192, ge=2)
     max_num_seqs: int = Field(64, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1)

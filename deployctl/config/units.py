@@ -1,7 +1,9 @@
 """Byte sizes: parse "80GiB" / "40GB" / 1024 and format them for humans.
 
-Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB) are powers of
-1000, as GPU vendors use them ("A100 40GB").
+Binary units (KiB, MiB, GiB, TiB, and the single letters K, M, G, T: ``512m`` is 512 MiB, as docker, nginx and
+the JVM read it) are powers of 1024; decimal units (KB, MB, GB, TB) are powers of 1000, as GPU vendors use them
+("A100 40GB"). The runtime parses the same grammar (deployctl_runtime/engine_args.py parse_bytes); both are pinned
+by tests/data/engine_vectors.json.
 """
 from __future__ import annotations
 

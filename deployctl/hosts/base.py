@@ -3,7 +3,6 @@ and the helpers that quote and shorten command lines for them. No transport here
 is the Host, deployctl/hosts/local.py and deployctl/hosts/ssh.py its transports."""
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,9 @@ TAIL_CHARS = 800
 
 def known_hosts_path() -> Path:
     """The deployctl-managed known_hosts file: $DEPLOYCTL_KNOWN_HOSTS or ~/.config/deployctl/known_hosts."""
-    env = os.environ.get("DEPLOYCTL_KNOWN_HOSTS")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.config/deployctl/known_hosts").expanduser()
+    from deployctl import settings
+
+    return settings.current().known_hosts
 
 
 def tail(text: str, limit: int = TAIL_CHARS) -> str:
@@ -49,14 +47,15 @@ class RunResult:
 
 
 class HostError(RemoteError):
-    """Base of every host error: carries host, command, exit_code (None if it never ran) and stderr_tail."""
+    """Base of every host error (exit 4, the class's ``exit_code``): carries host, command, ``remote_status`` (the
+    remote command's exit status; None if it never ran or never finished) and stderr_tail."""
 
-    def __init__(self, message: str, *, host: str, command: str | None = None, exit_code: int | None = None,
+    def __init__(self, message: str, *, host: str, command: str | None = None, remote_status: int | None = None,
                  stderr_tail: str = "", fix: str | None = None):
         super().__init__(message, fix=fix)
         self.host = host
         self.command = command
-        self.exit_code = exit_code
+        self.remote_status = remote_status
         self.stderr_tail = stderr_tail
 
 

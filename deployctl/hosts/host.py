@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
+from deployctl import settings
 from deployctl.hosts.base import (Argv, RemoteCommandError, RunResult, SudoPasswordRequired, one_line, command_line,
                                   short_command, tail)
 
@@ -76,7 +77,7 @@ class Host:
             raise RemoteCommandError(
                 f"`{short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
                 f"{one_line(result.stderr or result.stdout)}",
-                host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(result.stderr))
+                host=self.name, command=cmd, remote_status=result.exit_code, stderr_tail=tail(result.stderr))
         return result
 
     def sudo(self, argv: Argv, *, timeout: float = 60, check: bool = True) -> RunResult:
@@ -91,7 +92,7 @@ class Host:
         env_name = self.config.sudo_password_env
         password: Optional[str] = None
         if env_name:
-            password = os.environ.get(env_name)
+            password = settings.secret(env_name)
             if password is None:
                 raise SudoPasswordRequired(
                     f"sudo on {self.name} requires a password, and ${env_name} (hosts[].sudo_password_env) "
@@ -107,13 +108,13 @@ class Host:
             how = f"${env_name} was refused" if password else "no password source is configured"
             raise SudoPasswordRequired(
                 f"sudo on {self.name} requires a password ({how})", host=self.name, command=cmd,
-                exit_code=result.exit_code, stderr_tail=tail(err),
+                remote_status=result.exit_code, stderr_tail=tail(err),
                 fix="set hosts[].sudo_password_env, or allow the command with NOPASSWD in sudoers")
         if check and result.exit_code != 0:
             raise RemoteCommandError(
                 f"`sudo {short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
                 f"{one_line(err or result.stdout)}",
-                host=self.name, command=cmd, exit_code=result.exit_code, stderr_tail=tail(err))
+                host=self.name, command=cmd, remote_status=result.exit_code, stderr_tail=tail(err))
         return result
 
     def start_background(self, argv: list[str], *, log_file: str, pid_file: str | None = None,

@@ -40,7 +40,7 @@ class LocalTransport:
             out, err = self._kill_group(proc)
             raise CommandTimeout(
                 f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and was killed",
-                host=self.host, command=command, exit_code=None, stderr_tail=tail(err),
+                host=self.host, command=command, remote_status=None, stderr_tail=tail(err),
                 fix="raise the step's timeout or find out why it hangs") from None
         return RunResult(self.host, command, proc.returncode, out.decode(errors="replace"),
                          err.decode(errors="replace"), time.monotonic() - start)

@@ -25,6 +25,7 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
+from deployctl import settings
 from deployctl.hosts import known_hosts as hostkeys
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, RemoteCommandError, RunResult, short_command, tail)
@@ -37,8 +38,8 @@ def fabric_connection(cfg, **kwargs) -> Connection:
     """A Fabric Connection for ``cfg`` (not yet open). ssh_config is honoured: $DEPLOYCTL_SSH_CONFIG
     (like ``ssh -F``) if set, else ~/.ssh/config and /etc/ssh/ssh_config; port and user from
     deploy.yaml win only when given there."""
-    path = os.environ.get("DEPLOYCTL_SSH_CONFIG")
-    config = Config(runtime_ssh_path=os.path.expanduser(path)) if path else None
+    path = settings.current().ssh_config
+    config = Config(runtime_ssh_path=str(path)) if path else None
     port = cfg.port if "port" in cfg.model_fields_set else None  # else ssh_config's Port, or 22
     return Connection(host=cfg.address, user=cfg.user, port=port, config=config, **kwargs)
 

@@ -8,28 +8,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# An HTTP request to the runtime. The API key, when the release has one, is read on the host from
-# <current>/runtime.env (never on a command line). Connection failures are a status of 0, not an error.
+# One HTTP request to the runtime, made on its host (deployctl.service.http sends it). Arguments: url, method, json
+# (a body, or null), timeout, env_file. The API key: $DEPLOYCTL_PROBE_KEY (deployctl's server.api_key_env, passed in
+# the command's environment), else DEPLOYCTL_RUNTIME_API_KEY from env_file (the release's runtime.env, read on the
+# host; never on a command line). Prints status (0: no HTTP answer), headers, body, error, elapsed_s.
 HTTP_PROBE = r"""
-import json, sys, time, urllib.request, urllib.error
+import json, os, sys, time, urllib.request, urllib.error
 a = json.loads(sys.argv[1])
 headers = {"Content-Type": "application/json"}
-try:
-    for line in open(a["env_file"]):
-        k, _, v = line.strip().partition("=")
-        if k == "DEPLOYCTL_RUNTIME_API_KEY" and v:
-            headers["Authorization"] = "Bearer " + v.strip().strip('"').split(",")[0]
-except OSError:
-    pass
+key = os.environ.get("DEPLOYCTL_PROBE_KEY")
+if not key and a.get("env_file"):
+    try:
+        for line in open(a["env_file"]):
+            k, _, v = line.strip().partition("=")
+            if k == "DEPLOYCTL_RUNTIME_API_KEY" and v:
+                key = v.strip().strip('"')
+    except OSError:
+        pass
+if key:
+    headers["Authorization"] = "Bearer " + key.split(",")[0]
 data = json.dumps(a["json"]).encode() if a.get("json") is not None else None
 req = urllib.request.Request(a["url"], data=data, method=a["method"], headers=headers)
 t0 = time.monotonic()
-out = {"status": 0, "body": "", "error": None}
+out = {"status": 0, "headers": {}, "body": "", "error": ""}
 try:
     with urllib.request.urlopen(req, timeout=a["timeout"]) as r:
-        out["status"], out["body"] = r.status, r.read().decode("utf-8", "replace")
+        out.update(status=r.status, headers=dict(r.headers), body=r.read().decode("utf-8", "replace"))
 except urllib.error.HTTPError as e:
-    out["status"], out["body"] = e.code, e.read().decode("utf-8", "replace")
+    out.update(status=e.code, headers=dict(e.headers or {}), body=e.read().decode("utf-8", "replace"))
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
 out["elapsed_s"] = time.monotonic() - t0

@@ -5,14 +5,14 @@ and a fix. Pure functions of (config, host config, facts, environment): recorded
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
+from deployctl import settings
 from deployctl.capacity import CapacityPlan, plan_capacity, verdict
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.config.units import format_bytes
@@ -175,7 +175,7 @@ def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) ->
 def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     """The service port is free on the bind address (a listener of our own running release is fine)."""
     port = facts.get("port") or {}
-    number = host.server_port or cfg.server.port
+    number = layout.service_port(cfg, host)
     where = f"port {number} on {cfg.server.bind} on {host.name}"
     if port.get("free"):
         return Check("port", "pass", f"{where} is free")
@@ -282,7 +282,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     if facts.get("error"):
         error = facts["error"] if host.name in facts["error"] else f"{host.name}: {facts['error']}"
         return [Check("reach", "fail", error, facts.get("fix"))]
-    environ = os.environ if environ is None else environ
+    environ = settings.environ() if environ is None else environ
     try:
         sized, reason = plan_from_facts(cfg, host, facts)
         capacity = check_capacity(sized, reason)

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from deployctl.hostscripts import probe as probe_module
 from deployctl.hostscripts import weights as weights_module
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError, RemoteError
 
 # on_progress(host, phase, advance_bytes, total_bytes): phase "probe" | "weights" | "done".
@@ -34,12 +34,12 @@ def script_argv(python: str, module, *args: str) -> list[str]:
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
-            "port": host.server_port or cfg.server.port, "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
 
 
 def cache_path(host: HostConfig) -> str:
     """The host's hash cache: <deploy_root>/shared/hash-cache.json."""
-    return f"{host.deploy_root.rstrip('/')}/shared/hash-cache.json"
+    return layout.hash_cache(host)
 
 
 def _parse_json(text: str, host: str, what: str) -> dict:
@@ -64,7 +64,7 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
         res = host.run(script_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
     except RemoteCommandError as exc:  # its message quotes the probe's whole (base64) command line
         why = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else "no output"
-        raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.exit_code}: {why})",
+        raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.remote_status}: {why})",
                           fix="set hosts[].python to a working Python 3.8+ there (the runtime environment's "
                               "python)") from None
     facts = _parse_json(res.stdout, hc.name, "the probe")

@@ -6,10 +6,10 @@
 
 Import from this package (``from deployctl.render import render_release``); jinja2 loads on first render.
 """
-from deployctl.render.release import (RenderedFile, host_port, release_context, release_dir, release_manifest,
+from deployctl.render.release import (RenderedFile, config_text, new_release_id, release_context, release_manifest,
                                       render_nginx, render_nginx_main, render_release, render_template, runtime_args,
                                       split_weights)
 from deployctl.render.targets import render_all
 
-__all__ = ["RenderedFile", "host_port", "release_context", "release_dir", "release_manifest", "render_all",
+__all__ = ["RenderedFile", "config_text", "new_release_id", "release_context", "release_manifest", "render_all",
            "render_nginx", "render_nginx_main", "render_release", "render_template", "runtime_args", "split_weights"]

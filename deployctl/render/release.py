@@ -9,17 +9,18 @@ inputs (no clock, no host facts), so the same deploy.yaml and release id give th
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import math
-import os
 import re
 import shlex
 import traceback
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from deployctl import settings
+from deployctl.config import layout
 from deployctl.errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic models are imported lazily by callers
@@ -57,9 +58,9 @@ def _environment():
     from deployctl.resources import templates_dir
 
     search = [str(templates_dir())]
-    override = os.environ.get("DEPLOYCTL_TEMPLATES")
+    override = settings.current().templates
     if override:
-        search.insert(0, override)
+        search.insert(0, str(override))
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(search),
         undefined=jinja2.StrictUndefined,
@@ -111,14 +112,23 @@ def _safe_path(value: str, what: str) -> str:
     return value
 
 
-def release_dir(host: HostConfig, release_id: str) -> str:
-    """``<deploy_root>/releases/<release_id>`` on ``host``."""
-    return f"{host.deploy_root.rstrip('/')}/releases/{release_id}"
+def config_text(cfg: DeployConfig) -> str:
+    """The configuration that defines a release: deploy.yaml as validated (pydantic's JSON), plus
+    $DEPLOYCTL_RUNTIME_FAULT when set (it changes the release's runtime.env)."""
+    return cfg.model_dump_json() + (settings.current().runtime_fault or "")
 
 
-def host_port(cfg: DeployConfig, host: HostConfig) -> int:
-    """The runtime's port on ``host``: host.server_port, else server.port."""
-    return host.server_port or cfg.server.port
+def new_release_id(cfg: DeployConfig, *, runtime_version: str, manifest: str, when: datetime | None = None) -> str:
+    """A release's name, ``YYYYmmddTHHMMSSZ-<8 hex>``: the UTC time ``when`` (default now), then the first 8 hex
+    digits of sha256 over deployctl's version, ``runtime_version`` (the deployctl-runtime version shipped),
+    ``config_text(cfg)`` and the model manifest's text, NUL-separated. `deployctl render` and `deployctl deploy`
+    both name releases with it: the same inputs at the same second give the same id."""
+    from deployctl import __version__
+
+    when = when or datetime.now(timezone.utc)
+    parts = (__version__, runtime_version, config_text(cfg), manifest)
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+    return f"{when.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{digest}"
 
 
 def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Mapping[str, Any] | None = None) -> dict:
@@ -126,7 +136,7 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
     e = cfg.engine
     args: dict[str, Any] = {
         "model": cfg.model.path, "served_model_name": cfg.model.name, "host": cfg.server.bind,
-        "port": host_port(cfg, host), "device": e.device, "dtype": cfg.model.dtype,
+        "port": layout.service_port(cfg, host), "device": e.device, "dtype": cfg.model.dtype,
         "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens, "block_size": e.block_size,
         "gpu_memory_utilization": e.gpu_memory_utilization, "enable_prefix_caching": e.enable_prefix_caching,
@@ -166,23 +176,22 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str) -> dic
     _safe_path(host.python, f"hosts[{host.name}].python")
     _safe_path(cfg.model.path, "model.path")
     _safe_path(cfg.model.manifest, "model.manifest")
-    root = host.deploy_root.rstrip("/")
     is_cuda = cfg.engine.device == "cuda"
     return {
         "service": cfg.service, "model": cfg.model, "engine": cfg.engine, "server": cfg.server, "host": host,
-        "release_id": release_id, "release_dir": release_dir(host, release_id), "is_cuda": is_cuda,
-        "log_file": f"{root}/shared/logs/runtime.log", "pid_file": f"{root}/shared/run/runtime.pid",
-        "child_pid_file": f"{root}/shared/run/runtime.child.pid",
+        "release_id": release_id, "release_dir": layout.release_dir(host, release_id), "is_cuda": is_cuda,
+        "log_file": layout.log_file(host), "pid_file": layout.pid_file(host),
+        "child_pid_file": layout.child_pid_file(host),
         # the model manifest's sha256 at each start: what the running runtime loaded (deployctl.rollout.fleetcheck)
         "model_manifest_file": f"{cfg.model.path.rstrip('/')}/{cfg.model.manifest}",
-        "loaded_manifest_file": f"{root}/shared/run/runtime.model.sha256",
+        "loaded_manifest_file": layout.shared_dir(host, "run", "runtime.model.sha256"),
         "run_user": host.user if host.user and host.user != "root" else None,
         "restart_sec": RESTART_SEC, "max_backoff_s": 60, "stable_after_s": 60,
         "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,
         "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
-        "port": host_port(cfg, host),
+        "port": layout.service_port(cfg, host),
     }
 
 
@@ -198,7 +207,7 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     ctx["where"] = host.name
     info = {"release_id": release_id, "service": cfg.service.name, "host": host.name, "launcher": host.launcher,
             "model_path": cfg.model.path, "model_manifest": cfg.model.manifest, "served_model_name": cfg.model.name,
-            "device": cfg.engine.device, "port": host_port(cfg, host)}
+            "device": cfg.engine.device, "port": layout.service_port(cfg, host)}
     files = [
         RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx)),
         RenderedFile(f"{cfg.service.name}.service", render_template("runtime.service.j2", ctx)),
@@ -239,13 +248,7 @@ def split_weights(canary_weight: int, num_stable: int, num_canary: int) -> tuple
 
 
 def _upstream_address(host: HostConfig) -> str:
-    address = "127.0.0.1" if host.is_local else host.address
-    try:
-        if ipaddress.ip_address(address).version == 6:
-            return f"[{address}]"
-    except ValueError:
-        pass
-    return address
+    return layout.url_host(layout.network_address(host))
 
 
 def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -> None:
@@ -253,7 +256,7 @@ def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -
     or the router listening on a runtime's port on its own machine: ConfigError (exit 3)."""
     seen: dict[tuple[str, int], str] = {}
     for h in hosts:
-        key = (_upstream_address(h), host_port(cfg, h))
+        key = (_upstream_address(h), layout.service_port(cfg, h))
         if key in seen:
             raise ConfigError(f"hosts {seen[key]!r} and {h.name!r} both run the runtime on {key[0]}:{key[1]}",
                               fix=f"give hosts[{h.name}].server_port another port")
@@ -286,7 +289,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
         for h in group:
             params = " down" if h.name in drained or weight == 0 else ("" if weight == 1 else f" weight={weight}")
             servers.append({"host": h.name, "role": role + (", drained" if h.name in drained else ""),
-                            "address": _upstream_address(h), "port": host_port(cfg, h), "params": params})
+                            "address": _upstream_address(h), "port": layout.service_port(cfg, h), "params": params})
     router = cfg.router
     listen_port = router.listen if router else 80
     _check_ports(cfg, stable + canary, listen_port)

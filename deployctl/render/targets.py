@@ -7,8 +7,7 @@ Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env, and alerts
 
 The same inputs (deploy.yaml, API key, release id, templates) give the same bytes. The default release id is
-``<UTC timestamp>-<sha256[:7]>`` of (runtime version, files rendered with a placeholder id, model manifest); the
-timestamp is SOURCE_DATE_EPOCH when set.
+render.new_release_id's (as `deployctl deploy` names releases), at SOURCE_DATE_EPOCH when set.
 """
 from __future__ import annotations
 
@@ -16,12 +15,14 @@ import hashlib
 import json
 import math
 import os
-import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from deployctl.errors import ConfigError, UsageError
-from deployctl.render.release import (RenderedFile, host_port, release_context, render_nginx, render_release,
+from deployctl import settings
+from deployctl.config import layout
+from deployctl.render.release import (RenderedFile, new_release_id, release_context, render_nginx, render_release,
                                       render_template, runtime_args)
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ TARGETS = ("systemd", "container", "k8s", "k8s-rollout")
 # request_rejected_total{reason} values that are the client's fault, and those that mean "prompt too long".
 LENGTH_REASONS = "context_length_exceeded|length|too_long"
 CLIENT_REASONS = LENGTH_REASONS + "|invalid_request|invalid_request_error|bad_request"
-_PLACEHOLDER_ID = "0"
 
 
 def runtime_version() -> str:
@@ -69,9 +69,7 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
 
 
 def _probe_url(cfg: DeployConfig, port: int) -> str:
-    bind = cfg.server.bind
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else (f"[{bind}]" if ":" in bind else bind)
-    return f"http://{host}:{port}/readyz"
+    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}/readyz"
 
 
 def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
@@ -142,19 +140,17 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     return files
 
 
-def default_release_id(cfg: DeployConfig, *, target: str, api_key: str | None, env: Mapping[str, str]) -> str:
-    """``YYYYmmddTHHMMSSZ-<7 hex>``: UTC time (SOURCE_DATE_EPOCH if set) and the short sha256 of the runtime
-    version, the files rendered with a placeholder id, and the model manifest when readable here."""
-    h = hashlib.sha256(runtime_version().encode())
-    for f in render_files(cfg, target=target, release_id=_PLACEHOLDER_ID, api_key=api_key):
-        if f.path.endswith("runtime.env"):
-            continue
-        h.update(f.path.encode() + b"\0" + f.content.encode() + b"\0")
+def default_release_id(cfg: DeployConfig, *, env: Mapping[str, str]) -> str:
+    """render.release_id at SOURCE_DATE_EPOCH (when set) or now, with the installed runtime's version and the model
+    manifest's text when it is readable here (else its path)."""
     manifest = Path(cfg.model.path) / cfg.model.manifest
-    h.update(manifest.read_bytes() if manifest.is_file() else str(manifest).encode())
+    try:
+        text = manifest.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = str(manifest)
     epoch = env.get("SOURCE_DATE_EPOCH")
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(int(epoch) if epoch and epoch.isdigit() else None))
-    return f"{stamp}-{h.hexdigest()[:7]}"
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch and epoch.isdigit() else None
+    return new_release_id(cfg, runtime_version=runtime_version(), manifest=text, when=when)
 
 
 def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
@@ -176,12 +172,12 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
 def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
                env: Mapping[str, str] | None = None) -> list[Path]:
     """Render ``target`` for every host into ``out_dir`` and return the written paths (RENDER.json last).
-    ``env`` (default: os.environ) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
-    env = os.environ if env is None else env
+    ``env`` (default: deployctl's environment) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
+    env = settings.environ() if env is None else env
     api_key = api_key_from_env(cfg, env)
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
-    rid = release_id or default_release_id(cfg, target=target, api_key=api_key, env=env)
+    rid = release_id or default_release_id(cfg, env=env)
     files = render_files(cfg, target=target, release_id=rid, api_key=api_key)
     index = {"release_id": rid, "target": target, "service": cfg.service.name,
              "files": {f.path: {"sha256": f.sha256 if not f.path.endswith("runtime.env") else None,
@@ -190,5 +186,5 @@ def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str
     return write_files(files, Path(out_dir))
 
 
-__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "host_port", "render_all", "render_alerts",
+__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "render_all", "render_alerts",
            "render_files", "runtime_version", "write_files"]

@@ -22,7 +22,7 @@ from typing import Optional
 
 from deployctl.config import DeployConfig
 from deployctl.service.http import http
-from deployctl.config.layout import service_port
+from deployctl.config.layout import network_address, service_port
 
 TTFT = "deployctl_runtime_time_to_first_token_seconds"
 TPOT = "deployctl_runtime_time_per_output_token_seconds"
@@ -78,7 +78,7 @@ def upstream_map(cfg: DeployConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for h in cfg.hosts:
         port = service_port(cfg, h)
-        addr = "127.0.0.1" if h.is_local else h.address
+        addr = network_address(h)
         out[f"{addr}:{port}"] = h.name
         out.setdefault(f":{port}", h.name)
     return out

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release
-from deployctl.service import launcher
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
@@ -74,8 +74,7 @@ class Deployment:
         self.say = emitter(progress)
         self.confirm = confirm
         # DEPLOYCTL_SKIP_PREFLIGHT=1: tests that exercise other parts skip the gate's few seconds per deploy
-        self.skip_preflight = (os.environ.get("DEPLOYCTL_SKIP_PREFLIGHT") == "1" if skip_preflight is None
-                               else skip_preflight)
+        self.skip_preflight = settings.current().skip_preflight if skip_preflight is None else skip_preflight
         self.fleet = Fleet(cfg, self.say)
         self.gen = 0
         self.promote_requested = False

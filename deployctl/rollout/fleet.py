@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import EXIT_INTERRUPTED, DeployctlError, RemoteError, about
+from deployctl.errors import DeployctlError, ExitCode, RemoteError, about
 from deployctl.rollout import hostops, release
 from deployctl.service import launcher
 from deployctl.rollout.lock import DeployLock, describe
@@ -17,7 +17,7 @@ from deployctl.rollout.state import StateStore
 class Interrupted(DeployctlError):
     """Ctrl-C: the rollout stopped in a consistent state (exit 130)."""
 
-    exit_code = EXIT_INTERRUPTED
+    exit_code = ExitCode.INTERRUPTED
 
 
 class Fleet:

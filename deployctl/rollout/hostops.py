@@ -1,11 +1,11 @@
 """Operations on one host that deploy, abort and rollback share, and running them on several hosts at once."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from typing import Callable, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.service import launcher
 from deployctl.rollout import release
@@ -15,8 +15,7 @@ from deployctl.service.verify import Verified, verify
 def verify_timeout(cfg: DeployConfig) -> float:
     """Seconds a start may take before verification fails: DEPLOYCTL_VERIFY_TIMEOUT_S, else
     server.startup_timeout_s."""
-    env = os.environ.get("DEPLOYCTL_VERIFY_TIMEOUT_S")
-    return float(env) if env else cfg.server.startup_timeout_s
+    return settings.current().verify_timeout_s or cfg.server.startup_timeout_s
 
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,

@@ -19,9 +19,7 @@ from typing import Optional
 from deployctl.errors import DeployctlError
 from deployctl.config.layout import state_dir, state_file
 from deployctl.rollout.state import now_iso
-from deployctl.settings import actor
-
-DEFAULT_MAX_AGE_S = float(os.environ.get("DEPLOYCTL_LOCK_MAX_AGE_S", 6 * 3600))
+from deployctl import settings
 
 
 class LockHeld(DeployctlError):
@@ -50,8 +48,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def judge(owner: dict, *, max_age_s: float = DEFAULT_MAX_AGE_S) -> tuple[bool, str]:
-    """(stale, why) for a lock record."""
+def judge(owner: dict, *, max_age_s: Optional[float] = None) -> tuple[bool, str]:
+    """(stale, why) for a lock record; ``max_age_s`` defaults to $DEPLOYCTL_LOCK_MAX_AGE_S (6 h)."""
+    max_age_s = settings.current().lock_max_age_s if max_age_s is None else max_age_s
     pid = int(owner.get("pid") or 0)
     if owner.get("machine") == socket.gethostname() and pid and not _pid_alive(pid):
         return True, f"pid {pid} is not running on {owner.get('machine')}"
@@ -84,7 +83,7 @@ class DeployLock:
 
     def __init__(self, hosts: list, *, command: str, timeout: float = 15):
         self.hosts = hosts
-        self.record = {"owner": actor(), "machine": socket.gethostname(), "pid": os.getpid(),
+        self.record = {"owner": settings.operator(), "machine": socket.gethostname(), "pid": os.getpid(),
                        "started": now_iso(), "command": command, "token": f"{os.getpid()}-{time.time_ns()}"}
         self.timeout = timeout
         self.held: list = []

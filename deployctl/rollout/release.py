@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import shlex
 import subprocess
@@ -20,11 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import CheckFailed, ConfigError, DeployctlError
-from deployctl.config.layout import current_link, release_dir, releases_dir, shared_dir, state_dir
+from deployctl import settings
+from deployctl.config import DeployConfig
+from deployctl.errors import CheckFailed, ConfigError
+from deployctl.render import config_text, new_release_id
+from deployctl.config.layout import current_link, current_target, release_dir, releases_dir, shared_dir, state_dir
 
-FAULT_ENV = "DEPLOYCTL_RUNTIME_FAULT"  # test-only: copied into the new release's runtime.env when set
+FAULT_ENV = settings.FAULT_VAR  # copied into the new release's runtime.env when set (fault injection)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ def _sha256_file(path: Path) -> str:
 
 def runtime_source() -> Path:
     """The runtime's source tree (``runtime/`` beside the deployctl package; DEPLOYCTL_RUNTIME_SRC overrides)."""
-    env = os.environ.get("DEPLOYCTL_RUNTIME_SRC")
-    src = Path(env) if env else Path(__file__).resolve().parents[2] / "runtime"
+    src = settings.current().runtime_src or Path(__file__).resolve().parents[2] / "runtime"
     if not (src / "pyproject.toml").is_file():
         raise ConfigError(f"runtime sources not found at {src}",
                           fix="set DEPLOYCTL_RUNTIME_SRC to the runtime/ directory or DEPLOYCTL_RUNTIME_WHEEL to a built wheel")
@@ -75,14 +75,13 @@ def _tree_hash(src: Path) -> str:
 def build_wheel(cache_dir: Optional[Path] = None) -> Path:
     """The runtime wheel: DEPLOYCTL_RUNTIME_WHEEL if set, else built once per source tree content with
     ``pip wheel --no-deps --no-build-isolation`` into a cache keyed by the sources' hash. Raises CheckFailed."""
-    env_wheel = os.environ.get("DEPLOYCTL_RUNTIME_WHEEL")
-    if env_wheel:
-        p = Path(env_wheel)
+    p = settings.current().runtime_wheel
+    if p:
         if not p.is_file():
-            raise ConfigError(f"DEPLOYCTL_RUNTIME_WHEEL={env_wheel}: no such file")
+            raise ConfigError(f"DEPLOYCTL_RUNTIME_WHEEL={p}: no such file")
         return p
     src = runtime_source()
-    cache = Path(cache_dir or os.environ.get("DEPLOYCTL_CACHE", Path.home() / ".cache" / "deployctl")) / "wheels"
+    cache = Path(cache_dir or settings.current().cache_dir) / "wheels"
     out = cache / _tree_hash(src)
     found = sorted(out.glob("deployctl_runtime-*.whl")) if out.is_dir() else []
     if found:
@@ -106,15 +105,10 @@ def build_wheel(cache_dir: Optional[Path] = None) -> Path:
     return sorted(out.glob("deployctl_runtime-*.whl"))[-1]
 
 
-def release_id_for(wheel_sha: str, rendered: str, manifest: str, *, when: Optional[datetime] = None) -> str:
-    when = when or datetime.now(timezone.utc)
-    digest = hashlib.sha256("\0".join((wheel_sha, rendered, manifest)).encode()).hexdigest()[:8]
-    return f"{when.strftime('%Y%m%dT%H%M%SZ')}-{digest}"
-
-
-def config_text(cfg: DeployConfig) -> str:
-    """The configuration that defines a release (deploy.yaml as validated, plus the test fault if set)."""
-    return cfg.model_dump_json() + os.environ.get(FAULT_ENV, "")
+def wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name (``deployctl_runtime-0.1.0-py3-none-any.whl`` -> ``0.1.0``, PEP 427)."""
+    parts = wheel.name.split("-")
+    return parts[1] if len(parts) >= 5 else "unknown"
 
 
 def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Optional[datetime] = None) -> ReleaseInfo:
@@ -124,7 +118,7 @@ def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Op
     wheel_sha = _sha256_file(wheel)
     ctext = config_text(cfg)
     return ReleaseInfo(
-        id=release_id_for(wheel_sha, ctext, manifest, when=when),
+        id=new_release_id(cfg, runtime_version=wheel_version(wheel), manifest=manifest, when=when),
         created=when.isoformat(timespec="seconds").replace("+00:00", "Z"),
         config_hash=hashlib.sha256(ctext.encode()).hexdigest(),
         model_manifest_hash=hashlib.sha256(manifest.encode()).hexdigest(),
@@ -174,7 +168,7 @@ def _tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path) -> None:
     import io
     import tarfile
 
-    fault = os.environ.get(FAULT_ENV)
+    fault = settings.current().runtime_fault
     with tarfile.open(out, "w") as tar:
         tar.add(str(wheel), arcname=wheel.name)
         for f in release_files(info, files):
@@ -227,7 +221,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
     script = f"""set -e
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
-ln -sfn {q(posixpath.join("releases", release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
+ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
@@ -250,7 +244,7 @@ def switch_current(host, release_id: str, *, timeout: float = 30) -> None:
     h = host.config
     link = current_link(h)
     tmp = f"{link}.new"
-    target = posixpath.join("releases", release_id)
+    target = current_target(release_id)
     q = shlex.quote
     host.run(f"test -f {q(posixpath.join(release_dir(h, release_id), 'release.json'))} && "
              f"ln -sfn {q(target)} {q(tmp)} && mv -T {q(tmp)} {q(link)}", timeout=timeout)

@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from deployctl.config.layout import state_dir, state_file
+from deployctl import settings
 from deployctl.errors import RemoteError
-from deployctl.settings import actor
 
 IN_PROGRESS = ("running", "paused", "aborting")
 
@@ -51,7 +51,7 @@ class RolloutState:
     stable_hosts: list[str] = field(default_factory=list)
     weights: dict[str, float] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
-    owner: str = field(default_factory=actor)
+    owner: str = field(default_factory=settings.operator)
     pid: int = 0
     started: str = field(default_factory=now_iso)
     updated: str = field(default_factory=now_iso)
@@ -185,7 +185,7 @@ class StateStore:
     def send(self, command: str, reason: str = "") -> Control:
         """Bump the generation and record ``command`` from this operator. Returns the new Control."""
         cur = self.read_control()
-        c = Control(generation=cur.generation + 1, command=command, by=actor(), at=now_iso(), reason=reason)
+        c = Control(generation=cur.generation + 1, command=command, by=settings.operator(), at=now_iso(), reason=reason)
         self._write_all("control.json", json.dumps(asdict(c), sort_keys=True) + "\n")
         return c
 
@@ -193,7 +193,7 @@ class StateStore:
     def append_history(self, action: str, *, release: Optional[str], result: str, reason: str = "",
                        **extra: Any) -> dict[str, Any]:
         """Append one record to history.jsonl on every reachable host; returns the record."""
-        rec = {"id": uuid.uuid4().hex[:12], "time": now_iso(), "user": actor(), "action": action,
+        rec = {"id": uuid.uuid4().hex[:12], "time": now_iso(), "user": settings.operator(), "action": action,
                "release": release, "result": result, "reason": reason, **extra}
         line = json.dumps(rec, sort_keys=True)
 

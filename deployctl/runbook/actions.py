@@ -90,20 +90,11 @@ def _stop(t: Target) -> str:
 
 
 def _wait_ready(t: Target, timeout: float) -> str:
-    """Poll /readyz until 200: a (re)start is done when the runtime serves. Raises HealthError (exit 5)."""
-    import time
+    """Wait for /readyz 200 (deployctl.service.verify.wait_ready): a (re)start is done when the runtime serves.
+    Raises HealthError (exit 5)."""
+    from deployctl.service.verify import wait_ready
 
-    from deployctl.errors import HealthError
-
-    start = time.monotonic()
-    while True:
-        r = t.http("/readyz", timeout=5)
-        if r["status"] == 200:
-            return f"ready after {time.monotonic() - start:.1f} s"
-        if time.monotonic() - start > timeout:
-            raise HealthError(f"the runtime on {t.host_cfg.name} is not ready {timeout:g} s after the start "
-                              f"(/readyz: {r['status'] or r['error']})", fix=f"read {t.variables['log_file']}")
-        time.sleep(0.5)
+    return f"ready after {wait_ready(t.host, t.cfg, timeout=timeout):.1f} s"
 
 
 def _free_port(obs: Observation, t: Target) -> str:

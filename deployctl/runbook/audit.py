@@ -7,25 +7,13 @@ expected, ok, detail, recorded (the step's ``record:`` fields), action, result, 
 """
 from __future__ import annotations
 
-import getpass
 import json
-import os
 import shlex
-import socket
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
 AUDIT_FILE = "audit.jsonl"
-
-
-def operator() -> str:
-    """Who runs deployctl: ``$SUDO_USER`` or the login name, at this machine's hostname."""
-    try:
-        user = os.environ.get("SUDO_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def record(result: Any, *, run_id: str, runbook: str, user: str, dry_run: bool) -> dict[str, Any]:

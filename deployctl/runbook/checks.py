@@ -54,19 +54,18 @@ class Target:
         res = self.host.run(remote.script_argv(self.host_cfg.python, script, args), timeout=timeout)
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    def http(self, path: str, *, method: str = "GET", body: Any = None, timeout: float = 10) -> dict[str, Any]:
-        """One request to the runtime on this host: {"status", "body", "error", "elapsed_s"}."""
-        v = self.variables
-        args = {"url": f"http://{v['bind']}:{v['port']}{path}", "method": method, "json": body,
-                "timeout": timeout, "env_file": f"{v['current']}/runtime.env"}
-        return self.script(remote.HTTP_PROBE, args, timeout + 15)
+    def http(self, path: str, *, method: str = "GET", body: Any = None, timeout: float = 10):
+        """One request to the runtime on this host (deployctl.service.http): an HttpResult."""
+        from deployctl.service.http import http
+
+        return http(self.host, self.cfg, method, path, body, timeout=timeout)
 
 
 def _http(t: Target, step: Step) -> Observation:
     spec = step.check.http
     r = t.http(t.fill(spec.path), method=spec.method, body=_fill_json(t, spec.json_body), timeout=step.timeout_s)
-    detail = f"{spec.method} {spec.path}: " + (f"HTTP {r['status']}" if r["status"] else (r["error"] or "no answer"))
-    fields = {"status": r["status"], "elapsed_s": round(r["elapsed_s"], 4), "error": r["error"], "body": r["body"][:500]}
+    detail = f"{spec.method} {spec.path}: " + (f"HTTP {r.status}" if r.status else (r.error or "no answer"))
+    fields = {"status": r.status, "elapsed_s": round(r.elapsed_s, 4), "error": r.error or None, "body": r.body[:500]}
     return Observation(fields[spec.field], fields, detail)
 
 
@@ -98,9 +97,9 @@ def _metric(t: Target, step: Step) -> Observation:
 
     def scrape() -> list:
         r = t.http("/metrics", timeout=step.timeout_s)
-        if r["status"] != 200:
+        if r.status != 200:
             return []
-        return promhist.parse_text(r["body"])
+        return promhist.parse_text(r.body)
 
     def matching(samples: list, name: str) -> list:
         return [s for s in samples if s.name == name and all(s.label(k) == v for k, v in spec.labels.items())]

@@ -2,9 +2,7 @@
 
 Variables come from deploy.yaml and the host (``VARIABLES`` lists them); ``{obs.STEP}`` is the value a
 previous step observed and ``{obs.STEP.FIELD}`` one of its recorded fields (``None`` until that step ran).
-Paths follow the release layout of /work/INTERFACES.md and the rendered launch.sh: ``<deploy_root>/current``,
-``shared/logs/runtime.log``, ``shared/run/runtime.pid`` (the launcher), ``shared/run/runtime.child.pid`` (the
-runtime), ``state/audit.jsonl``. ``port`` is the host's ``server_port`` or ``server.port`` (as render.host_port).
+Paths, ``bind`` (where the runtime answers on its host) and ``port`` come from deployctl.config.layout.
 """
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import shlex
 import string
 from typing import Any
 
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 
 VARIABLES = (
     "host", "address", "deploy_root", "python", "gpu", "service", "bind", "port", "model_path", "manifest",
@@ -23,27 +21,21 @@ VARIABLES = (
 )
 
 
-def probe_address(cfg: DeployConfig) -> str:
-    """Where the runtime answers on its own host: the bind address, loopback for a wildcard bind."""
-    bind = cfg.server.bind
-    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
-
-
 def host_variables(cfg: DeployConfig, host: HostConfig) -> dict[str, Any]:
     """Every name of ``VARIABLES`` for ``host``."""
     root = host.deploy_root.rstrip("/")
     e = cfg.engine
     return {
         "host": host.name, "address": host.address, "deploy_root": root, "python": host.python, "gpu": host.gpu,
-        "service": cfg.service.name, "bind": probe_address(cfg), "port": host.server_port or cfg.server.port,
+        "service": cfg.service.name, "bind": layout.runtime_address(cfg), "port": layout.service_port(cfg, host),
         "model_path": cfg.model.path, "manifest": cfg.model.manifest, "served_name": cfg.model.name,
         "device": e.device, "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens, "gpu_memory_utilization": e.gpu_memory_utilization,
         "block_size": e.block_size, "enable_chunked_prefill": e.enable_chunked_prefill,
         "max_queued_requests": cfg.server.max_queued_requests,
-        "current": f"{root}/current", "runtime_yaml": f"{root}/current/runtime.yaml",
-        "log_file": f"{root}/shared/logs/runtime.log", "pid_file": f"{root}/shared/run/runtime.pid",
-        "child_pid_file": f"{root}/shared/run/runtime.child.pid", "state_dir": f"{root}/state",
+        "current": layout.current_link(host), "runtime_yaml": layout.runtime_yaml(host),
+        "log_file": layout.log_file(host), "pid_file": layout.pid_file(host),
+        "child_pid_file": layout.child_pid_file(host), "state_dir": layout.state_dir(host),
         "slo_ttft_p99_s": cfg.slo.ttft_p99_s, "slo_tpot_p99_s": cfg.slo.tpot_p99_s,
         "slo_max_kv_cache_usage": cfg.slo.max_kv_cache_usage, "request_timeout_s": cfg.server.request_timeout_s,
     }

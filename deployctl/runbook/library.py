@@ -4,21 +4,20 @@ same name replaces the shipped one."""
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deployctl import settings
 from deployctl.errors import ConfigError, UsageError
 from deployctl.runbook.model import Runbook, load_runbook
 
-ENV_PATH = "DEPLOYCTL_RUNBOOKS_PATH"
+ENV_PATH = settings.RUNBOOKS_PATH_VAR
 
 
 def search_path() -> list[Path]:
     from deployctl.resources import runbooks_dir
 
-    extra = [Path(p) for p in os.environ.get(ENV_PATH, "").split(os.pathsep) if p]
-    return [runbooks_dir(), *extra]
+    return [runbooks_dir(), *settings.current().runbooks_path]
 
 
 @dataclass

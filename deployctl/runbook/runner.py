@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from deployctl import settings
 from deployctl.config import DeployConfig, HostConfig
-from deployctl.errors import EXIT_CHECK_FAILED, EXIT_OK, DeployctlError
+from deployctl.errors import DeployctlError, ExitCode
 from deployctl.runbook import actions, audit
 from deployctl.runbook.checks import Observation, Target, observe
 from deployctl.runbook.context import host_variables
@@ -68,8 +69,8 @@ class RunReport:
         """0 when every host succeeded; an error's own code (4 for SSH); else 1."""
         errors = [h.error for h in self.hosts if h.error is not None]
         if errors:
-            return type(errors[0]).exit_code  # HostError keeps the remote command's exit code on the instance
-        return EXIT_OK if all(h.succeeded for h in self.hosts) else EXIT_CHECK_FAILED
+            return errors[0].exit_code
+        return ExitCode.OK if all(h.succeeded for h in self.hosts) else ExitCode.CHECK_FAILED
 
 
 @dataclass
@@ -86,7 +87,7 @@ def run_runbook(rb: Runbook, cfg: DeployConfig, hosts: list[HostConfig], opts: R
     """Run ``rb`` on each of ``hosts`` in turn (Host layer connections opened and closed here)."""
     from deployctl.hosts import Host
 
-    report = RunReport(rb.name, uuid.uuid4().hex[:12], audit.operator(), opts.dry_run)
+    report = RunReport(rb.name, uuid.uuid4().hex[:12], settings.operator(), opts.dry_run)
     for hc in hosts:
         hr = HostReport(hc.name)
         report.hosts.append(hr)

@@ -15,7 +15,7 @@ import shlex
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.config.layout import current_link, log_file, pid_file, shared_dir
+from deployctl.config.layout import current_link, log_file, pid_file, runtime_address, service_port, shared_dir
 
 EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
 
@@ -71,12 +71,10 @@ def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
         return "stopped"
-    from deployctl.config.layout import service_port
-
     pidf = shlex.quote(pid_file(h))
     ticks = max(1, int(wait * 10))
     port = service_port(cfg, h)
-    addr = "127.0.0.1" if cfg.server.bind in ("0.0.0.0", "::", "") else cfg.server.bind
+    addr = runtime_address(cfg)
     script = f"""
 pidf={pidf}
 [ -f "$pidf" ] || {{ echo "not running"; exit 0; }}

@@ -1,7 +1,8 @@
-"""Verify a runtime on a host: readiness (/readyz 200) and a sample inference through /v1/chat/completions
-that returns at least one token, each within a timeout. A model without a chat template (the runtime answers 400
-``no_chat_template``, C29) is verified through /v1/completions instead, and ``Verified.endpoint`` says so. Failures raise HealthError (exit 5) naming the host,
-what failed, and the last lines of the runtime log."""
+"""Verify a runtime on a host: readiness (/readyz 200, on the device deploy.yaml asked for) and a sample
+inference through /v1/chat/completions that returns at least one token, each within a timeout. A model without a
+chat template (the runtime answers 400 ``no_chat_template``, C29) is verified through /v1/completions instead, and
+``Verified.endpoint`` says so. Failures raise HealthError (exit 5) naming the host, what failed, and the last lines
+of the runtime log."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
+from deployctl.config.layout import log_file
 from deployctl.errors import HealthError
 from deployctl.service import launcher
 from deployctl.service.http import http
@@ -35,7 +37,20 @@ def _fail(host, what: str) -> HealthError:
     tail = launcher.log_tail(host, 8)
     more = f"; last log lines: {tail[-600:]}" if tail else ""
     return HealthError(f"{host.name}: {what}{more}",
-                       fix=f"see {host.config.deploy_root}/shared/logs/runtime.log on {host.name}")
+                       fix=f"see {log_file(host.config)} on {host.name}")
+
+
+def _check_device(host, cfg: DeployConfig, ready) -> None:
+    """The runtime's /readyz says where it runs (device, device_name, dtype; older runtimes say nothing and pass).
+    Raises HealthError when it is not the engine.device deploy.yaml asked for (cuda asked, cpu running)."""
+    try:
+        body = ready.json()
+    except ValueError:
+        return
+    got = body.get("device") if isinstance(body, dict) else None
+    if got is not None and got != cfg.engine.device:
+        raise _fail(host, f"runs on {got} ({body.get('device_name') or 'unknown device'}, {body.get('dtype')}) "
+                          f"but deploy.yaml asks for engine.device {cfg.engine.device}")
 
 
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
@@ -50,6 +65,7 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
             should_stop()
         r = http(host, cfg, "GET", "/readyz", timeout=3)
         if r.status == 200:
+            _check_device(host, cfg, r)
             return time.monotonic() - t0
         last = f"HTTP {r.status}" if r.status else (r.error or "no answer")
         if log_offset is not None:

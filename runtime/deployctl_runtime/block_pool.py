@@ -4,19 +4,43 @@ Names follow vLLM's v1 core (KVCacheBlock, FreeKVCacheBlockQueue, BlockPool).
 """
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+import hashlib
+import itertools
+from array import array
+from typing import Iterable, Sequence
+
+DIGEST_BYTES = 32  # SHA-256
+
+
+def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """Key of a full block: SHA-256 over the parent block's key and the block's token ids (int64 little-endian).
+
+    The chain's root (the first block's parent) is `root_digest(...)`, which carries the per-process seed and the
+    model identity, so keys differ across processes and models. Cost: one hashlib call per block (see
+    bench/bench_prefix_hash.py)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+def root_digest(seed: bytes, identity: bytes) -> bytes:
+    """The parent key of a request's first block: SHA-256 over a per-process random seed and what else changes
+    the KV for the same token ids (model/weights identity and dtype; a LoRA or cache salt when added)."""
+    return hashlib.sha256(b"deployctl-prefix-cache-v1\0" + seed + b"\0" + identity).digest()
 
 
 class KVCacheBlock:
     """One block of block_size token slots. ref_cnt counts the requests using it; block_hash is set once the
     block is full and cached, and cleared when it is evicted."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "parent_serial", "serial", "prev_free",
+                 "next_free")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: Hashable | None = None
+        self.block_hash: bytes | None = None
+        self.token_ids: tuple[int, ...] = ()  # while cached: the block's tokens, compared on every hit
+        self.parent_serial = 0  # while cached: serial of the cached parent block its KV was computed after (0: root)
+        self.serial = 0  # while cached: unique per caching, so a chain never points at a since-evicted instance
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
 
@@ -70,8 +94,10 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """All blocks of the KV cache, the free queue and the map from block hash to cached block.
 
-    A block hash is the tuple (parent block hash, token ids of the block): the dict compares the token ids on every
-    hit, so a hash collision can never return the wrong block. Counting: prefix_cache_queries/hits are in tokens.
+    A block's key is `block_digest(parent key, token ids)` (SHA-256). A hit is verified against the whole chain, so
+    even a forced digest collision cannot serve another prompt's KV: the cached block must hold the same token ids
+    and must have been computed after exactly the cached parent instance the lookup matched before it (its
+    `serial`), by induction from the root. Counting: prefix_cache_queries/hits are in tokens.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True):
@@ -79,14 +105,23 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached: dict[Hashable, KVCacheBlock] = {}
+        self.cached: dict[bytes, KVCacheBlock] = {}
+        self._serials = itertools.count(1)
 
     @property
     def num_free_blocks(self) -> int:
         return self.free_queue.num_free_blocks
 
-    def get_cached_block(self, block_hash: Hashable) -> KVCacheBlock | None:
-        return self.cached.get(block_hash) if self.enable_caching else None
+    def get_cached_block(self, block_hash: bytes, token_ids: tuple[int, ...], parent_serial: int
+                         ) -> KVCacheBlock | None:
+        """The cached block for this key, only if it holds these token ids after the parent instance
+        `parent_serial` (0 for a first block); None otherwise."""
+        if not self.enable_caching:
+            return None
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != token_ids or block.parent_serial != parent_serial:
+            return None
+        return block
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Pop n free blocks from the head of the free queue (evicting their cached hash), ref_cnt = 1."""
@@ -97,7 +132,7 @@ class BlockPool:
             block = self.free_queue.popleft()
             if block.block_hash is not None:
                 del self.cached[block.block_hash]
-                block.block_hash = None
+                block.block_hash, block.token_ids, block.serial = None, (), 0
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -109,13 +144,21 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_full_block(self, block: KVCacheBlock, block_hash: Hashable) -> None:
-        if not self.enable_caching or block.block_hash is not None:
-            return
-        if block_hash in self.cached:  # the same content already cached in another block: keep the first
-            return
-        block.block_hash = block_hash
+    def cache_full_block(self, block: KVCacheBlock, block_hash: bytes, token_ids: tuple[int, ...],
+                         parent_serial: int) -> int | None:
+        """Offer a full block to the cache. Returns the serial of the cached instance that now stands for this
+        content (this block, or an equal one cached before), or None when the key is taken by different content
+        (a digest collision): then none of the request's later blocks is cached either."""
+        if not self.enable_caching:
+            return None
+        held = block if block.block_hash is not None else self.cached.get(block_hash)
+        if held is not None:  # already cached (a hit), or the same key cached in another block: keep the first
+            same = held.token_ids == token_ids and held.parent_serial == parent_serial
+            return held.serial if same and held.block_hash == block_hash else None
+        block.block_hash, block.token_ids, block.parent_serial = block_hash, token_ids, parent_serial
+        block.serial = next(self._serials)
         self.cached[block_hash] = block
+        return block.serial
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free-queue tail in the given order
@@ -129,5 +172,5 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> None:
         for block in self.cached.values():
-            block.block_hash = None
+            block.block_hash, block.token_ids, block.serial = None, (), 0
         self.cached.clear()

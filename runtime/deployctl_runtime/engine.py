@@ -7,10 +7,10 @@ from typing import Callable, Iterable
 
 from deployctl_runtime import kv_sizing
 from deployctl_runtime.engine_args import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
-from deployctl_runtime.kv_cache_manager import KVCacheManager
+from deployctl_runtime.kv_cache_manager import KVCacheManager, model_identity
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.request import Request, RequestStatus
-from deployctl_runtime.sampling_params import SamplingParams
+from deployctl_runtime.sampling_params import SamplingParams, context_length_error
 from deployctl_runtime.scheduler import Scheduler
 from deployctl_runtime.tokenizer import load_tokenizer
 
@@ -35,6 +35,9 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    new_top_logprobs: list[list[tuple[int, float]]] | None = None  # per new token: (id, logprob), best first
+    error: str | None = None  # why finish_reason is "error"
+    queue_time_s: float | None = None  # arrival (add_request) to first scheduling, once scheduled
 
 
 @dataclass
@@ -73,6 +76,7 @@ class LLMEngine:
         self.tokenizer = tok.tokenizer
         self.eos_token_ids = tok.eos_token_ids
         self.chat_template, self.bos_token, self.eos_token = tok.chat_template, tok.bos_token, tok.eos_token
+        self.bos_token_id = tok.bos_token_id
         self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 2048)
         if self.max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
@@ -92,9 +96,13 @@ class LLMEngine:
         self.kv_plan.check_fits()
         self.runner.allocate_kv_cache(num_blocks)
         log(self.kv_plan.summary())
-        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                 model_identity(model_dir, self.dtype))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                    args.enable_chunked_prefill)
+        from deployctl_runtime.structured import StructuredOutputs
+
+        self.runner.sampler.structured = StructuredOutputs(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
         self.runner.warmup()
         log("warm-up forward pass done")
         self._arrivals = 0
@@ -129,10 +137,13 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
-        if n + 1 > self.max_model_len:
-            raise RequestRejected("context_length_exceeded",
-                                  f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
-                                  f"has {n} tokens and needs {n + 1} with one output token")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
+        too_long = context_length_error(n, params.max_tokens, self.max_model_len)
+        if too_long is not None:
+            raise RequestRejected("context_length_exceeded", too_long[1])
+        if params.structured_outputs is not None:
+            self.runner.sampler.structured.check(params.structured_outputs)
         pool = self.kv_plan.pool_tokens
         needed = min(n + params.max_tokens, self.max_model_len)
         if needed > pool:
@@ -164,14 +175,20 @@ class LLMEngine:
             return outputs
         result = self.runner.execute(sched)
         for req in self.scheduler.update_from_output(sched, result):
+            if req.error is not None:  # nothing new was appended
+                outputs.append(self._output(req, [], None))
+                continue
             lp = [req.output_logprobs[-1]] if req.params.logprobs is not None else None
-            outputs.append(self._output(req, [req.output_token_ids[-1]], lp))
+            top = [req.output_top_logprobs[-1]] if req.params.logprobs else None
+            outputs.append(self._output(req, [req.output_token_ids[-1]], lp, top))
         return outputs
 
     @staticmethod
-    def _output(req: Request, new_ids: list[int], new_logprobs) -> RequestOutput:
+    def _output(req: Request, new_ids: list[int], new_logprobs, new_top=None) -> RequestOutput:
+        queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
         return RequestOutput(req.request_id, new_ids, new_logprobs, req.status == RequestStatus.FINISHED,
-                             req.finish_reason, req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens)
+                             req.finish_reason, req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens,
+                             new_top, req.error, queued)
 
     def stats(self) -> EngineStats:
         return EngineStats(

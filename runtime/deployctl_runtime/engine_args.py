@@ -1,9 +1,42 @@
-"""Engine settings: one frozen dataclass, named as the `serve` flags are."""
+"""Engine settings: one frozen dataclass, named as the `serve` flags are, and the only validator of their values
+(``serve``'s config delegates to it). deployctl's deploy.yaml checks the same limits; tests/data/engine_vectors.json
+pins both sides.
+
+Byte sizes (``parse_bytes``): an integer is bytes; ``K``, ``M``, ``G``, ``T`` and ``KiB``, ``MiB``, ``GiB``, ``TiB`` are
+powers of 1024 (``512m`` = ``512MiB`` = 536870912, as docker, nginx and the JVM read them); ``KB``, ``MB``, ``GB``, ``TB``
+are powers of 1000 (GPU vendors' "40GB"); ``B`` is bytes; case does not matter; a decimal number needs a digit
+before the point (``0.5GiB``).
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024 * 1024
+MAX_BLOCK_SIZE = 1024
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(value: Any) -> int:
+    """``value`` in bytes (grammar in the module doc). Raises ValueError naming the value and the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 512MiB, 40GB or 536870912, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    match = _SIZE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"expected a size like 512MiB, 40GB or 536870912, got {value!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 @dataclass(frozen=True)
@@ -30,19 +63,22 @@ class EngineArgs:
     seed: int = 0
 
     def validate(self) -> None:
-        """Raise ValueError naming the field, the value and the fix."""
+        """Raise ValueError ``"<field>: <problem>, got <value>"``: the field, the value and what is allowed."""
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device: {self.device!r} is not supported; use cpu or cuda")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype: {self.dtype!r} is not supported; use auto, float32, bfloat16 or float16")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.block_size > MAX_BLOCK_SIZE or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size: must be a power of two up to {MAX_BLOCK_SIZE} (8, 16, 32, ...), "
+                             f"got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 0:
-            raise ValueError(f"num_gpu_blocks_override: must be >= 0, got {self.num_gpu_blocks_override}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override: must be >= 1, got {self.num_gpu_blocks_override}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 0:
-            raise ValueError(f"kv_cache_memory: must be >= 0 bytes, got {self.kv_cache_memory}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError(f"kv_cache_memory: must be >= 1 byte, got {self.kv_cache_memory}")

@@ -1,8 +1,30 @@
 """Which blocks each request holds; prefix-cache lookups; allocation for the next step. No torch."""
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
+from deployctl_runtime import block_pool
 from deployctl_runtime.block_pool import BlockPool, KVCacheBlock
 from deployctl_runtime.request import Request
+
+_PROCESS_SEED = os.urandom(32)  # prefix-cache keys are never the same across processes
+
+
+def model_identity(model_dir: str | Path, dtype: str) -> bytes:
+    """What besides token ids decides a block's KV: the weights (manifest.sha256 when present, else config.json and
+    the weight files' names, sizes and mtimes) and the dtype. Returns bytes for `root_digest`."""
+    root = Path(model_dir).resolve()
+    h = hashlib.sha256(str(root).encode() + b"\0" + dtype.encode())
+    manifest = root / "manifest.sha256"
+    if manifest.is_file():
+        h.update(manifest.read_bytes())
+    else:
+        for p in sorted(root.glob("*.json")) + sorted(root.glob("*.safetensors")):
+            st = p.stat()
+            h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.digest()
 
 
 class KVCacheManager:
@@ -12,12 +34,15 @@ class KVCacheManager:
     holds has ref_cnt >= 1; free blocks (ref_cnt 0) are in the pool's free queue and in no block table.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, identity: bytes = b""):
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
+        self.root_key = block_pool.root_digest(_PROCESS_SEED, identity)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_blocks: dict[str, int] = {}  # request_id -> leading blocks already offered to the cache
+        # request_id -> per leading block offered to the cache: the serial of the cached instance standing for it
+        # (None after a digest collision: nothing after it is cached)
+        self.chain_serials: dict[str, list[int | None]] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -31,13 +56,15 @@ class KVCacheManager:
         return 0.0 if n == 0 else 1.0 - self.pool.num_free_blocks / n
 
     def _update_block_hashes(self, request: Request) -> None:
-        """Extend the request's hash chain over its full blocks: key = (hash(parent key), token ids)."""
+        """Extend the request's hash chain over its full blocks: key = block_digest(parent key, token ids)."""
         bs, hashes, tokens = self.block_size, request.block_hashes, request.all_token_ids
-        parent = hash(hashes[-1]) if hashes else None
+        parent = hashes[-1] if hashes else self.root_key
         for i in range(len(hashes), len(tokens) // bs):
-            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
-            hashes.append(key)
-            parent = hash(key)
+            parent = block_pool.block_digest(parent, tokens[i * bs:(i + 1) * bs])
+            hashes.append(parent)
+
+    def _block_tokens(self, request: Request, i: int) -> tuple[int, ...]:
+        return tuple(request.all_token_ids[i * self.block_size:(i + 1) * self.block_size])
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest run of cached full blocks matching the request's prefix, and the tokens they cover.
@@ -48,11 +75,13 @@ class KVCacheManager:
         self._update_block_hashes(request)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
-        for key in request.block_hashes[:max_hit_blocks]:
-            block = self.pool.get_cached_block(key)
+        parent_serial = 0
+        for i, key in enumerate(request.block_hashes[:max_hit_blocks]):
+            block = self.pool.get_cached_block(key, self._block_tokens(request, i), parent_serial)
             if block is None:
                 break
             hits.append(block)
+            parent_serial = block.serial
         return hits, len(hits) * self.block_size
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -83,15 +112,17 @@ class KVCacheManager:
         if self.enable_caching:
             self._update_block_hashes(request)
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
-            for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
-                self.pool.cache_full_block(blocks[i], request.block_hashes[i])
-            self.num_cached_blocks[request.request_id] = max(num_full, self.num_cached_blocks.get(request.request_id, 0))
+            chain = self.chain_serials.setdefault(request.request_id, [])
+            for i in range(len(chain), num_full):
+                parent = chain[i - 1] if i else 0
+                chain.append(None if parent is None else self.pool.cache_full_block(
+                    blocks[i], request.block_hashes[i], self._block_tokens(request, i), parent))
         return new_blocks
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted before its shared prefix."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.num_cached_blocks.pop(request.request_id, None)
+        self.chain_serials.pop(request.request_id, None)
         if blocks:
             self.pool.free_blocks(reversed(blocks))
 

@@ -7,6 +7,7 @@ from typing import Callable
 from deployctl_runtime.engine import LLMEngine
 from deployctl_runtime.engine_args import EngineArgs
 from deployctl_runtime.sampling_params import SamplingParams
+from deployctl_runtime.tokenizer import encode_prompt
 
 
 @dataclass
@@ -18,6 +19,8 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[float] | None = None
     num_cached_tokens: int = 0
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (id, logprob), most likely first
+    error: str | None = None  # why finish_reason is "error" (e.g. non-finite logits)
     extra: dict = field(default_factory=dict)
 
 
@@ -37,7 +40,9 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[CompletionOutput]:
         """prompts: a string, a list of strings, or a list of token-id lists. Returns outputs in prompt order.
-        Stop strings cut the text (and the token ids after the stop) and finish with "stop"."""
+        Stop strings cut the text (and the token ids after the stop) and finish with "stop". A text prompt gets the
+        tokenizer's BOS once (tokenizer.encode_prompt). Raises ValueError (bad params) or RequestRejected (a prompt
+        that cannot fit max_model_len with max_tokens; the same rule and message as the HTTP server's 400)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None:
@@ -48,7 +53,8 @@ class LLM:
         ids = []
         order = {}
         for prompt, p in zip(prompts, params):
-            token_ids = self.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
+            token_ids = (encode_prompt(self.tokenizer, prompt, self.engine.bos_token_id) if isinstance(prompt, str)
+                         else list(prompt))
             rid = f"offline-{self._next_id}"
             self._next_id += 1
             self.engine.add_request(rid, token_ids, p)
@@ -56,17 +62,20 @@ class LLM:
             ids.append((rid, token_ids, p))
         tokens: dict[str, list[int]] = {rid: [] for rid, _, _ in ids}
         logprobs: dict[str, list[float]] = {rid: [] for rid, _, _ in ids}
-        finished: dict[str, tuple[str | None, int]] = {}
+        tops: dict[str, list] = {rid: [] for rid, _, _ in ids}
+        finished: dict[str, tuple[str | None, int, str | None]] = {}
         while len(finished) < len(ids):
             for out in self.engine.step():
                 tokens[out.request_id] += out.new_token_ids
                 if out.new_logprobs:
                     logprobs[out.request_id] += out.new_logprobs
+                if out.new_top_logprobs:
+                    tops[out.request_id] += out.new_top_logprobs
                 if out.finished:
-                    finished[out.request_id] = (out.finish_reason, out.num_cached_tokens)
+                    finished[out.request_id] = (out.finish_reason, out.num_cached_tokens, out.error)
         results = []
         for rid, prompt_ids, p in ids:
-            reason, cached = finished[rid]
+            reason, cached, error = finished[rid]
             toks = tokens[rid]
             text = self.tokenizer.decode(toks)
             if p.stop:
@@ -74,5 +83,6 @@ class LLM:
                 if hit:
                     reason = "stop"
             results.append(CompletionOutput(rid, prompt_ids, toks, text, reason,
-                                            logprobs[rid] if p.logprobs is not None else None, cached))
+                                            logprobs[rid] if p.logprobs is not None else None, cached,
+                                            tops[rid] if p.logprobs else None, error))
         return results

@@ -126,9 +126,8 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if sample_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-            tokens, logprobs = self.sampler(logits, sample_reqs)
-            for req, tok, lp in zip(sample_reqs, tokens, logprobs):
-                out.sampled[req.request_id] = (tok, lp)
+            for req, sample in zip(sample_reqs, self.sampler(logits, sample_reqs)):
+                out.sampled[req.request_id] = sample
         return out
 
     def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:

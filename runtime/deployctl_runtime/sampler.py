@@ -1,49 +1,101 @@
-"""Turn the last-position logits of each sampling request into one token id (and its logprob).
+"""Turn the last-position logits of each sampling request into one token id, its logprob and top alternatives.
 
-Order (as vLLM): min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature ->
-top-k -> top-p -> a sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not
-depend on what else is in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index
-i with probability p_i (the Gumbel-max trick in another form)."""
+All logits processing lives here, in this order (as vLLM): non-finite check (a row with NaN/inf ends that request
+with an error; the other rows go on) -> grammar bitmask (structured output, `structured.py`) -> logit_bias ->
+min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature -> top-k -> top-p -> a
+sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not depend on what else is
+in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i
+(the Gumbel-max trick in another form).
+
+Logprobs (the chosen token's and the top-N alternatives) are log_softmax of the logits after the bitmask,
+logit_bias, penalties and temperature (temperature 1 for greedy), before top-k/top-p truncation: the distribution
+the token is drawn from, as OpenAI documents. -inf (a masked token) is reported as -9999.0, as vLLM does, so no
+non-finite number ever reaches JSON.
+"""
 from __future__ import annotations
+
+import weakref
 
 import torch
 
-from deployctl_runtime.request import Request
+from deployctl_runtime.request import Request, SampledToken
+
+MIN_LOGPROB = -9999.0
+NON_FINITE = ("non-finite logits (NaN or inf) from the model: its activations overflowed the dtype; "
+              "serve it with --dtype bfloat16 or float32")
 
 
 class Sampler:
+    """Owns the engine generator, the per-request generators of seeded requests and the per-request grammar
+    matchers (both keyed weakly by the Request, so they go when the request does)."""
+
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self._generators: weakref.WeakKeyDictionary[Request, torch.Generator] = weakref.WeakKeyDictionary()
+        self.structured = None  # structured.StructuredOutputs, set by the engine once the tokenizer is known
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], list[float | None]]:
-        """logits [N, V] float32 (one row per request, in order) -> (token ids, logprobs or None per request)."""
-        want_logprobs = [r.params.logprobs is not None for r in requests]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
+        """logits [N, V] float32 (one row per request, in order) -> one SampledToken per request."""
+        finite = torch.isfinite(logits).all(dim=-1)
+        finite_list = finite.tolist()
+        if not all(finite_list):  # keep the batch: the bad rows get zeros here and an error below
+            logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)
         logits = self._apply_constraints(logits, requests)
         greedy = [r.params.is_greedy for r in requests]
+        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
+                             device=logits.device, dtype=logits.dtype)
         if all(greedy):
             tokens = logits.argmax(dim=-1)
+            scaled = logits
         else:
-            tokens = self._sample(logits, requests, greedy)
+            scaled = logits / temps.unsqueeze(1)
+            tokens = self._sample(logits, scaled, requests, greedy)
         token_list = tokens.tolist()
-        if raw_logprobs is None:
-            return token_list, [None] * len(requests)
-        chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        return token_list, [lp if want else None for lp, want in zip(chosen, want_logprobs)]
+        chosen, tops = self._logprobs(scaled, tokens, requests)
+        if self.structured is not None:
+            self.structured.accept(requests, token_list)
+        out = []
+        for i, r in enumerate(requests):
+            if not finite_list[i]:
+                out.append(SampledToken(0, None, None, NON_FINITE))
+            else:
+                out.append(SampledToken(token_list[i], chosen[i], tops[i], None))
+        return out
+
+    def _logprobs(self, scaled: torch.Tensor, tokens: torch.Tensor, requests: list[Request]):
+        want = [r.params.logprobs for r in requests]
+        if all(w is None for w in want):
+            return [None] * len(requests), [None] * len(requests)
+        lp = torch.log_softmax(scaled, dim=-1).clamp_(min=MIN_LOGPROB)
+        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        k = max(w or 0 for w in want)
+        top_vals, top_ids = (lp.topk(min(k, lp.shape[1]), dim=-1) if k else (None, None))
+        top_vals = top_vals.tolist() if k else None
+        top_ids = top_ids.tolist() if k else None
+        tops = []
+        for i, w in enumerate(want):
+            tops.append(list(zip(top_ids[i][:w], top_vals[i][:w])) if w else None)
+        return [c if w is not None else None for c, w in zip(chosen, want)], tops
 
     def _apply_constraints(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         cloned = False
+        if self.structured is not None and any(r.params.structured_outputs is not None for r in requests):
+            logits, cloned = logits.clone(), True
+            self.structured.apply_bitmask(logits, requests)
         for i, r in enumerate(requests):
             p = r.params
             needs_mask = r.num_output_tokens < p.min_tokens and r.stop_ids
             has_penalty = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if not (needs_mask or has_penalty):
+            if not (needs_mask or has_penalty or p.logit_bias):
                 continue
             if not cloned:
                 logits, cloned = logits.clone(), True
             row = logits[i]
+            if p.logit_bias:  # OpenAI: added to the logits before sampling
+                ids = torch.tensor([int(t) for t in p.logit_bias], device=row.device, dtype=torch.long)
+                row[ids] += torch.tensor(list(p.logit_bias.values()), device=row.device, dtype=row.dtype)
             if needs_mask:
                 row[torch.tensor(sorted(r.stop_ids), device=row.device, dtype=torch.long)] = float("-inf")
             if p.repetition_penalty != 1.0:  # CTRL (Keskar et al. 2019) as HF applies it: prompt and output tokens
@@ -56,10 +108,8 @@ class Sampler:
                 row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
         return logits
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool]) -> torch.Tensor:
-        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
-                             device=logits.device, dtype=logits.dtype)
-        scaled = logits / temps.unsqueeze(1)
+    def _sample(self, logits: torch.Tensor, scaled: torch.Tensor, requests: list[Request],
+                greedy: list[bool]) -> torch.Tensor:
         top_ks = [r.params.top_k for r in requests]
         top_ps = [r.params.top_p for r in requests]
         if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
@@ -72,10 +122,11 @@ class Sampler:
                 generator=self.generator)
         for i, r in enumerate(requests):
             if r.params.seed is not None:
-                if r.generator is None:
-                    r.generator = torch.Generator(device=probs.device)
-                    r.generator.manual_seed(r.params.seed)
-                noise[i].exponential_(generator=r.generator)
+                gen = self._generators.get(r)
+                if gen is None:
+                    gen = self._generators[r] = torch.Generator(device=probs.device)
+                    gen.manual_seed(r.params.seed)
+                noise[i].exponential_(generator=gen)
         sampled = (probs / noise).argmax(dim=-1)
         greedy_t = torch.tensor(greedy, device=logits.device)
         return torch.where(greedy_t, logits.argmax(dim=-1), sampled)

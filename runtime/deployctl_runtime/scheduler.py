@@ -2,11 +2,12 @@
 preemption by recompute. No torch: deals in requests, token counts and block ids."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
-from deployctl_runtime.request import Request, RequestStatus
+from deployctl_runtime.request import Request, RequestStatus, SampledToken
 
 
 @dataclass
@@ -35,8 +36,8 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """One sampled token (and its logprob, or None) per scheduled request whose step samples, by request id."""
-    sampled: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    """One SampledToken per scheduled request whose step samples, by request id."""
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -112,6 +113,8 @@ class Scheduler:
                     req.num_cached_tokens = num_hit_tokens
                 req.num_computed_tokens += num_hit_tokens
                 req.status = RequestStatus.RUNNING
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
                 self.running.append(req)
                 out.scheduled.append(ScheduledRequest(req, num_new, self.kv.get_block_ids(req.request_id)))
                 budget -= num_new
@@ -138,7 +141,12 @@ class Scheduler:
             sampled = result.sampled.get(req.request_id)
             if sampled is None:
                 continue
-            req.append_output(*sampled)
+            if sampled.error is not None:  # e.g. non-finite logits: this request ends, the batch goes on
+                req.error = sampled.error
+                self.finish(req, "error")
+                progressed.append(req)
+                continue
+            req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
             reason = req.check_stop(self.max_model_len)
             if reason is not None:
                 self.finish(req, reason)

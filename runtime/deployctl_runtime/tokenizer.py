@@ -16,6 +16,70 @@ class TokenizerInfo:
     bos_token: str | None
     eos_token: str | None
 
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.tokenizer.token_to_id(self.bos_token)
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, bos_token_id: int | None, add_special_tokens: bool = True
+                  ) -> list[int]:
+    """Token ids of a prompt text with the tokenizer's BOS exactly once (C22).
+
+    The post-processor adds BOS (add_special_tokens) and a text that already starts with the BOS string (a rendered
+    chat template's `{{ bos_token }}`, or a client that sends it) would carry two; the duplicate is dropped, as
+    vLLM does since #27515. Chat passes add_special_tokens=False (transformers' apply_chat_template: the template
+    decides), completions and the offline API pass True."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    if bos_token_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_token_id:
+        ids = ids[1:]
+    return ids
+
+
+# GPT-2's byte-level alphabet: each byte is shown as a printable character (e.g. space -> "Ġ")
+def _bytelevel_decoder() -> dict[str, int]:
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+class TokenBytes:
+    """The raw bytes of each token id, for logprobs (OpenAI's `bytes`), and text a client can show: UTF-8 decoded,
+    with a partial character as `\\xNN` escapes (never byte-level markers like Ġ). Cached per id."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tok = tokenizer
+        self._cache: dict[int, bytes] = {}
+        dec = json.loads(tokenizer.to_str()).get("decoder") or {}
+        kinds = {d.get("type") for d in (dec.get("decoders") or [dec])}
+        self._bytelevel = _bytelevel_decoder() if "ByteLevel" in kinds else None
+        self._added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+
+    def bytes(self, token_id: int) -> bytes:
+        b = self._cache.get(token_id)
+        if b is None:
+            piece = self._tok.id_to_token(token_id)
+            if piece is None:
+                b = b""
+            elif piece in self._added:
+                b = piece.encode()
+            elif self._bytelevel is not None and all(c in self._bytelevel for c in piece):
+                b = bytes(self._bytelevel[c] for c in piece)
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # sentencepiece byte fallback
+                b = bytes([int(piece[3:5], 16)])
+            else:
+                b = self._tok.decode([token_id], skip_special_tokens=False).encode()
+            self._cache[token_id] = b
+        return b
+
+    def text(self, token_id: int) -> str:
+        return self.bytes(token_id).decode("utf-8", errors="backslashreplace")
+
 
 def _token_str(value) -> str | None:
     if isinstance(value, dict):  # older tokenizer_config: {"content": "</s>", ...}

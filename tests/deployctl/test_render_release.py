@@ -199,7 +199,7 @@ def test_default_release_id_is_timestamp_and_content_hash(tmp_path):
     for out in ("a", "b"):
         _render(cfg, tmp_path / out, release_id=None, env=env)
         ids.append(yaml.safe_load((tmp_path / out / "RENDER.json").read_text())["release_id"])
-    assert ids[0] == ids[1] and ids[0].startswith("20260528T") and len(ids[0].split("-")[1]) == 7
+    assert ids[0] == ids[1] and ids[0].startswith("20260528T") and len(ids[0].split("-")[1]) == 8
     assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
     write_config(cfg, engine={"max_num_seqs": 32})
     _render(cfg, tmp_path / "c", release_id=None, env=env)

@@ -14,7 +14,8 @@ from deployctl.rollout.analysis import GroupStats, count_access_log, judge, upst
 from deployctl.rollout.deploy import split_for
 from deployctl.rollout.lock import judge as judge_lock
 from deployctl.rollout.plan import make_plan, steps_for
-from deployctl.rollout.release import ReleaseInfo, release_id_for
+from deployctl.render import new_release_id
+from deployctl.rollout.release import ReleaseInfo, make_release_info
 from deployctl.rollout.router import shares
 
 CFG = """
@@ -100,12 +101,31 @@ def test_plan_modes_and_steps(cfg):
     assert p.mode == "in-place" and any("no canary" in ln for ln in p.lines())
 
 
-def test_release_id_shape_and_content_hash():
+def test_release_id_shape_and_content_hash(cfg):
     when = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
-    a = release_id_for("w", "cfg", "manifest", when=when)
+    a = new_release_id(cfg, runtime_version="0.1.0", manifest="m", when=when)
     assert a.startswith("20261130T010203Z-") and len(a.split("-")[1]) == 8
-    assert release_id_for("w", "cfg2", "manifest", when=when) != a
-    assert release_id_for("w", "cfg", "manifest", when=when) == a
+    assert new_release_id(cfg, runtime_version="0.1.0", manifest="m2", when=when) != a
+    assert new_release_id(cfg, runtime_version="0.2.0", manifest="m", when=when) != a
+    other = parse_config(CFG.replace("deploy_root: /d/b", "deploy_root: /d/bb"))
+    assert new_release_id(other, runtime_version="0.1.0", manifest="m", when=when) != a
+    assert new_release_id(cfg, runtime_version="0.1.0", manifest="m", when=when) == a
+
+
+def test_render_and_deploy_name_the_same_release_alike(tmp_path):
+    """`deployctl render` and `deployctl deploy` used 7 and 8 hex digits of different inputs for one release."""
+    from deployctl.render.targets import default_release_id, runtime_version
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.sha256").write_text("ab" * 32 + "  model.safetensors\n")
+    c = parse_config(CFG.replace("path: /m", f"path: {model}"))
+    wheel = tmp_path / f"deployctl_runtime-{runtime_version()}-py3-none-any.whl"
+    wheel.write_bytes(b"not a real wheel: only its name and sha256 matter here")
+    when = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
+    rendered = default_release_id(c, env={"SOURCE_DATE_EPOCH": str(int(when.timestamp()))})
+    deployed = make_release_info(c, wheel, (model / "manifest.sha256").read_text(), when=when).id
+    assert rendered == deployed and rendered.startswith("20261130T010203Z-")
 
 
 def test_stale_lock_detection():

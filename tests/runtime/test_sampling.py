@@ -15,7 +15,7 @@ LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, -9.0])
 def _draw(params: SamplingParams, n: int = 20000, logits: torch.Tensor = LOGITS) -> torch.Tensor:
     """Token frequencies over n independent draws (one batch of n identical rows)."""
     reqs = [Request(f"r{i}", [0], params) for i in range(n)]
-    tokens, _ = Sampler(torch.device("cpu"), seed=1)(logits.repeat(n, 1), reqs)
+    tokens = [s.token_id for s in Sampler(torch.device("cpu"), seed=1)(logits.repeat(n, 1), reqs)]
     return torch.bincount(torch.tensor(tokens), minlength=logits.numel()).float() / n
 
 
@@ -51,10 +51,10 @@ def test_min_tokens_masks_stop_and_eos_ids_until_reached():
     logits = torch.tensor([0.0, 5.0, 9.0, 1.0])  # eos 2 is the argmax, stop id 1 next
     req = Request("r", [0], SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1]), frozenset({2}))
     sampler = Sampler(torch.device("cpu"))
-    assert sampler(logits.unsqueeze(0), [req])[0] == [3]
+    assert [s.token_id for s in sampler(logits.unsqueeze(0), [req])] == [3]
     req.append_output(3, None)
     req.append_output(3, None)
-    assert sampler(logits.unsqueeze(0), [req])[0] == [2]
+    assert [s.token_id for s in sampler(logits.unsqueeze(0), [req])] == [2]
     ignore = Request("i", [0], SamplingParams(min_tokens=1, ignore_eos=True), frozenset({2}))
     assert 2 not in ignore.stop_ids
 
@@ -130,7 +130,7 @@ def test_stop_token_ids_min_tokens_and_eos(llm):
         engine.eos_token_ids = saved
 
 
-def test_logprobs_are_the_models_log_softmax_of_the_chosen_tokens(llm, tiny_llama):
+def test_logprobs_are_log_softmax_of_the_temperature_scaled_logits_of_the_chosen_tokens(llm, tiny_llama):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
@@ -140,6 +140,31 @@ def test_logprobs_are_the_models_log_softmax_of_the_chosen_tokens(llm, tiny_llam
     assert len(out.logprobs) == 6
     with torch.no_grad():
         logits = model(torch.tensor([prompt + out.token_ids])).logits[0].float()
-    ref = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    ref = torch.log_softmax(logits[len(prompt) - 1:-1] / 0.8, -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4)
     assert llm.generate([prompt], SamplingParams(max_tokens=2))[0].logprobs is None
+
+
+def test_a_non_finite_row_ends_only_its_request_and_the_others_sample_as_alone():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
+    reqs = [Request(f"r{i}", [0], SamplingParams(temperature=0.7, seed=i, logprobs=2)) for i in range(3)]
+    alone = [Sampler(torch.device("cpu"))(logits[i:i + 1], [Request(f"a{i}", [0], reqs[i].params)])[0]
+             for i in (0, 2)]
+    bad = logits.clone()
+    bad[1, 7] = float("nan")
+    out = Sampler(torch.device("cpu"))(bad, reqs)
+    assert out[1].error and "non-finite" in out[1].error
+    assert [out[0], out[2]] == alone and all(s.error is None for s in alone)
+
+
+def test_top_logprobs_are_the_n_most_likely_of_the_sampled_distribution():
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(4))
+    req = Request("r", [0], SamplingParams(temperature=0.5, logprobs=3, logit_bias={9: 5.0}))
+    out = Sampler(torch.device("cpu"))(logits, [req])[0]
+    biased = logits[0].clone()
+    biased[9] += 5.0
+    ref = torch.log_softmax(biased / 0.5, -1)
+    ids = ref.topk(3).indices.tolist()
+    assert [t for t, _ in out.top_logprobs] == ids and ids[0] == 9  # logit_bias is honoured
+    assert all(abs(lp - ref[t].item()) < 1e-5 for t, lp in out.top_logprobs)
+    assert abs(out.logprob - ref[out.token_id].item()) < 1e-5

@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
-from deployctl_runtime.request import Request, RequestStatus
+from deployctl_runtime.request import Request, RequestStatus, SampledToken
 from deployctl_runtime.sampling_params import SamplingParams
 from deployctl_runtime.scheduler import ModelRunnerOutput, Scheduler
 
@@ -48,7 +48,7 @@ def fake_step(sched: Scheduler, token: int) -> None:
         assert item.num_scheduled_tokens >= 1
         assert len(item.block_ids) * BLOCK_SIZE >= item.request.num_computed_tokens + item.num_scheduled_tokens
         if item.samples:
-            result.sampled[item.request.request_id] = (token, None)
+            result.sampled[item.request.request_id] = SampledToken(token)
     sched.update_from_output(out, result)
 
 

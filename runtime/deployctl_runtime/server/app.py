@@ -18,13 +18,17 @@ from .middleware import RequestContextMiddleware
 from .responses import DONE, ResponseBuilder, error_event
 from .serving import RequestRecord, prepare
 from .sse import SSEResponse
+from .tokenize import detokenize_body, tokenize_body
 from .state import RETRY_AFTER_LOADING_S, ServerContext
 
 log = logging.getLogger("deployctl_runtime.server")
 
 
 def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAPI:
-    app = FastAPI(title="deployctl-runtime", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    # redirect_slashes off: a 307 to "/v1/completions" was built from the client's Host header (C27); the
+    # outermost middleware answers "/v1/completions/" like its twin instead
+    app = FastAPI(title="deployctl-runtime", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  redirect_slashes=False)
     app.state.ctx = ctx
 
     @app.exception_handler(APIError)
@@ -54,8 +58,15 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     @app.get("/healthz")
     async def healthz():
         if ctx.engine is not None and not ctx.engine.is_alive:
-            return JSONResponse({"status": "unhealthy", "detail": ctx.engine.error}, 503)
-        return {"status": "ok", "phase": ctx.phase}
+            return JSONResponse({"status": "unhealthy", "detail": ctx.engine.error, **ctx.where()}, 503)
+        return {"status": "ok", "phase": ctx.phase, **ctx.where()}
+
+    @app.get("/health")
+    async def health():  # vLLM's: 200 (empty body) while the engine loop is alive, 503 once it died
+        if ctx.engine is not None and not ctx.engine.is_alive:
+            return JSONResponse(error_body(f"the engine loop is dead: {ctx.engine.error}", "service_unavailable",
+                                           None, "engine_dead"), 503)
+        return Response(status_code=200)
 
     @app.get("/readyz")
     async def readyz():
@@ -71,9 +82,25 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     @app.get("/v1/models")
     async def models():
         ctx.check_serving()
-        created = int(time.time() - time.monotonic() + ctx.started_at)  # Unix time of start (started_at is monotonic)
-        return {"object": "list", "data": [{"id": ctx.served_name, "object": "model", "created": created,
-                                            "owned_by": "deployctl", "max_model_len": ctx.max_model_len}]}
+        return {"object": "list", "data": [_model_card(ctx)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        ctx.check_serving()
+        if model_id != ctx.served_name:
+            raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{ctx.served_name}'",
+                           "not_found_error", "model", "model_not_found")
+        return _model_card(ctx)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        ctx.check_serving()
+        return tokenize_body(ctx, await request.body())
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        ctx.check_serving()
+        return detokenize_body(ctx, await request.body())
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -85,6 +112,12 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
 
     inner = APIKeyMiddleware(app, api_keys, ctx.cfg.metrics_public)
     return RequestContextMiddleware(inner, ctx.cfg.release_id)  # type: ignore[return-value]
+
+
+def _model_card(ctx: ServerContext) -> dict:
+    created = int(time.time() - time.monotonic() + ctx.started_at)  # Unix time of start (started_at is monotonic)
+    return {"id": ctx.served_name, "object": "model", "created": created, "owned_by": "deployctl",
+            "max_model_len": ctx.max_model_len}
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -102,7 +135,7 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
     if ctx.cfg.log_requests:
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)
-    builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.tokenizer)
+    builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.token_bytes)
     ctx.http_started()
     try:
         await gen.start()
@@ -144,8 +177,9 @@ def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuild
     closed = False
 
     async def body():
+        continuous = builder.prep.request.continuous_usage
         async for batch in events:
-            for chunk in builder.chunks(batch):
+            for chunk in builder.chunks(batch, rec if continuous else None):
                 yield chunk
         if gen.engine_error or gen.timed_out:
             try:

@@ -2,7 +2,7 @@
 
 Keys come from env `DEPLOYCTL_RUNTIME_API_KEY` (comma-separated) and/or `--api-key-file PATH` (one key per line,
 `#` comments); never from the command line. Every HTTP route needs `Authorization: Bearer KEY` except the open
-ones (/healthz, /readyz, and /metrics when `--metrics-public`), so a route added later is protected by default.
+ones (/healthz, /readyz, /health, and /metrics when `--metrics-public`), so a route added later is protected by default.
 Keys are compared with `hmac.compare_digest` against every configured key, and never logged.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Iterable
 from .errors import error_body
 
 ENV_VAR = "DEPLOYCTL_RUNTIME_API_KEY"
-ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/health"})  # /health: vLLM's liveness route, open there too
 
 
 def load_api_keys(env: dict[str, str] | None = None, key_file: str | None = None) -> list[str]:

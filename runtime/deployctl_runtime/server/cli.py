@@ -55,13 +55,28 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--skip-verify", action=argparse.BooleanOptionalAction, help="start even if manifest.sha256 does not match")
     a("--log-requests", action=argparse.BooleanOptionalAction, help="log prompts and outputs (off by default)")
     a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    a("--log-file", help="also write the log to this file, rotated by size (stderr keeps it all too)")
+    a("--log-max-bytes", metavar="BYTES", help="rotate the log file at this size, bytes or e.g. 100MiB (default)")
+    a("--log-backup-count", type=int, help="rotated log files kept, runtime.log.1 newest (default 5)")
     p.set_defaults(func=run_serve)
     return p
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _setup_logging(cfg) -> None:
+    """stderr always; with log_file also a size-rotated file (log_max_bytes, log_backup_count files kept)."""
+    level = cfg.log_level
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+    if cfg.log_file:
+        from logging.handlers import RotatingFileHandler
+
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+        handler = RotatingFileHandler(cfg.log_file, maxBytes=cfg.log_max_bytes, backupCount=cfg.log_backup_count,
+                                      encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger().addHandler(handler)
     logging.getLogger("uvicorn.error").setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
 
 
@@ -79,7 +94,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"deployctl-runtime serve: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.log_level)
+    try:
+        _setup_logging(cfg)
+    except OSError as exc:
+        print(f"deployctl-runtime serve: log_file {cfg.log_file}: cannot open it ({exc.strerror})", file=sys.stderr)
+        return 2
     log = logging.getLogger("deployctl_runtime.server")
     if not keys and not is_loopback(cfg.host):
         log.error("refusing to bind %s without an API key: set env DEPLOYCTL_RUNTIME_API_KEY or --api-key-file, "

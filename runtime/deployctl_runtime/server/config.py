@@ -2,30 +2,17 @@
 
 YAML keys are the flag names with dashes turned into underscores (`--max-model-len` -> `max_model_len`); unknown
 keys and wrong types are errors naming the key. API keys are never a setting here (env or --api-key-file only).
+The engine settings' values are checked by EngineArgs.validate alone (deployctl_runtime/engine_args.py); byte sizes
+follow its ``parse_bytes`` grammar (``512m`` is 512 MiB).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(value: Any) -> int:
-    """`536870912`, `512MiB`, `0.5GiB` -> bytes. Raises ValueError on anything else."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a byte count: {value!r}")
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a byte count: {value!r} (use e.g. 536870912 or 512MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
+from deployctl_runtime.engine_args import EngineArgs, parse_bytes
 
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -34,15 +21,16 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     served_model_name: str | None = None
-    device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    max_model_len: int | None = Field(None, ge=1)
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    block_size: int = Field(16, ge=1)
-    num_gpu_blocks_override: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    kv_cache_memory: int | None = Field(None, ge=1)
+    # engine settings: types here, values checked by EngineArgs.validate (see load_config)
+    device: str = "cpu"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     seed: int = 0
@@ -55,8 +43,11 @@ class ServeConfig(BaseModel):
     skip_verify: bool = False
     log_requests: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: str | None = None  # also log here, rotated by size (logging.handlers.RotatingFileHandler)
+    log_max_bytes: int = Field(100 * 2**20, ge=1024)  # rotate when the file would grow past this
+    log_backup_count: int = Field(5, ge=1, le=100)  # keep this many rotated files (.1 newest); older are deleted
 
-    @field_validator("kv_cache_memory", mode="before")
+    @field_validator("kv_cache_memory", "log_max_bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
@@ -96,10 +87,18 @@ def load_config(cli: dict[str, Any], config_path: str | None) -> ServeConfig:
     values.update({k: v for k, v in cli.items() if v is not None})
     if "model" not in values:
         raise ValueError("--model is required (or `model:` in --config)")
+    def where(key: str) -> str:
+        return f" in {config_path}" if config_path and key in values and key not in cli else ""
+
     try:
-        return ServeConfig(**values)
+        cfg = ServeConfig(**values)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         key = ".".join(str(p) for p in err["loc"])
-        where = f" in {config_path}" if config_path and key in values and key not in cli else ""
-        raise ValueError(f"serve setting '{key}'{where}: {err['msg']} (got {err.get('input')!r})") from None
+        raise ValueError(f"serve setting '{key}'{where(key)}: {err['msg']} (got {err.get('input')!r})") from None
+    try:
+        EngineArgs(**cfg.engine_args()).validate()
+    except ValueError as exc:
+        key, _, problem = str(exc).partition(": ")
+        raise ValueError(f"serve setting '{key}'{where(key)}: {problem}") from None
+    return cfg

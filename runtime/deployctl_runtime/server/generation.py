@@ -34,6 +34,7 @@ class Generation:
         self._by_id = dict(zip(prep.sub_ids, self.choices))
         self._open = set(prep.sub_ids)
         self._seen_first_output = False
+        self._cached: dict[int, int] = {}
         self.timed_out = False
         self.engine_error: str | None = None
         self.aborted_by_client = False
@@ -64,7 +65,7 @@ class Generation:
                 raise APIError(400, str(exc), "invalid_request_error",
                                field_name if field_name.isidentifier() else param, "invalid_value") from None
             raise
-        self.rec.prompt_tokens = sum(len(p) for p in self.prep.prompts[:: self.prep.request.n])
+        self.rec.prompt_tokens = sum(len(p) for p in self.prep.prompts[:: self.prep.per_prompt])
         ctx.metrics.prompt_tokens.inc(self.rec.prompt_tokens)
 
     def _release(self, ids) -> None:
@@ -140,9 +141,9 @@ class Generation:
             ch = self._by_id.get(out.request_id)
             if ch is None or out.request_id not in self._open:
                 continue
-            if not self._seen_first_output:
-                self._seen_first_output = True
-                m.queue_time.observe(now - self.rec.arrival)
+            if not self._seen_first_output and out.queue_time_s is not None:
+                self._seen_first_output = True  # vLLM's queue time: engine arrival to first scheduling
+                m.queue_time.observe(out.queue_time_s)
             new = list(out.new_token_ids)
             if new:
                 if self.rec.first_token_at is None:
@@ -159,6 +160,17 @@ class Generation:
             ch.token_ids.extend(new)
             if out.new_logprobs:
                 ch.logprobs.extend(out.new_logprobs)
+            if out.new_top_logprobs:
+                ch.top_logprobs.extend(out.new_top_logprobs)
+            if ch.index % self.prep.per_prompt == 0:  # the prompt's cached tokens, counted once per prompt
+                self.rec.cached_tokens += out.num_cached_tokens - self._cached.get(ch.index, 0)
+                self._cached[ch.index] = out.num_cached_tokens
+            if out.finished and out.finish_reason == "error" and out.error:
+                ch.error = out.error
+                if self.engine_error is None:
+                    self.engine_error = out.error
+                    log.error("request %s: %s; the request ends with an error (finish_reason error)",
+                              self.rec.request_id, out.error)
             delta = ch.feed(new, out.finished)
             reason = None
             if ch.stops.stopped:
@@ -171,13 +183,15 @@ class Generation:
                 self._finish(ch, reason)
                 self._release([out.request_id])
             if delta or reason is not None or new:
-                events.append(Event(ch.index, delta, reason, new, list(out.new_logprobs or []) or None))
+                events.append(Event(ch.index, delta, reason, new, list(out.new_logprobs or []) or None,
+                                    list(out.new_top_logprobs or []) or None))
         return events
 
     def result(self) -> None:
         """Raise for the non-streaming response when the request could not complete normally."""
         if self.engine_error:
-            raise APIError(500, f"generation failed: {self.engine_error}", "internal_error", None, "engine_error")
+            code = "non_finite_logits" if "non-finite" in self.engine_error else "engine_error"
+            raise APIError(500, f"generation failed: {self.engine_error}", "internal_error", None, code)
         if self.timed_out:
             raise APIError(504, f"the request did not finish within --request-timeout-s "
                            f"{self.ctx.cfg.request_timeout_s:g}; its generation was stopped", "timeout_error", None,

@@ -56,7 +56,12 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         from .chat_template import ChatTemplate
 
         engine = LLMEngine.from_engine_args(EngineArgs(**cfg.engine_args()), log=log.info)
+        from deployctl_runtime.tokenizer import TokenBytes
+
         ctx.tokenizer = engine.tokenizer
+        ctx.token_bytes = TokenBytes(engine.tokenizer)
+        ctx.bos_token_id = engine.bos_token_id
+        ctx.device = device_facts(engine)
         ctx.vocab_size = engine.tokenizer.get_vocab_size(with_added_tokens=True)
         ctx.max_token_chars = max(map(len, engine.tokenizer.get_vocab(with_added_tokens=True)), default=1)
         ctx.model_name = engine.model_name
@@ -76,6 +81,29 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         if os.environ.get("DEPLOYCTL_RUNTIME_DEBUG"):
             log.exception("load traceback")
         server.should_exit = True
+
+
+def device_facts(engine) -> dict:
+    """device, device_name (the GPU's name on cuda, the CPU model on cpu), dtype and the KV pool's fixed sizes."""
+    device = engine.args.device
+    name = None
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(engine.runner.device)
+    else:
+        import platform
+
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+        except OSError:
+            pass
+        name = name or platform.processor() or platform.machine()
+    plan = engine.kv_plan
+    return {"device": device, "device_name": name, "dtype": engine.dtype,
+            "kv_cache": {"num_blocks": plan.num_blocks, "block_size": plan.block_size,
+                         "num_tokens": plan.pool_tokens}}
 
 
 class DrainingServer(uvicorn.Server):

@@ -1,8 +1,9 @@
 """Outermost ASGI middleware: request id, release header, one access log line per inference request.
 
-Every response carries `X-Request-Id` (the client's, when it sent a sane one) and, with `--release-id`,
-`X-Deployctl-Release`. The access log line has request id, method, path, status, prompt and completion tokens, TTFT
-and total time; never prompt or output text, never keys.
+A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect,
+which would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it
+sent a sane one) and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method,
+path, status, prompt and completion tokens, TTFT and total time; never prompt or output text, never keys.
 """
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ class RequestContextMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        path = scope["path"]
+        if len(path) > 1 and path.endswith("/"):  # answer like the twin route, never a redirect (C27)
+            path = path.rstrip("/") or "/"
+            scope = {**scope, "path": path, "raw_path": path.encode()}
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        path = scope["path"]
         prefix = "chatcmpl-" if path.endswith("/chat/completions") else "cmpl-"
         rid = given if _SANE_ID.match(given) else prefix + uuid.uuid4().hex
         rec = RequestRecord(rid)

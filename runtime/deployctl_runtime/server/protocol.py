@@ -12,16 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import APIError, invalid
 
 MAX_N = 64
-MAX_STOP_STRINGS = 16
-MAX_LOGPROBS = 20
 
 
 class _CrossFieldError(ValueError):
     """A rule over several fields (model validator); `param` names the field the client should change."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, code: str = "invalid_value"):
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class _Strict(BaseModel):
@@ -30,51 +29,80 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM extension: usage in every chunk
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise _CrossFieldError("response_format.json_schema",
+                                   "response_format type json_schema needs json_schema.schema")
+        return self
+
+
+UNSUPPORTED_FIELDS = {  # fields that change what an answer means and that this server does not do
+    "suffix": "suffix (insertion) is not supported by this server",
+    "functions": "the legacy 'functions' field is not supported; send 'tools'",
+    "function_call": "the legacy 'function_call' field is not supported; send 'tool_choice'",
+    "audio": "audio output is not supported by this server",
+    "prediction": "predicted outputs are not supported by this server",
+    "web_search_options": "web search is not supported by this server",
+}
 
 
 class _SamplingFields(_Strict):
-    """Fields shared by /v1/completions and /v1/chat/completions, with their allowed ranges."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Types are checked here; values by the one
+    validator the offline API uses too (SamplingParams.validate), so both refuse the same with the same message."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
     top_k: int | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     user: str | None = None
     stream: bool = False
     return_token_ids: bool = False  # vLLM extension: each choice (and stream chunk) carries its token ids
     stream_options: StreamOptions | None = None
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v < -1:
-            raise ValueError("must be -1 (off), 0 (off) or a positive integer")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
-        if any(s == "" for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return v
+    response_format: ResponseFormat | None = None
+    suffix: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    modalities: list[str] | None = None
 
     @model_validator(mode="after")
-    def _min_le_max(self):
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise _CrossFieldError("min_tokens",
-                                   f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+    def _openai_strictness(self):
+        for name, why in UNSUPPORTED_FIELDS.items():
+            if getattr(self, name, None) is not None:
+                raise _CrossFieldError(name, why, "unsupported_parameter")
+        if self.modalities and set(self.modalities) != {"text"}:
+            raise _CrossFieldError("modalities", "only the text modality is supported by this server",
+                                   "unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise _CrossFieldError("stream_options", "stream_options is only allowed when stream is true")
         return self
 
     @property
@@ -85,11 +113,30 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: int | None = None
     echo: bool = False
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _best_of(self):
+        if self.echo:
+            raise _CrossFieldError("echo", "echo is not supported by this server", "unsupported_parameter")
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise _CrossFieldError("best_of", f"best_of ({self.best_of}) must be >= n ({self.n})")
+            if self.best_of > MAX_N:
+                raise _CrossFieldError("best_of", f"best_of must be at most {MAX_N}, got {self.best_of}")
+            if self.stream and self.best_of > self.n:
+                raise _CrossFieldError("best_of", "best_of > n cannot be streamed (the best choices are known only "
+                                       "at the end); send stream false", "unsupported_parameter")
+        return self
 
     @field_validator("prompt")
     @classmethod
@@ -104,12 +151,6 @@ class CompletionRequest(_SamplingFields):
                 raise ValueError("token ids must be non-negative")
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported by this server")
-        return v
 
 
 class TextPart(BaseModel):
@@ -134,12 +175,40 @@ class ChatMessage(BaseModel):
         return d
 
 
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _CrossFieldError("top_logprobs", "top_logprobs requires logprobs to be true")
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            raise _CrossFieldError("tool_choice", "tool_choice is only allowed when tools are given")
+        return self
 
     @model_validator(mode="after")
     def _max_completion_tokens(self):
@@ -181,7 +250,7 @@ def parse_request(model: type[T], raw: bytes) -> T:
         first = errors[0]
         cross = (first.get("ctx") or {}).get("error")
         if isinstance(cross, _CrossFieldError):
-            raise invalid(f"'{cross.param}': {cross}", cross.param, "invalid_value") from None
+            raise invalid(f"'{cross.param}': {cross}", cross.param, cross.code) from None
         if first["type"] in ("json_invalid", "json_type") or not first["loc"]:
             raise invalid(f"request body is not a valid JSON object: {first['msg']}", None, "invalid_json") from None
         # prefer the error of the union member whose type matched (pydantic lists one error per member)

@@ -1,4 +1,11 @@
-"""OpenAI response bodies for /v1/completions and /v1/chat/completions, whole and as stream chunks."""
+"""OpenAI response bodies for /v1/completions and /v1/chat/completions, whole and as stream chunks.
+
+Logprobs: each token as text a client can show (UTF-8; a partial character as `\\xNN` escapes, never byte-level
+markers like `Ġ`) plus its raw bytes (chat), with the requested number of most likely alternatives per position.
+usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
+choices of each prompt with the highest cumulative logprob, re-indexed 0..n-1 per prompt (all generated tokens are
+counted in usage, as OpenAI bills them).
+"""
 from __future__ import annotations
 
 import json
@@ -8,58 +15,80 @@ from typing import Any
 from .serving import Choice, Event, Prepared, RequestRecord
 
 
-def _usage(rec: RequestRecord) -> dict[str, int]:
+def _usage(rec: RequestRecord) -> dict[str, Any]:
     return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
-            "total_tokens": rec.prompt_tokens + rec.completion_tokens}
+            "total_tokens": rec.prompt_tokens + rec.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": rec.cached_tokens}}
 
 
-def _token_str(tokenizer, tid: int) -> str:
-    return tokenizer.decode([tid], skip_special_tokens=False)
-
-
-def _completion_logprobs(tokenizer, ids: list[int], lps: list[float] | None, offset: int) -> dict[str, Any] | None:
+def _completion_logprobs(tb, ids: list[int], lps, tops, offset: int) -> dict[str, Any] | None:
     if lps is None:
         return None
-    tokens = [_token_str(tokenizer, t) for t in ids]
+    tokens = [tb.text(t) for t in ids]
     offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": list(lps[: len(ids)]), "top_logprobs": None, "text_offset": offsets}
+    top = [{tb.text(t): lp for t, lp in alts} for alts in tops] if tops else None
+    return {"tokens": tokens, "token_logprobs": list(lps[: len(ids)]), "top_logprobs": top, "text_offset": offsets}
 
 
-def _chat_logprobs(tokenizer, ids: list[int], lps: list[float] | None) -> dict[str, Any] | None:
+def _chat_logprobs(tb, ids: list[int], lps, tops) -> dict[str, Any] | None:
     if lps is None:
         return None
     content = []
-    for t, lp in zip(ids, lps):
-        s = _token_str(tokenizer, t)
-        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+    for i, (t, lp) in enumerate(zip(ids, lps)):
+        alts = tops[i] if tops and i < len(tops) else []
+        content.append({"token": tb.text(t), "logprob": lp, "bytes": list(tb.bytes(t)),
+                        "top_logprobs": [{"token": tb.text(a), "logprob": alp, "bytes": list(tb.bytes(a))}
+                                         for a, alp in alts]})
     return {"content": content}
 
 
+def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[tuple[int, Choice]]:
+    """(response index, choice): all of them when per_prompt == n, else the n with the highest cumulative logprob
+    of each prompt's per_prompt choices (ties keep generation order)."""
+    if per_prompt == n:
+        return [(c.index, c) for c in choices]
+    out = []
+    for p in range(0, len(choices), per_prompt):
+        group = sorted(choices[p:p + per_prompt], key=lambda c: -sum(c.logprobs))
+        out += [(p // per_prompt * n + r, c) for r, c in enumerate(group[:n])]
+    return out
+
+
 class ResponseBuilder:
-    def __init__(self, prep: Prepared, request_id: str, model: str, tokenizer):
-        self.prep, self.id, self.model, self.tok = prep, request_id, model, tokenizer
+    def __init__(self, prep: Prepared, request_id: str, model: str, token_bytes):
+        self.prep, self.id, self.model, self.tb = prep, request_id, model, token_bytes
         self.created = int(time.time())
-        self.want_logprobs = prep.params[0].logprobs is not None
+        self.want_logprobs = prep.want_logprobs is not None
+        self.want_top = bool(prep.want_logprobs)
         self.want_ids = prep.request.return_token_ids
         self._role_sent: set[int] = set()
         self._text_len: dict[int, int] = {}
 
+    def _lp(self, ids, lps, tops, offset=0):
+        if not self.want_logprobs:
+            return None
+        tops = tops if self.want_top else None
+        if self.prep.chat:
+            return _chat_logprobs(self.tb, ids, lps or [], tops)
+        return _completion_logprobs(self.tb, ids, lps or [], tops, offset)
+
     # ---- whole responses ----
     def full(self, choices: list[Choice], rec: RequestRecord) -> dict[str, Any]:
         out = []
-        for ch in choices:
-            lps = ch.logprobs if self.want_logprobs else None
+        for index, ch in best_choices(choices, self.prep.per_prompt, self.prep.request.n):
+            lp = self._lp(ch.token_ids, ch.logprobs, ch.top_logprobs)
             if self.prep.chat:
-                out.append({"index": ch.index, "message": {"role": "assistant", "content": ch.text},
-                            "logprobs": _chat_logprobs(self.tok, ch.token_ids, lps),
-                            "finish_reason": ch.finish_reason})
+                message: dict[str, Any] = {"role": "assistant", "content": ch.text}
+                reason = ch.finish_reason
+                calls = self.prep.tools.parse(ch.text) if self.prep.tools is not None else None
+                if calls:
+                    message, reason = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+                out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
             else:
-                out.append({"index": ch.index, "text": ch.text,
-                            "logprobs": _completion_logprobs(self.tok, ch.token_ids, lps, 0),
-                            "finish_reason": ch.finish_reason})
+                out.append({"index": index, "text": ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
             if self.want_ids:
                 out[-1]["token_ids"] = list(ch.token_ids)
         obj = "chat.completion" if self.prep.chat else "text_completion"
@@ -67,37 +96,40 @@ class ResponseBuilder:
                 "usage": _usage(rec)}
 
     # ---- stream chunks ----
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         obj = "chat.completion.chunk" if self.prep.chat else "text_completion"
         body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                                 "choices": choices}
         if usage is not None:
             body["usage"] = usage
-        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+        return b"data: " + json.dumps(body, ensure_ascii=False, allow_nan=False).encode() + b"\n\n"
 
-    def chunks(self, events: list[Event]) -> list[bytes]:
+    def chunks(self, events: list[Event], rec: RequestRecord | None = None) -> list[bytes]:
+        """Stream chunks for events; with `rec` (stream_options.continuous_usage_stats) each carries the usage
+        so far."""
         out = []
+        usage = _usage(rec) if rec is not None else None
         for ev in events:
-            lps = ev.logprobs if self.want_logprobs else None
             if self.prep.chat:
                 if ev.index not in self._role_sent:
                     self._role_sent.add(ev.index)
                     out.append(self._chunk([{"index": ev.index, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None}]))
-                if not ev.text and ev.finish_reason is None:
-                    continue
+                                             "logprobs": None, "finish_reason": None}], usage))
+                if not ev.text and ev.finish_reason is None and not (self.want_logprobs and ev.token_ids):
+                    continue  # held-back text (partial character, stop-string prefix); its logprobs still go
                 delta = {"content": ev.text} if ev.text else {}
                 out.append(self._chunk([self._ids({"index": ev.index, "delta": delta,
-                                                   "logprobs": _chat_logprobs(self.tok, ev.token_ids, lps),
-                                                   "finish_reason": ev.finish_reason}, ev)]))
+                                                   "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
+                                                   "finish_reason": ev.finish_reason}, ev)], usage))
             else:
-                if not ev.text and ev.finish_reason is None and not (self.want_ids and ev.token_ids):
+                if not ev.text and ev.finish_reason is None and not (
+                        (self.want_ids or self.want_logprobs) and ev.token_ids):
                     continue
                 start = self._text_len.get(ev.index, 0)
                 self._text_len[ev.index] = start + len(ev.text)
-                out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text,
-                                                   "logprobs": _completion_logprobs(self.tok, ev.token_ids, lps, start),
-                                                   "finish_reason": ev.finish_reason}, ev)]))
+                lp = self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs, start)
+                out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text, "logprobs": lp,
+                                                   "finish_reason": ev.finish_reason}, ev)], usage))
         return out
 
     def _ids(self, choice: dict[str, Any], ev: Event) -> dict[str, Any]:

@@ -10,8 +10,9 @@ max_tokens with prompt + max_tokens > max_model_len is rejected naming both (par
 max_tokens defaults to the remaining context, max_model_len - prompt. A text so long that it cannot fit whatever the
 tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
-Choices: a list of prompts times n gives choice index prompt_i * n + j; with a seed, choice j samples with
-seed + j (reproducible, yet distinct). Unsupported: echo (400), top_logprobs alternatives (lists come back empty).
+Choices: a list of prompts times k gives engine choice prompt_i * k + j, k = best_of or n; with a seed, choice j
+samples with seed + j (reproducible, yet distinct). best_of > n keeps, per prompt, the n choices with the highest
+cumulative logprob (responses.py). The BOS is added once on every path (tokenizer.encode_prompt).
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployctl_runtime.sampling_params import context_length_error
+from deployctl_runtime.tokenizer import encode_prompt
+
+from . import params as sampling
 from .detokenizer import IncrementalDetokenizer
 from .errors import APIError, invalid
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
@@ -30,7 +35,6 @@ from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
 _SERIAL = itertools.count()
-_MAX_TOP_K = 2**63 - 1  # any k >= vocab keeps every token; larger ones overflow the sampler's int64 tensor
 
 
 @dataclass
@@ -42,6 +46,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     finish_reasons: list[str] = field(default_factory=list)
     status_override: int = 0  # 499 when the client went away before the response
 
@@ -50,9 +55,12 @@ class RequestRecord:
 class Prepared:
     request: CompletionRequest | ChatCompletionRequest
     chat: bool
-    prompts: list[list[int]]  # one per engine request (choice), prompt i * n + j
+    prompts: list[list[int]]  # one per engine request (choice), prompt i * k + j (k = best_of or n)
     params: list[Any]  # SamplingParams per engine request
     sub_ids: list[str]
+    want_logprobs: int | None = None  # what the client asked for (best_of forces the engine to compute them)
+    per_prompt: int = 1  # k: engine choices per prompt
+    tools: Any = None  # tools.ToolMode | None
 
 
 def new_request_id(chat: bool) -> str:
@@ -76,24 +84,26 @@ def _check_text_bound(ctx: ServerContext, text: str, param: str) -> None:
                       f"to under {ctx.max_model_len} tokens.", param, "context_length_exceeded")
 
 
-def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool) -> list[list[int]]:
-    tok = ctx.tokenizer
+def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> list[list[int]]:
+    tok, bos = ctx.tokenizer, ctx.bos_token_id
     if chat:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
-        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        extra = {"tools": tools.template_tools} if tools is not None else {}
+        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt,
+                                        **extra)
         _check_text_bound(ctx, text, "messages")
-        return [tok.encode(text, add_special_tokens=False).ids]
+        return [encode_prompt(tok, text, bos, add_special_tokens=False)]
     p = req.prompt
     if isinstance(p, str):
         _check_text_bound(ctx, p, "prompt")
-        return [tok.encode(p).ids]
+        return [encode_prompt(tok, p, bos)]
     if all(isinstance(x, int) for x in p):
         return [list(p)]
     for x in p:
         if isinstance(x, str):
             _check_text_bound(ctx, x, "prompt")
-    return [tok.encode(x).ids if isinstance(x, str) else list(x) for x in p]
+    return [encode_prompt(tok, x, bos) if isinstance(x, str) else list(x) for x in p]
 
 
 def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat: bool) -> list[int]:
@@ -107,17 +117,10 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
         if bad is not None:
             raise invalid(f"token id {bad} is out of range: the vocabulary has {ctx.vocab_size} tokens", param,
                           "invalid_token_id")
-        n = len(ids)
-        if n >= limit:
-            raise invalid(f"This model's maximum context length is {limit} tokens. However, your {param} has {n} "
-                          f"tokens, leaving no room to generate; shorten it to under {limit} tokens.",
-                          param, "context_length_exceeded")
-        if req.max_tokens is not None and n + req.max_tokens > limit:
-            raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
-                          f"{n + req.max_tokens} tokens ({n} in the {param}, {req.max_tokens} for max_tokens); "
-                          f"lower max_tokens to at most {limit - n} or shorten the {param}.",
-                          "max_tokens", "context_length_exceeded")
-        out.append(req.max_tokens if req.max_tokens is not None else limit - n)
+        too_long = context_length_error(len(ids), req.max_tokens, limit, param)
+        if too_long is not None:
+            raise invalid(too_long[1], too_long[0], "context_length_exceeded")
+        out.append(req.max_tokens if req.max_tokens is not None else limit - len(ids))
     return out
 
 
@@ -127,8 +130,9 @@ def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
     p = None if chat else req.prompt
     num_prompts = len(p) if isinstance(p, list) and not all(isinstance(x, int) for x in p) else 1
     capacity = ctx.cfg.max_num_seqs + ctx.cfg.max_queued_requests
-    if num_prompts * req.n > capacity:
-        raise invalid(f"this request asks for {num_prompts * req.n} choices ({num_prompts} prompt(s) x n {req.n}); "
+    k = max(req.n, getattr(req, "best_of", None) or 0)
+    if num_prompts * k > capacity:
+        raise invalid(f"this request asks for {num_prompts * k} choices ({num_prompts} prompt(s) x n {k}); "
                       f"the server holds at most {capacity} at once (--max-num-seqs {ctx.cfg.max_num_seqs} + "
                       f"--max-queued-requests {ctx.cfg.max_queued_requests}); send fewer prompts or a smaller n",
                       "n" if req.n > 1 else "prompt", "too_many_choices")
@@ -136,42 +140,28 @@ def _check_num_choices(ctx: ServerContext, req: Any, chat: bool) -> None:
 
 async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) -> Prepared:
     """Validate everything that can be validated before generation. Raises APIError."""
-    from deployctl_runtime.sampling_params import SamplingParams
+    from .tools import tool_mode
 
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
     if req.model is not None and req.model != ctx.served_name:
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
                        "(see /v1/models)", "not_found_error", "model", "model_not_found")
     _check_num_choices(ctx, req, chat)
-    prompts = _tokenize_prompts(ctx, req, chat)
+    tools = tool_mode(req) if chat else None
+    structured = sampling.structured_spec(req, tools)
+    prompts = _tokenize_prompts(ctx, req, chat, tools)
     max_tokens = _check_lengths(ctx, req, prompts, chat)
-    if chat:
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        logprobs = req.logprobs
+    wanted = sampling.logprobs_wanted(req, chat)
+    k = max(req.n, (None if chat else req.best_of) or 0)
+    logprobs = wanted if wanted is not None or k == req.n else 0  # best_of ranks by cumulative logprob
     all_prompts, params, sub_ids = [], [], []
     serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id
     for i, (ids, mt) in enumerate(zip(prompts, max_tokens)):
-        for j in range(req.n):
-            sp = SamplingParams(
-                max_tokens=mt, min_tokens=min(req.min_tokens, mt),
-                temperature=1.0 if req.temperature is None else float(req.temperature),
-                top_p=1.0 if req.top_p is None else float(req.top_p),
-                top_k=-1 if req.top_k in (None, 0) else min(req.top_k, _MAX_TOP_K),
-                seed=None if req.seed is None else (req.seed + j) % (2**63),
-                ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-                logprobs=logprobs, stop=req.stop_list,
-            )
-            try:
-                sp.validate()
-            except ValueError as exc:
-                field_name = str(exc).split(":", 1)[0]
-                raise invalid(str(exc), field_name) from None
+        for j in range(k):
+            params.append(sampling.build(req, chat, mt, j, logprobs, structured))
             all_prompts.append(ids)
-            params.append(sp)
-            sub_ids.append(f"{request_id}#{serial}-{i * req.n + j}")
-    return Prepared(req, chat, all_prompts, params, sub_ids)
+            sub_ids.append(f"{request_id}#{serial}-{i * k + j}")
+    return Prepared(req, chat, all_prompts, params, sub_ids, wanted, k, tools)
 
 
 @dataclass
@@ -184,7 +174,9 @@ class Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None  # the engine's reason for finish_reason "error"
     num_output_tokens: int = 0
     last_token_at: float | None = None
     first_token_at: float | None = None
@@ -205,3 +197,4 @@ class Event:
     finish_reason: str | None
     token_ids: list[int]
     logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None = None

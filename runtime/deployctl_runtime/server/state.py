@@ -29,6 +29,9 @@ class ServerContext:
     started_at: float = field(default_factory=time.monotonic)
     engine: Any = None  # AsyncEngine once ready
     tokenizer: Any = None
+    token_bytes: Any = None  # tokenizer.TokenBytes: logprob token text and bytes
+    bos_token_id: int | None = None
+    device: dict[str, Any] = field(default_factory=dict)  # device, device_name, dtype, kv_cache (once loaded)
     chat_template: Any = None  # ChatTemplate | None
     model_name: str = ""
     max_model_len: int = 0
@@ -56,7 +59,18 @@ class ServerContext:
             body["release"] = self.cfg.release_id
         if self.phase == "ready":
             body["model"] = self.served_name
+        body.update(self.where())
         return body
+
+    def where(self) -> dict[str, Any]:
+        """Where the engine runs: device (cpu/cuda as configured until loaded), device_name, dtype, and the KV pool
+        (blocks, block size, tokens, free blocks, usage) once loaded, so a deploy can check it got what it asked."""
+        info = {"device": self.cfg.device, "device_name": None, "dtype": None, "kv_cache": None, **self.device}
+        stats = self.engine.stats if self.engine is not None else None
+        if info["kv_cache"] is not None and stats is not None:
+            info["kv_cache"] = {**info["kv_cache"], "num_free_blocks": stats.num_free_blocks,
+                                "usage": round(stats.kv_cache_usage, 4)}
+        return info
 
     def check_serving(self) -> None:
         """Raise 503 unless ready (and the engine loop is alive)."""

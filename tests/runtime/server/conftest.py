@@ -120,3 +120,21 @@ def start_server():
     yield start
     for srv in started:
         srv.stop(signal.SIGKILL if srv.proc.poll() is None else signal.SIGTERM, timeout=10)
+
+
+@pytest.fixture(scope="session")
+def api_server(tiny_model):
+    """One plain server (served name "tiny", max_model_len 1024) shared by the API-surface test modules."""
+    srv = ServerProcess(["--model", str(tiny_model), "--max-model-len", "1024", "--kv-cache-memory", "16MiB",
+                         "--served-model-name", "tiny"])
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(api_server):
+    import openai
+
+    return openai.OpenAI(base_url=api_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

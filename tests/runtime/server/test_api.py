@@ -210,11 +210,11 @@ def _clean_window(client, prompt: str) -> tuple[str, str]:
     out = client.completions.create(model="tiny-chat", prompt=prompt, max_tokens=24, temperature=0, logprobs=0,
                                     extra_body={"ignore_eos": True})
     text, tokens = out.choices[0].text, out.choices[0].logprobs.tokens
-    assert "".join(tokens) == text or "\ufffd" in "".join(tokens)
+    assert "".join(tokens) == text or "\\x" in "".join(tokens)  # a partial UTF-8 character shows as \xNN
     pos = 0
     for i in range(3, len(tokens) - 3):
         a, b, c = tokens[i], tokens[i + 1], tokens[i + 2]
-        if all(t and "\ufffd" not in t for t in (a, b, c)) and len(c) >= 2:
+        if all(t and "\\x" not in t for t in (a, b, c)) and len(c) >= 2:
             start = text.find(a + b + c, pos)
             if start > 0:
                 return text, a + b + c[: len(c) // 2]

@@ -1,0 +1,72 @@
+"""POST /tokenize and /detokenize in vLLM's request and response shapes (vllm bench serve and others call them).
+
+/tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt": true}
+  -> {"count", "max_model_len", "tokens", "token_strs"} (token_strs with "return_token_strs": true, else null).
+/detokenize {"tokens": [int]} -> {"prompt": str}. Same tokenization as inference (the BOS once, chat template).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from deployctl_runtime.tokenizer import encode_prompt
+
+from .errors import APIError, invalid
+from .protocol import ChatMessage, _CrossFieldError, _Strict, parse_request
+from .state import ServerContext
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise _CrossFieldError("prompt", "send exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=0)]
+
+
+def _check_model(ctx: ServerContext, model: str | None) -> None:
+    if model is not None and model != ctx.served_name:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{ctx.served_name}'",
+                       "not_found_error", "model", "model_not_found")
+
+
+def tokenize_body(ctx: ServerContext, body: bytes) -> dict[str, Any]:
+    req = parse_request(TokenizeRequest, body)
+    _check_model(ctx, req.model)
+    if req.messages is not None:
+        if ctx.chat_template is None:
+            raise invalid("this model has no chat template; send prompt", "messages", "no_chat_template")
+        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        add = bool(req.add_special_tokens)  # chat default: the template decides (transformers)
+    else:
+        text = req.prompt
+        add = req.add_special_tokens is not False
+    if len(text) > ctx.max_model_len * max(ctx.max_token_chars, 1) * 4:
+        raise invalid(f"the text is far longer than max_model_len {ctx.max_model_len} tokens", "prompt",
+                      "context_length_exceeded")
+    ids = encode_prompt(ctx.tokenizer, text, ctx.bos_token_id, add_special_tokens=add)
+    strs = [ctx.token_bytes.text(t) for t in ids] if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize_body(ctx: ServerContext, body: bytes) -> dict[str, Any]:
+    req = parse_request(DetokenizeRequest, body)
+    _check_model(ctx, req.model)
+    bad = next((t for t in req.tokens if t >= ctx.vocab_size), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is out of range: the vocabulary has {ctx.vocab_size} tokens", "tokens",
+                      "invalid_token_id")
+    return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}
