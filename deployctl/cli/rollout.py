@@ -80,13 +80,18 @@ def abort(config: Path = CONFIG_OPT) -> None:
 def rollback(
     config: Path = CONFIG_OPT,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result with the seconds of each phase as JSON."),
 ) -> None:
     """Make the previous (or named) release current on every host; wins over a deploy in progress."""
+    from dataclasses import asdict
+
     from deployctl.config import load_config
     from deployctl.rollout.rollback import rollback as do_rollback
 
     r = do_rollback(load_config(config), to=to, progress=progress_printer)
-    if r.noop:
+    if as_json:
+        print_json({**asdict(r), "duration_s": round(r.duration_s, 2)})
+    elif r.noop:
         out_console.print(f"already on {r.target}: nothing to roll back (use --to RELEASE_ID to go further back)")
     else:
         out_console.print(f"rolled back to {r.target} in {r.duration_s:.1f} s")

@@ -101,9 +101,12 @@ def test_c30_unsupervised_host_and_a_host_with_other_weights(tmp_path, rollout_m
         doc = json.loads(_cli(path, "status", "--json", env=env).stdout)
         assert [d.split(":")[0] for d in doc["differences"]] == ["b"]
 
-        # a deploy's preflight warns about it (this fleet has no router, so the canary deploy goes no further)
+        # a deploy's preflight warns about it; the deploy (no router: all hosts at once) makes the hosts agree
         r = _cli(path, "deploy", "--yes", env={**env, "DEPLOYCTL_SKIP_PREFLIGHT": "0"})
         assert "fleet already inconsistent: b: model manifest" in r.stderr, r.stderr
+        assert r.returncode == 0 and "no router: no canary possible" in r.stderr, r.stderr
+        r = _cli(path, "status", "--check", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
     finally:
         for root in (a, b):
             for name in ("runtime.pid", "runtime.child.pid"):
