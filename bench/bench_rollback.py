@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # nginx_fixture: a real nginx under its own prefix
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))  # nginx_fixture: a real nginx under its own prefix (after deployctl)
 
 
 def _cli(path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
