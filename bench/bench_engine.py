@@ -1,24 +1,35 @@
-"""Output tokens/s of the deployctl-runtime engine vs HF transformers `generate` on the same model and requests.
+"""Output tokens/s of the deployctl-runtime engine vs transformers on the same model and requests, in one run.
 
-Not a test: prints figures and ratios. Baselines, measured in the same run:
-  * HF one request at a time (what a naive server does); a seeded sample of the requests stands in, compared per
-    output token. Target: engine >= 8x.
-  * HF static batches of max_num_seqs (64) requests, left-padded, each batch waiting for its longest request; the
-    useful output tokens are counted. Target: engine >= 1.5x.
-Requests: 256, seeded, prompt lengths 16-512, output lengths 16-256, greedy, ignore_eos.
+Not a test: prints figures and ratios (and writes them to --json-out). Peers (bench/hf_peers.py), same requests,
+same cap on running requests (max_num_seqs), greedy, no EOS:
+  * hf_cb: transformers' continuous-batching manager (paged cache, per-request max_new_tokens). CPU target >= 3x;
+    GPU target >= 2x. Greedy tokens are compared request by request.
+  * hf_static: static batches of max_num_seqs, left-padded. CPU target >= 2x.
+  * hf_single: one request at a time (a seeded sample stands in, compared per output token). CPU target >= 8x.
+Workloads: cpu (48 seeded requests, 16-128 in, 16-96 out, at most 16 running) and nano-vllm (256 requests, in and
+out uniform 100-1024, nano-vllm's bench.py). --decode-steps B1,B2 also times one decode step at those batch sizes
+and prints the HBM-bandwidth floor of the step: (weights bytes + KV bytes read) / --hbm-bandwidth.
 
-CPU:  PYTHONPATH=runtime python bench/bench_engine.py
-GPU:  PYTHONPATH=runtime python bench/bench_engine.py --device cuda --dtype bfloat16 --shape qwen3-0.6b
+CPU:  PYTHONPATH=runtime python bench/bench_engine.py --threads 2
+GPU:  PYTHONPATH=runtime python bench/bench_engine.py --device cuda --dtype bfloat16 --shape qwen3-0.6b \
+        --workload nano-vllm --max-num-seqs 256 --decode-steps 1,256
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+# OpenMP threads sleep when idle instead of spinning (libgomp's default spin burns the cores a shared machine's
+# other processes need, and is counted as CPU time); set before torch loads, the same for the engine and the peers
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hf_peers  # noqa: E402
 
 SHAPES = {
     # 8 layers, hidden 512: large enough that compute matters on a CPU
@@ -29,7 +40,14 @@ SHAPES = {
     "qwen3-0.6b": dict(cls="Qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1000000.0),
+    # a few-second stand-in for the Qwen3 shape (gpu_check.sh --dry-run checks the script on a CPU with it)
+    "qwen3-tiny": dict(cls="Qwen3", vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                       tie_word_embeddings=True),
 }
+# (requests, prompt lengths, output lengths, max_num_seqs)
+WORKLOADS = {"cpu": (48, (16, 128), (16, 96), 16), "nano-vllm": (256, (100, 1024), (100, 1024), 256)}
+TARGETS = {"cpu": {"hf_cb": 3.0, "hf_static": 2.0, "hf_single": 8.0}, "cuda": {"hf_cb": 2.0}}
 
 
 def build_checkpoint(shape: str, out: Path, seed: int) -> Path:
@@ -48,99 +66,88 @@ def build_checkpoint(shape: str, out: Path, seed: int) -> Path:
     return out
 
 
-def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+def make_requests(n: int, vocab: int, seed: int, in_len, out_len) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(10, vocab) for _ in range(rng.randint(16, 512))], rng.randint(16, 256))
+    return [([rng.randrange(10, vocab) for _ in range(rng.randint(*in_len))], rng.randint(*out_len))
             for _ in range(n)]
 
 
-def run_engine(model_dir: Path, requests, args) -> tuple[float, int]:
-    from deployctl_runtime import LLM, SamplingParams
+def make_llm(model_dir: Path, args, max_model_len: int):
+    from deployctl_runtime import LLM
 
-    llm = LLM(str(model_dir), device=args.device, dtype=args.dtype, max_model_len=1024, max_num_seqs=64,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
-              gpu_memory_utilization=args.gpu_memory_utilization, log=lambda m: print(f"  engine: {m}", file=sys.stderr))
+    return LLM(str(model_dir), device=args.device, dtype=args.dtype, max_model_len=max_model_len,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+               enforce_eager=args.enforce_eager, log=lambda m: print(f"  engine: {m}", file=sys.stderr))
+
+
+def run_engine(llm, requests, args):
+    from deployctl_runtime import SamplingParams
+
     params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True) for _, out in requests]
     llm.generate([requests[0][0]], params[0])  # warm the code paths, as the server's warm-up does
-    with Timer(args.device) as t:
+    t = hf_peers.Timer(args.device)
+    with t, _profiled(args.profile):
         outs = llm.generate([p for p, _ in requests], params)
-    n = sum(len(o.token_ids) for o in outs)
-    assert n == sum(out for _, out in requests)
-    del llm, outs
-    if args.device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()  # give the KV pool back before HF runs in this process
-    return t, n
+    tokens = [list(o.token_ids) for o in outs]
+    return t, sum(len(tk) for tk in tokens), tokens
 
 
-class Timer:
-    """Wall seconds and this process's CPU seconds (CPU time is the steadier measure on a shared machine)."""
+class _profiled:
+    """--profile: torch profiler over the engine run; prints each op's share of self CPU time (top 12)."""
 
-    def __init__(self, device: str):
-        self.device, self.wall, self.cpu = device, 0.0, 0.0
+    def __init__(self, on: bool):
+        self.prof = None
+        if on:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
 
     def __enter__(self):
-        _sync(self.device)
-        self._w, self._c = time.perf_counter(), time.process_time()
-        return self
+        if self.prof:
+            self.prof.__enter__()
 
     def __exit__(self, *exc):
-        _sync(self.device)
-        self.wall += time.perf_counter() - self._w
-        self.cpu += time.process_time() - self._c
+        if not self.prof:
+            return
+        self.prof.__exit__(*exc)
+        ops = self.prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in ops)
+        print("engine profile (share of self CPU time):", file=sys.stderr)
+        for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:12]:
+            print(f"  {e.key}: {100 * e.self_cpu_time_total / total:.1f}% ({e.count} calls)", file=sys.stderr)
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
+def decode_step_times(llm, batches: list[int], context: int, args) -> dict:
+    """Seconds of one decode-only engine step at each batch size (median of 8), every request at `context` tokens,
+    and the HBM floor of that step: (weights bytes + batch * context * KV bytes per token) / bandwidth."""
+    from deployctl_runtime import SamplingParams
 
-        torch.cuda.synchronize()
-
-
-def load_hf(model_dir: Path, args):
-    import torch
-    import transformers
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-             "auto": torch.float32}[args.dtype]
-    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(args.device).eval()
-
-
-def run_hf_single(model, requests, args) -> tuple[float, int]:
-    import torch
-
-    t, n = Timer(args.device), 0
-    for prompt, out in requests:
-        ids = torch.tensor([prompt], device=args.device)
-        with t, torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out, min_new_tokens=out,
-                           do_sample=False, pad_token_id=0)
-        n += out
-    return t, n
-
-
-def run_hf_static(model, requests, args) -> tuple[float, int]:
-    import torch
-
-    t, n = Timer(args.device), 0
-    for i in range(0, len(requests), 64):
-        batch = requests[i:i + 64]
-        width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=args.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=args.device)
-        longest = max(out for _, out in batch)
-        with t, torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
-                           do_sample=False, pad_token_id=0)
-        n += sum(out for _, out in batch)  # only the tokens each request asked for are useful
-        print(f"  hf static batch {i // 64 + 1}: {t.wall:.1f}s wall so far", file=sys.stderr)
-    return t, n
-
-
-def _report(name: str, t: Timer, n: int) -> None:
-    print(f"{name}: {n} output tokens in {t.wall:.1f}s wall ({n / t.wall:.1f} tok/s), {t.cpu:.1f}s CPU "
-          f"({n / t.cpu:.1f} tok/CPU-s)", file=sys.stderr)
+    engine, out = llm.engine, {}
+    per_token = engine.kv_plan.kv_bytes_per_token
+    weights = engine.runner.weights_bytes()
+    rng = random.Random(1)
+    for b in batches:
+        ids = [f"d{b}-{i}" for i in range(b)]
+        for rid in ids:
+            engine.add_request(rid, [rng.randrange(10, 1000) for _ in range(context)],  # none ends while timed
+                               SamplingParams(max_tokens=engine.max_model_len - context, temperature=0,
+                                              ignore_eos=True))
+        while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                              for r in engine.scheduler.running):
+            engine.step()  # prefill until every request decodes
+        times = []
+        for _ in range(8):
+            hf_peers.sync(args.device)
+            t0 = time.perf_counter()
+            engine.step()
+            hf_peers.sync(args.device)
+            times.append(time.perf_counter() - t0)
+        engine.abort_request(ids)
+        engine.step()
+        floor = (weights + b * context * per_token) / args.hbm_bandwidth
+        out[b] = {"step_s": sorted(times)[len(times) // 2], "hbm_floor_s": floor}
+    return out
 
 
 def main() -> int:
@@ -148,57 +155,79 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--shape", default="llama-8x512", choices=sorted(SHAPES))
-    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--workload", default="cpu", choices=sorted(WORKLOADS))
+    ap.add_argument("--requests", type=int, default=None, help="default: the workload's")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="cap on running requests, engine and peers")
+    ap.add_argument("--peers", default="hf_cb,hf_static,hf_single", help="comma-separated; '' for the engine alone")
     ap.add_argument("--single-sample", type=int, default=8, help="requests HF runs one at a time (seeded sample)")
-    ap.add_argument("--static-batches", type=int, default=None,
-                    help="HF static batches of 64 to run (default: all); fewer extrapolates per output token")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--kv-cache-memory", type=int, default=2 * 1024**3, help="bytes, CPU only")
+    ap.add_argument("--kv-cache-memory", type=int, default=1024**3, help="bytes, CPU only")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="CUDA only; HF needs the rest")
-    ap.add_argument("--skip-hf", action="store_true", help="engine only")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--decode-steps", default="", help="batch sizes to time one decode step at, e.g. 1,256")
+    ap.add_argument("--decode-context", type=int, default=512, help="tokens per request in --decode-steps")
+    ap.add_argument("--hbm-bandwidth", type=float, default=4.8e12, help="bytes/s for the floor (H200: 4.8 TB/s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--profile", action="store_true", help="print the engine run's op breakdown (torch profiler)")
     args = ap.parse_args()
+    n_req, in_len, out_len, seqs = WORKLOADS[args.workload]
+    args.requests = args.requests or n_req
+    args.max_num_seqs = args.max_num_seqs or seqs
+    peers = [p for p in args.peers.split(",") if p]
 
     import torch
 
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
+    result: dict = {"shape": args.shape, "device": args.device, "dtype": args.dtype, "workload": args.workload,
+                    "requests": args.requests, "max_num_seqs": args.max_num_seqs,
+                    "torch_threads": torch.get_num_threads(), "enforce_eager": args.enforce_eager}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_checkpoint(args.shape, Path(tmp), args.seed)
-        vocab = SHAPES[args.shape]["vocab_size"]
-        requests = make_requests(args.requests, vocab, args.seed)
-        result = {"shape": args.shape, "device": args.device, "dtype": args.dtype, "requests": len(requests),
-                  "torch_threads": torch.get_num_threads()}
-        runs = {"engine": run_engine(model_dir, requests, args)}
-        _report("engine", *runs["engine"])
-        if not args.skip_hf:
-            model = load_hf(model_dir, args)
-            sample = random.Random(args.seed + 1).sample(requests, min(args.single_sample, len(requests)))
-            runs["hf_single"] = run_hf_single(model, sample, args)
-            _report(f"hf one at a time ({len(sample)} sampled requests)", *runs["hf_single"])
-            nb = args.static_batches
-            static_reqs = requests if nb is None else requests[:64 * nb]
-            runs["hf_static64"] = run_hf_static(model, static_reqs, args)
-            _report(f"hf static batches of 64 ({len(static_reqs)} requests)", *runs["hf_static64"])
-        for name, (t, n) in runs.items():
-            result[f"{name}_tok_s_wall"] = n / t.wall
-            result[f"{name}_tok_s_cpu"] = n / t.cpu
-        for base in ("hf_single", "hf_static64"):
-            if base in runs:
-                for kind in ("wall", "cpu"):
-                    result[f"ratio_vs_{base}_{kind}"] = result[f"engine_tok_s_{kind}"] / result[f"{base}_tok_s_{kind}"]
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}")
-        for base, target in (("hf_single", 8.0), ("hf_static64", 1.5)):
-            if f"ratio_vs_{base}_wall" in result:
-                ok = result[f"ratio_vs_{base}_wall"] >= target and result[f"ratio_vs_{base}_cpu"] >= target
-                print(f"target vs {base} >= {target}x: {'met' if ok else 'NOT met'}")
+        requests = make_requests(args.requests, SHAPES[args.shape]["vocab_size"], args.seed, in_len, out_len)
+        max_len = max(len(p) + o for p, o in requests)
+        llm = make_llm(model_dir, args, max(max_len, args.decode_context + 128))
+        runs = {"engine": run_engine(llm, requests, args)}
+        if args.decode_steps:
+            steps = decode_step_times(llm, [int(b) for b in args.decode_steps.split(",")], args.decode_context, args)
+            for b, fig in steps.items():
+                result[f"decode_step_b{b}_s"] = fig["step_s"]
+                result[f"decode_step_b{b}_hbm_floor_s"] = fig["hbm_floor_s"]
+                result[f"decode_step_b{b}_over_floor"] = fig["step_s"] / fig["hbm_floor_s"]
+        del llm
+        if args.device == "cuda":
+            torch.cuda.empty_cache()  # give the KV pool back before HF runs in this process
+        if peers:
+            model = hf_peers.load_hf(model_dir, args)
+            for name in peers:
+                reqs = requests
+                if name == "hf_single":
+                    reqs = random.Random(args.seed + 1).sample(requests, min(args.single_sample, len(requests)))
+                runs[name] = getattr(hf_peers, f"run_{name}")(model, reqs, args)
+                if runs[name][2] is not None:
+                    mine = runs["engine"][2] if name != "hf_single" else \
+                        [runs["engine"][2][requests.index(r)] for r in reqs]
+                    result[f"greedy_tokens_equal_{name}"] = f"{sum(a == b for a, b in zip(mine, runs[name][2]))}/" \
+                                                            f"{len(reqs)}"
+    for name, (t, n, _) in runs.items():
+        print(f"{name}: {n} output tokens in {t.wall:.2f}s wall ({n / t.wall:.1f} tok/s), {t.cpu:.2f}s CPU "
+              f"({n / t.cpu:.1f} tok/CPU-s)", file=sys.stderr)
+        result[f"{name}_tok_s_wall"] = n / t.wall
+        result[f"{name}_tok_s_cpu"] = n / t.cpu
+    for name in peers:
+        for kind in ("wall", "cpu"):
+            result[f"ratio_vs_{name}_{kind}"] = result[f"engine_tok_s_{kind}"] / result[f"{name}_tok_s_{kind}"]
+    for name, target in TARGETS[args.device].items():
+        if name in peers:
+            met = min(result[f"ratio_vs_{name}_wall"], result[f"ratio_vs_{name}_cpu"]) >= target
+            result[f"target_vs_{name}"] = f">= {target}x {'met' if met else 'NOT met'}"
+    for k, v in result.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -27,3 +27,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first: 2.13.0 installs from this machine's disk; any other spec pulls a multi-GB CUDA build.
 "$VPY" -c "import torch" 2>/dev/null || "$VPY" -m pip install -q torch==2.13.0
 "$VPY" -m pip install -q -e ./runtime -e ".[test]"
+# Triton for the paged decode kernel's tests: on CPU they run it interpreted (TRITON_INTERPRET=1); 3.9.0 installs
+# beside torch 2.13.0 CPU without pulling another torch
+"$VPY" -c "import triton" 2>/dev/null || "$VPY" -m pip install -q triton==3.9.0

@@ -146,6 +146,35 @@ class RouterConfig(_Frozen):
         return v
 
 
+class OutputsConfig(_Frozen):
+    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at every step."""
+
+    enabled: bool = True
+    prompts: Optional[str] = None  # JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped
+    max_tokens: int = Field(32, ge=1, le=4096)
+    timeout_s: float = Field(60, gt=0, le=3600)
+    min_exact_share: float = Field(1.0, ge=0, le=1)  # same engine and dtype: share of prompts answered identically
+    min_prefix_tokens: int = Field(8, ge=1)  # across engines or dtypes: tokens that must agree from the start
+    min_prefix_share: float = Field(0.9, ge=0, le=1)
+    # weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
+    # re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on purpose)
+    on_model_change: Literal["check", "skip"] = "check"
+    max_repeats: int = Field(8, ge=2)  # a token or n-gram (n <= 4) repeated this many times back to back
+    min_length_ratio: float = Field(0.5, ge=0)
+    max_length_ratio: float = Field(2.0, gt=0)
+
+
+class ProbesConfig(_Frozen):
+    """Active probes (deployctl.rollout.probes): small streaming requests deployctl sends to every canary and stable
+    host during each analysis window, timed on the client."""
+
+    enabled: bool = True
+    requests: int = Field(4, ge=0, le=1000)  # per host and window
+    max_tokens: int = Field(8, ge=2, le=1024)
+    timeout_s: float = Field(30, gt=0, le=3600)
+    min_samples: int = Field(3, ge=1)  # successful probes per side before probe latencies are judged
+
+
 class AnalysisConfig(_Frozen):
     interval_s: float = Field(30, gt=0, le=MAX_SECONDS)
     min_requests: int = Field(20, ge=1)
@@ -158,6 +187,10 @@ class AnalysisConfig(_Frozen):
     # A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until
     # it holds enough. Counted from the canary's TTFT histogram.
     min_latency_samples: int = Field(5, ge=1)
+    # this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause
+    inconclusive_limit: int = Field(5, ge=0)
+    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    probes: ProbesConfig = Field(default_factory=ProbesConfig)
 
 
 class SloConfig(_Frozen):

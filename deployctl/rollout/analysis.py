@@ -7,10 +7,13 @@ included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometh
 at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
 histogram_quantile (deployctl.promhist).
 
-Verdict: ``inconclusive`` when the canary served fewer than ``min_requests``; ``fail`` when its error rate is over
-``max_error_rate`` or a P99 ratio canary/stable is over its limit and the difference exceeds ``min_p99_delta_s``
-(with 1 to ``min_latency_samples`` − 1 canary latency samples the window is ``inconclusive`` and stays open: a P99
-of a handful is noise); else ``pass``. Every verdict carries the numbers.
+Verdict from the metrics (``judge``): ``inconclusive`` when the canary served fewer than ``min_requests``;
+``fail`` when its error rate is over ``max_error_rate`` or a P99 ratio canary/stable is over its limit and the
+difference exceeds ``min_p99_delta_s`` (with 1 to ``min_latency_samples`` − 1 canary latency samples the window is
+``inconclusive`` and stays open: a P99 of a handful is noise); ``inconclusive`` too, with the reason, when a
+histogram holds NaN, a counter went down without a restart (reset), or stable served nothing and no earlier
+window gives a baseline; else ``pass``. The active probes (deployctl.rollout.probes) are judged beside it and
+combined by deployctl.rollout.verdicts. Every verdict carries the numbers, the sample sizes and the source.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Optional
 from deployctl.config import DeployConfig
 from deployctl.service.http import http
 from deployctl.config.layout import network_address, service_port
+from deployctl.rollout.verdicts import combine, low_traffic
 
 TTFT = "deployctl_runtime_time_to_first_token_seconds"
 TPOT = "deployctl_runtime_time_per_output_token_seconds"
@@ -40,6 +44,8 @@ class GroupStats:
     ttft_count: int = 0
     down: list[str] = field(default_factory=list)  # hosts whose runtime did not answer /metrics at window end
     restarted: list[str] = field(default_factory=list)  # hosts whose runtime process changed within the window
+    nan: list[str] = field(default_factory=list)  # hosts whose latency histogram holds NaN
+    reset: list[str] = field(default_factory=list)  # hosts whose histogram went down with the same process
 
     @property
     def error_rate(self) -> float:
@@ -54,6 +60,8 @@ class Verdict:
     stable: GroupStats
     window_s: float
     weight: int = 0
+    source: str = "metrics"  # metrics | probes | metrics+probes: what the result rests on
+    probes: Optional[dict] = None  # {"canary": ProbeStats, "stable": ProbeStats, "result", "reason"} as JSON
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -67,10 +75,13 @@ class Verdict:
         def ms(v):
             return "n/a" if v is None else f"{v * 1000:.1f} ms"
 
-        return (f"{self.result}: canary {c.requests} req, {c.errors} errors ({c.error_rate:.1%}), "
-                f"P99 TTFT {ms(c.p99_ttft_s)}, P99 TPOT {ms(c.p99_tpot_s)} | stable {s.requests} req, "
-                f"{s.errors} errors ({s.error_rate:.1%}), P99 TTFT {ms(s.p99_ttft_s)}, P99 TPOT {ms(s.p99_tpot_s)}"
-                f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
+        from deployctl.rollout.verdicts import probe_summary
+
+        return (f"{self.result} [{self.source}]: canary {c.requests} req, {c.errors} errors ({c.error_rate:.1%}), "
+                f"P99 TTFT {ms(c.p99_ttft_s)}, P99 TPOT {ms(c.p99_tpot_s)} (n={c.ttft_count}) | stable {s.requests} req, "
+                f"{s.errors} errors ({s.error_rate:.1%}), P99 TTFT {ms(s.p99_ttft_s)}, P99 TPOT {ms(s.p99_tpot_s)} "
+                f"(n={s.ttft_count})" + probe_summary(self.probes)
+                + f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
 
 
 def upstream_map(cfg: DeployConfig) -> dict[str, str]:
@@ -95,7 +106,8 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
     """Per host [requests, errors] from JSON access log lines. Lines that are not JSON are skipped.
 
     Keys read: ``upstream_addr`` (``"a:p, b:p"`` when nginx tried several), ``upstream_status`` (one status per
-    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer)."""
+    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer), nor
+    one marked ``probe`` (the X-Deployctl-Probe header of deployctl's own requests)."""
     counts: dict[str, list[int]] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -104,6 +116,8 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
         try:
             rec = json.loads(line)
         except ValueError:
+            continue
+        if rec.get("probe"):  # deployctl's own probe (X-Deployctl-Probe): not user traffic
             continue
         addrs = _split(rec.get("upstream_addr") or rec.get("upstream"))
         statuses = _split(rec.get("upstream_status"))
@@ -136,7 +150,10 @@ def scrape(host, cfg: DeployConfig) -> Optional[list]:
         return None
 
 
-def _p99(before: dict, after: dict, hosts: list[str], name: str) -> tuple[Optional[float], int]:
+def _p99(before: dict, after: dict, hosts: list[str], name: str, g: Optional[GroupStats] = None
+         ) -> tuple[Optional[float], int]:
+    """P99 of histogram ``name`` over the window, pooled over ``hosts``, and the observation count. Hosts whose
+    histogram went down (counter reset) or holds NaN are left out and named in ``g.reset`` / ``g.nan``."""
     from deployctl.promhist import histogram
 
     total = None
@@ -146,6 +163,12 @@ def _p99(before: dict, after: dict, hosts: list[str], name: str) -> tuple[Option
         try:
             d = histogram(after[h], name) - histogram(before[h], name)
         except ValueError:  # counter reset: the runtime restarted inside the window
+            if g is not None and h not in g.reset:
+                g.reset.append(h)
+            continue
+        if math.isnan(d.count) or math.isnan(d.sum) or any(math.isnan(n) for _, n in d.buckets):
+            if g is not None and h not in g.nan:
+                g.nan.append(h)
             continue
         if total is None:
             total = d
@@ -174,11 +197,21 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
     if canary.requests < a.min_requests:
         return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
                        canary, stable, window_s, weight)
+    for label, hosts in (("NaN in the latency histogram of", canary.nan + stable.nan),
+                         ("counter reset (histogram went down) on", canary.reset + stable.reset)):
+        if hosts:
+            return Verdict("inconclusive", f"{label} {', '.join(hosts)}: latency not comparable this window",
+                           canary, stable, window_s, weight)
+    # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
+    # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
+    if stable.requests == 0 and not (baseline and baseline.ttft_count):
+        return Verdict("inconclusive", "stable served 0 requests in the window and no earlier window gives a "
+                                       "baseline: nothing to compare the canary with", canary, stable, window_s, weight)
     if canary.error_rate > a.max_error_rate:
         return Verdict("fail", f"canary error rate {canary.error_rate:.1%} ({canary.errors}/{canary.requests}) > "
                                f"max_error_rate {a.max_error_rate:.1%} (stable {stable.error_rate:.1%})",
                        canary, stable, window_s, weight)
-    ref = stable if stable.ttft_count else (baseline or stable)
+    ref = stable if stable.ttft_count and stable.requests else (baseline or stable)
     if 0 < canary.ttft_count < a.min_latency_samples:
         # a P99 of a handful of samples is noise: keep the window open until it holds enough
         return Verdict("inconclusive", f"{canary.ttft_count} canary latency samples < min_latency_samples "
@@ -202,21 +235,31 @@ class Window:
     log_offset: int
     scrapes: dict = field(default_factory=dict)
     pids: dict = field(default_factory=dict)
+    probes: Optional[object] = None  # deployctl.rollout.probes.ProbeRunner
 
 
 class Analyzer:
-    """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host."""
+    """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host. ``metrics``: the engine
+    serves the Prometheus histograms (False: latency and liveness come from the probes only). ``chat``: the
+    model has a chat template (probes use /v1/chat/completions). ``baseline``: stable's figures from an earlier
+    step (used when stable serves nothing, e.g. at 100%)."""
 
-    def __init__(self, cfg: DeployConfig, router, hosts: dict, canary: list[str], stable: list[str]):
+    def __init__(self, cfg: DeployConfig, router, hosts: dict, canary: list[str], stable: list[str], *,
+                 metrics: bool = True, chat: bool = True, baseline: Optional[GroupStats] = None):
         self.cfg, self.router, self.hosts = cfg, router, hosts
         self.canary, self.stable = list(canary), list(stable)
         self.addr = upstream_map(cfg)
-        self.baseline: Optional[GroupStats] = None
+        self.baseline = baseline
+        self.metrics, self.chat = metrics, chat
+        self._runners: list = []
 
     def _scrape_all(self) -> tuple[dict, dict]:
         """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
         from deployctl.hosts import run_on_hosts
         from deployctl.service.launcher import runtime_pid
+
+        if not self.metrics:
+            return {}, {}
 
         def one(h):
             pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
@@ -227,13 +270,35 @@ class Analyzer:
         pids = {o.host: (o.value[1] if o.value else None) for o in outs}
         return samples, pids
 
+    def _start_probes(self):
+        from deployctl.service.http import api_key
+        from deployctl.rollout.probes import ProbeRunner, host_url, target
+
+        p = self.cfg.rollout.analysis.probes
+        if not p.enabled or not p.requests:
+            return None
+        by = {h.name: h for h in self.cfg.hosts}
+        targets = {n: target(host_url(self.cfg, by[n]), self.cfg.model.name, chat=self.chat, api_key=api_key(self.cfg))
+                   for n in [*self.canary, *self.stable]}
+        r = ProbeRunner(targets, requests=p.requests, max_tokens=p.max_tokens, timeout=p.timeout_s,
+                        spread_s=self.cfg.rollout.analysis.interval_s).start()
+        self._runners.append(r)
+        return r
+
     def open_window(self) -> Window:
         samples, pids = self._scrape_all()
-        return Window(time.monotonic(), self.router.access_log_size(), samples, pids)
+        log_size = self.router.access_log_size() if self.router is not None else 0
+        return Window(time.monotonic(), log_size, samples, pids, self._start_probes())
+
+    def close(self) -> None:
+        """Stop the probes of every window opened."""
+        for r in self._runners:
+            r.stop()
+        self._runners.clear()
 
     def evaluate(self, w: Window, weight: int = 0) -> Verdict:
         """Judge the window from its start to now (the window stays open: call again later to widen it)."""
-        text, _ = self.router.access_log_since(w.log_offset)
+        text, _ = self.router.access_log_since(w.log_offset) if self.router is not None else ("", 0)
         counts = count_access_log(text, self.addr)
         after, pids = self._scrape_all()
         groups = []
@@ -241,13 +306,25 @@ class Analyzer:
             g = GroupStats(hosts=names)
             g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
             g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT)
-            g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT)
+            g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, TTFT, g)
+            g.p99_tpot_s, _ = _p99(w.scrapes, after, names, TPOT, g)
             groups.append(g)
-        groups[0].down = [n for n in self.canary if after.get(n) is None]
-        groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
+        if self.metrics:
+            groups[0].down = [n for n in self.canary if after.get(n) is None]
+            groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
-        if stable.ttft_count:
+        if stable.ttft_count and stable.requests:
             self.baseline = stable
-        return v
+        return combine(v, self._probe_verdict(w, latency=low_traffic(v)))
+
+    def _probe_verdict(self, w: Window, latency: bool):
+        from deployctl.rollout.probes import summarize
+        from deployctl.rollout.verdicts import judge_probes, probe_json
+
+        if w.probes is None:
+            return None
+        res = w.probes.snapshot()
+        c, s = summarize(res, self.canary), summarize(res, self.stable)
+        result, reason = judge_probes(self.cfg.rollout.analysis, c, s, latency=latency)
+        return result, reason, probe_json(c, s, result, reason)

@@ -81,6 +81,8 @@ class Deployment:
         self.switched: set[str] = set()
         self.state: Optional[RolloutState] = None
         self.verdicts: list[dict] = []
+        self.golden = None  # deployctl.rollout.goldencheck.GoldenCheck of this deploy
+        self.baseline = None  # stable's latency figures from the last window that had them
         self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------------------------------ control
@@ -186,8 +188,10 @@ class Deployment:
         fl.prune(plan)
         self._save(status="done", step_index=len(plan.steps) - 1, weight=100)
         dur = time.monotonic() - t0
+        outputs = [{k: v.get(k) for k in ("weight", "canary_host", "result", "mode", "identical", "compared", "total")}
+                   for v in self.verdicts if v.get("kind") == "outputs"]
         fl.store.append_history("deploy", release=plan.release.id, result="ok", from_release=plan.from_release,
-                                duration_s=round(dur, 1))
+                                duration_s=round(dur, 1), **({"outputs": outputs} if outputs else {}))
         self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)")
         return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
 
@@ -231,7 +235,9 @@ class Deployment:
             self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
             self._route(split_for(new, old, weight))
             self._save(step_index=i, weight=weight)
-            self._analyze(plan, new, old, weight)
+            job = self._start_outputs(plan, new, old)
+            self._analyze(plan, new, old, weight, job)
+            self._outputs_done(job, weight, wait=True)
         for batch in plan.batches:
             self.check()
             old = [n for n in old if n not in batch]
@@ -241,37 +247,107 @@ class Deployment:
             self._route(split_for(new, old, 100))
         self._route(Split(tuple(new), (), 0))
 
-    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int) -> None:
+    def _record(self, vj: dict) -> None:
+        """Keep a verdict in state/rollout.json: every output comparison and the 20 newest analysis windows."""
+        self.verdicts.append(vj)
+        recent = {i for i, v in enumerate(self.verdicts) if v.get("kind") != "outputs"}
+        recent = set(sorted(recent)[-20:])
+        self.state.verdicts = [v for i, v in enumerate(self.verdicts) if i in recent or v.get("kind") == "outputs"]
+        self._save()
+
+    def _start_outputs(self, plan: DeployPlan, new: list[str], old: list[str]):
+        """Start this step's golden-output comparison (deployctl.rollout.goldencheck) beside the analysis."""
+        if not self.cfg.rollout.analysis.outputs.enabled or not old:
+            return None
+        from deployctl.rollout.goldencheck import GoldenCheck
+
+        if self.golden is None:
+            self.golden = GoldenCheck(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release)
+        return self.golden.start(new, old)
+
+    def _outputs_done(self, job, weight: int, *, wait: bool) -> None:
+        """Report the comparison once it is done (``wait``: until then, checking for intervention); a failure aborts."""
+        if job is None or job.reported:
+            return
+        while wait and not job.done():
+            self.check()
+            time.sleep(0.25)
+        if not job.done():
+            return
+        job.reported = True
+        try:
+            reports = job.result()
+        except DeployctlError:
+            raise
+        except Exception as e:  # a bug in the check must not leave the fleet half switched
+            raise _Abort(f"output check at {weight}% crashed: {type(e).__name__}: {e}") from e
+        for rep in reports:
+            vj = {"kind": "outputs", "weight": weight, **rep.to_json()}
+            self._record(vj)
+            self.say("analysis", f"at {weight}%: {rep.summary()}", outputs=vj)
+            if rep.result == "fail":
+                raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
+
+    def _wait_paused(self, weight: int, why: str, job=None) -> bool:
+        """Pause for a human: True when promoted (go on), else Intervened/KeyboardInterrupt raise out of check()
+        (and a failed output comparison aborts meanwhile)."""
+        self._save(status="paused", reason=why)
+        self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
+        while not self.promote_requested:
+            self.check()
+            self._outputs_done(job, weight, wait=False)
+            time.sleep(0.25)
+        self._save(status="running", reason=None)
+        return True
+
+    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:
         pause, a = plan.pause_s, self.cfg.rollout.analysis
         if pause <= 0:
             return
+        from deployctl.rollout.verdicts import InconclusiveStreak
+
         fl = self.fleet
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old)
-        deadline = time.monotonic() + pause
-        win = an.open_window()
-        passes, last = 0, None
-        while True:
-            next_eval = min(deadline, time.monotonic() + a.interval_s)
-            while time.monotonic() < next_eval:
-                self.check()
-                if self.promote_requested:  # sent during this pause or just before it
+        chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
+        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline)
+        streak = InconclusiveStreak(a.inconclusive_limit)
+        try:
+            deadline = time.monotonic() + pause
+            win = an.open_window()
+            passes, last = 0, None
+            while True:
+                next_eval = min(deadline, time.monotonic() + a.interval_s)
+                while time.monotonic() < next_eval:
+                    self.check()
+                    self._outputs_done(job, weight, wait=False)
+                    if self.promote_requested:  # sent during this pause or just before it
+                        self.promote_requested = False
+                        self.say("info", f"promoted by hand at {weight}%")
+                        if job is not None:
+                            job.reported = True  # the operator decided: the comparison is not waited for
+                        return
+                    time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
+                last = an.evaluate(win, weight)
+                self.baseline = an.baseline
+                vj = last.to_json()
+                self._record(vj)
+                self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
+                if last.result == "fail":
+                    raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
+                if last.result == "pass":
+                    passes += 1
+                    win = an.open_window()
+                if streak.add(last.result):
+                    self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
+                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}", job)
                     self.promote_requested = False
                     self.say("info", f"promoted by hand at {weight}%")
+                    if job is not None:
+                        job.reported = True
                     return
-                time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
-            last = an.evaluate(win, weight)
-            vj = last.to_json()
-            self.verdicts.append(vj)
-            self.state.verdicts = self.verdicts[-20:]
-            self._save()
-            self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
-            if last.result == "fail":
-                raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
-            if last.result == "pass":
-                passes += 1
-                win = an.open_window()
-            if time.monotonic() >= deadline:
-                break
+                if time.monotonic() >= deadline:
+                    break
+        finally:
+            an.close()
         if passes == 0:
             raise _Abort(f"not enough traffic to judge at {weight}%: {last.summary()}; "
                          "send traffic or `deployctl promote` by hand", last.to_json())
@@ -280,6 +356,8 @@ class Deployment:
     def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
                cause: Optional[BaseException] = None, interrupted: bool = False):
         fl = self.fleet
+        if self.golden is not None:
+            self.golden.stop()
         self.say("abort", f"aborting: {reason}")
         try:
             self.state.status = "aborting"

@@ -1,7 +1,11 @@
-"""Paged attention in plain torch: write this step's K/V into the block-paged cache, then attend over each
-request's blocks. Decodes (one query token each) run as batched gathers over their block tables, in groups of
-similar context length to limit padding; prefill
-chunks run per request with scaled_dot_product_attention.
+"""Paged attention: write this step's K/V into the block-paged cache, then attend over each request's blocks.
+
+Decodes (one query token each) take one of two paths, chosen per step by the model runner:
+  * torch (CPU, and the reference): batched gathers over the block tables, in groups of similar context length to
+    limit padding; the gather indices and masks are built once per step and shared by every layer.
+  * kernel (CUDA): the Triton kernel in kernels/paged_attention.py reads K/V straight from the block table (no
+    gather copy); its inputs are fixed-shape tensors, so a CUDA graph can capture it.
+Prefill chunks run per request with scaled_dot_product_attention (flash / memory-efficient kernels on CUDA).
 
 Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim] (head-major, so that a gather over slot
 indices yields [KVH, ..., L, D] directly, the layout attention wants, without another copy). Slot of token at
@@ -36,11 +40,27 @@ class DecodeGroup:
 class AttentionMetadata:
     """Built once per step by the model runner, shared by every layer.
 
-    Flat batch order: the num_decodes decode tokens first, then the prefill chunks."""
+    Flat batch order: the num_decodes decode tokens first, then the prefill chunks. The kernel path reads
+    block_tables [num_decodes, W] int32 (rows padded with block 0) and context_lens [num_decodes] int32; the torch
+    path reads decode_groups."""
     slot_mapping: torch.Tensor  # [T] cache slot of each token
     num_decodes: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    block_tables: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
+    use_kernel: bool = False
+    block_size: int = 16
+
+
+def decode_group(start: int, tables: torch.Tensor, lens: list[int], block_size: int) -> DecodeGroup:
+    """Gather indices and mask for decodes [start, start + len(lens)): tables [n, W] long (padded with block 0),
+    lens the context length of each."""
+    n, width = tables.shape
+    dev = tables.device
+    slots = (tables.unsqueeze(2) * block_size + torch.arange(block_size, device=dev)).flatten()
+    valid = torch.arange(width * block_size, device=dev).unsqueeze(0) < torch.tensor(lens, device=dev).unsqueeze(1)
+    return DecodeGroup(start, start + n, slots, width * block_size, valid[None, :, None, :])
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -48,37 +68,53 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, KVH, D]; caches [KVH, num_slots, D]. Returns [T, H, D]."""
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-    if len(meta.decode_groups) == 1 and not meta.prefills:
-        return _decode(q, k_cache, v_cache, meta.decode_groups[0], scale)
-    out = torch.empty_like(q)
-    for group in meta.decode_groups:
-        out[group.start:group.end] = _decode(q[group.start:group.end], k_cache, v_cache, group, scale)
+    nd = meta.num_decodes
+    if meta.use_kernel and nd:
+        from deployctl_runtime.kernels.paged_attention import paged_decode
+
+        dec = paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                           meta.block_size)
+        if not meta.prefills:
+            return dec
+        out = torch.empty_like(q)
+        out[:nd] = dec
+    elif len(meta.decode_groups) == 1 and not meta.prefills:
+        return decode_torch(q, k_cache, v_cache, meta.decode_groups[0], scale)
+    else:
+        out = torch.empty_like(q)
+        for group in meta.decode_groups:
+            out[group.start:group.end] = decode_torch(q[group.start:group.end], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
-        # 4-D inputs ([1, heads, tokens, D]): torch's CPU flash kernel takes them; 3-D falls back to the math path
-        qs = q[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        if chunk.slots is None:
-            ks = k[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
-            vs = v[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            ks = k_cache.index_select(1, chunk.slots).unsqueeze(0)  # [1, KVH, L, D]
-            vs = v_cache.index_select(1, chunk.slots).unsqueeze(0)
-            n_q, n_ctx = chunk.end - chunk.start, chunk.context_len
-            rows = torch.arange(n_q, device=q.device).unsqueeze(1) + (n_ctx - n_q)
-            mask = torch.arange(n_ctx, device=q.device).unsqueeze(0) <= rows
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[chunk.start:chunk.end] = o[0].transpose(0, 1)
+        out[chunk.start:chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk, scale)
     return out
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
-            scale: float) -> torch.Tensor:
-    """One query per request: gather each request's context [KVH, D, L, Dh] and attend with grouped heads."""
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+    # 4-D inputs ([1, heads, tokens, D]): torch's CPU flash kernel takes them; 3-D falls back to the math path
+    qs = q[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+    if chunk.slots is None:
+        ks = k[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
+        vs = v[chunk.start:chunk.end].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        ks = k_cache.index_select(1, chunk.slots).unsqueeze(0)  # [1, KVH, L, D]
+        vs = v_cache.index_select(1, chunk.slots).unsqueeze(0)
+        n_q, n_ctx = chunk.end - chunk.start, chunk.context_len
+        rows = torch.arange(n_q, device=q.device).unsqueeze(1) + (n_ctx - n_q)
+        mask = torch.arange(n_ctx, device=q.device).unsqueeze(0) <= rows
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+def decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup,
+                 scale: float) -> torch.Tensor:
+    """One query per request: gather each request's context [KVH, n, L, Dh] and attend with grouped heads.
+    q [n, H, Dh] -> [n, H, Dh]. The reference the Triton kernel is tested against."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     group = num_heads // num_kv_heads
     ks = k_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
     vs = v_cache.index_select(1, g.slots).view(num_kv_heads, n, g.context_len, head_dim)
-    qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
-    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=g.mask, scale=scale)  # [KVH, D, G, Dh]
+    qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, n, G, Dh]
+    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=g.mask, scale=scale)  # [KVH, n, G, Dh]
     return o.transpose(0, 1).reshape(n, num_heads, head_dim)

@@ -53,10 +53,12 @@ class EngineStats:
 
 
 def _resolve_dtype(args: EngineArgs, cfg: ModelConfig) -> str:
+    """auto: float32 on CPU; on CUDA the checkpoint's half type (float16 when it says so), else bfloat16 (as vLLM
+    runs float32 checkpoints in half precision on GPUs)."""
     if args.dtype != "auto":
         return args.dtype
-    if args.device == "cuda" and cfg.torch_dtype in kv_sizing.DTYPE_BYTES:
-        return cfg.torch_dtype
+    if args.device == "cuda":
+        return "float16" if cfg.torch_dtype == "float16" else "bfloat16"
     return "float32"
 
 
@@ -88,6 +90,7 @@ class LLMEngine:
         from deployctl_runtime.model_runner import ModelRunner  # torch from here on
 
         self.runner = ModelRunner(cfg, str(model_dir), args.device, self.dtype, args.block_size, args.seed)
+        self._use_cuda_graphs = args.device == "cuda" and not args.enforce_eager
         per_token = kv_sizing.kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                                  kv_sizing.DTYPE_BYTES[self.dtype])
         budget = self._kv_budget_bytes(log) if args.num_gpu_blocks_override is None else 0
@@ -105,6 +108,9 @@ class LLMEngine:
         self.runner.sampler.structured = StructuredOutputs(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
         self.runner.warmup()
         log("warm-up forward pass done")
+        if self._use_cuda_graphs:
+            used = self.runner.capture_cuda_graphs(args.max_num_seqs, self.max_model_len)
+            log(f"cuda graphs: {len(self.runner.graphs.sizes)} decode batch sizes captured, {used} bytes")
         self._arrivals = 0
         self._pending_outputs: list[RequestOutput] = []
 
@@ -120,9 +126,12 @@ class LLMEngine:
         total = torch.cuda.get_device_properties(self.runner.device).total_memory
         weights = self.runner.weights_bytes()
         peak = self.runner.profile_activation_peak(self.args.max_num_batched_tokens)
+        graphs = 0
+        if self._use_cuda_graphs:
+            graphs = self.runner.profile_cuda_graph_bytes(self.args.max_num_seqs, self.max_model_len)
         log(f"memory: total {total} bytes x {self.args.gpu_memory_utilization} - weights {weights} - "
-            f"activation peak {peak}")
-        return kv_sizing.cuda_budget_bytes(total, self.args.gpu_memory_utilization, weights, peak)
+            f"activation peak {peak} - cuda graphs {graphs}")
+        return kv_sizing.cuda_budget_bytes(total, self.args.gpu_memory_utilization, weights, peak + graphs)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

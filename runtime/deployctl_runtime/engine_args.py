@@ -45,7 +45,8 @@ class EngineArgs:
 
     dtype "auto": the config's torch_dtype on cuda, float32 on cpu. max_model_len None: min(max_position_embeddings,
     2048). kv_cache_memory: the KV pool budget in bytes on cpu (default 512 MiB); ignored on cuda, where the budget
-    is total memory x gpu_memory_utilization minus weights and the profiled activation peak.
+    is total memory x gpu_memory_utilization minus weights, the profiled activation peak and the CUDA graphs' memory.
+    enforce_eager: no CUDA graphs (vLLM's flag); CUDA only, the CPU path always runs eagerly.
     """
 
     model: str
@@ -60,6 +61,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
     seed: int = 0
 
     def validate(self) -> None:

@@ -5,6 +5,7 @@ Formula (vLLM's KV cache spec; shared/models/known-shapes.md):
     kv_bytes_per_token = 2 (K and V) x num_hidden_layers x num_key_value_heads x head_dim x dtype_bytes
     num_blocks = num_gpu_blocks_override, else floor(budget_bytes / (block_size x kv_bytes_per_token)), min 0
     CUDA budget_bytes = floor(total_memory x gpu_memory_utilization) - weights_bytes - activation_peak_bytes
+                        (the runtime's peak includes its CUDA graphs' measured memory unless --enforce-eager)
     CPU budget_bytes = kv_cache_memory
 """
 from __future__ import annotations

@@ -18,6 +18,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # torch's fused kernel: the same arithmetic in one pass
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # half types: normalise in float32, round, then scale, in HF's order
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
@@ -56,10 +59,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [T, 1, D] for positions [T]: gathered once per step and shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def forward(self, tables: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype)."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = tables
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

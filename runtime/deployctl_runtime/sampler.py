@@ -97,7 +97,11 @@ class Sampler:
                 ids = torch.tensor([int(t) for t in p.logit_bias], device=row.device, dtype=torch.long)
                 row[ids] += torch.tensor(list(p.logit_bias.values()), device=row.device, dtype=row.dtype)
             if needs_mask:
-                row[torch.tensor(sorted(r.stop_ids), device=row.device, dtype=torch.long)] = float("-inf")
+                stop = torch.tensor(sorted(r.stop_ids), device=row.device, dtype=torch.long)
+                kept = row[stop].clone()
+                row[stop] = float("-inf")
+                if not torch.isfinite(row).any():  # only a stop is allowed (a complete grammar): stopping wins
+                    row[stop] = kept
             if p.repetition_penalty != 1.0:  # CTRL (Keskar et al. 2019) as HF applies it: prompt and output tokens
                 seen = torch.tensor(r.all_token_ids, device=row.device, dtype=torch.long).unique()
                 vals = row[seen]

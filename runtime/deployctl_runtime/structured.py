@@ -94,6 +94,11 @@ class StructuredOutputs:
         words = torch.frombuffer(bytearray(masks), dtype=torch.int32).view(len(rows), -1).to(logits.device)
         shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
         allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, : logits.shape[1]].bool()
+        broken = [k for k, i in enumerate(rows) if self._matcher(requests[i]).is_error()]
+        if broken and self.eos_ids:  # a matcher in error (it cannot say what is valid) may only end the output
+            allowed[broken] = False
+            allowed[torch.tensor(broken, device=logits.device).unsqueeze(1),
+                    torch.tensor(self.eos_ids, device=logits.device).unsqueeze(0)] = True
         idx = torch.tensor(rows, device=logits.device)
         logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
 

@@ -46,6 +46,8 @@ def test_access_log_counts_each_attempt_against_its_server(cfg):
         # nginx tried a (refused: 502) then b (200): the failure counts against a, the success for b
         line("127.0.0.1:8001, 127.0.0.1:8002", 200, "502, 200"),
         line("127.0.0.1:8003", 503), "not json", line("-", 404),
+        # deployctl's own probe sent through the router: not user traffic
+        json.dumps({"status": 500, "upstream_addr": "127.0.0.1:8001", "upstream_status": "500", "probe": "probe"}),
     ])
     counts = count_access_log(text, upstream_map(cfg))
     assert counts == {"a": [3, 2], "b": [1, 0], "c": [1, 1]}

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime"
+# Without a GPU the Triton kernels run interpreted on CPU tensors. Triton reads this when it is first imported (its
+# own library functions are decorated then), so it is set here, before any test module imports triton.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 if str(RUNTIME_DIR) not in sys.path:  # CI installs it editable; locally PYTHONPATH may lack it
     sys.path.insert(0, str(RUNTIME_DIR))
 

@@ -168,3 +168,12 @@ def test_top_logprobs_are_the_n_most_likely_of_the_sampled_distribution():
     assert [t for t, _ in out.top_logprobs] == ids and ids[0] == 9  # logit_bias is honoured
     assert all(abs(lp - ref[t].item()) < 1e-5 for t, lp in out.top_logprobs)
     assert abs(out.logprob - ref[out.token_id].item()) < 1e-5
+
+
+def test_min_tokens_yields_when_only_a_stop_token_is_allowed():
+    logits = torch.full((1, 4), float("-inf"))
+    logits[0, 2] = 1.0  # what a complete grammar's bitmask leaves: only eos 2
+    req = Request("r", [0], SamplingParams(temperature=0, min_tokens=3), frozenset({2}))
+    assert Sampler(torch.device("cpu"))._apply_constraints(logits.clone(), [req])[0].argmax().item() == 2
+    logits[0, 1] = 0.0  # another token allowed: min_tokens masks the stop as usual
+    assert Sampler(torch.device("cpu"))._apply_constraints(logits.clone(), [req])[0].argmax().item() == 1

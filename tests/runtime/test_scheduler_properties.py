@@ -6,9 +6,10 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
 from deployctl_runtime.kv_cache_manager import KVCacheManager
+from deployctl_runtime.outputs import ModelRunnerOutput
 from deployctl_runtime.request import Request, RequestStatus, SampledToken
 from deployctl_runtime.sampling_params import SamplingParams
-from deployctl_runtime.scheduler import ModelRunnerOutput, Scheduler
+from deployctl_runtime.scheduler import Scheduler
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 48

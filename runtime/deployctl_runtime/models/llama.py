@@ -26,7 +26,8 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # [KVH, num_slots, D], set by the model runner
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+                ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -34,7 +35,7 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary[0](positions, q, k)
+        q, k = self.rotary[0](rope, q, k)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -47,8 +48,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta)
+    def forward(self, x, rope, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -63,8 +64,9 @@ class Backbone(nn.Module):
 
     def forward(self, input_ids, positions, meta):
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions)  # once per step, not per layer
         for layer in self.layers:
-            x = layer(x, positions, meta)
+            x = layer(x, rope, meta)
         return self.norm(x)
 
 

@@ -45,6 +45,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--kv-cache-memory", metavar="BYTES", help="KV pool budget on CPU, bytes or e.g. 512MiB")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, help="default on")
     a("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, help="default on")
+    a("--enforce-eager", action=argparse.BooleanOptionalAction, help="CUDA: no decode CUDA graphs (default off)")
     a("--seed", type=int, help="engine seed (default 0)")
     a("--max-queued-requests", type=int, help="waiting requests beyond this get 429 + Retry-After (default 256)")
     a("--request-timeout-s", type=float, help="end a request with an error finish after this (default 600)")

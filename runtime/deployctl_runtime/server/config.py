@@ -33,6 +33,7 @@ class ServeConfig(BaseModel):
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
     seed: int = 0
     max_queued_requests: int = Field(256, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
@@ -56,7 +57,7 @@ class ServeConfig(BaseModel):
         """Keyword arguments for EngineArgs (ENGINE_API.md)."""
         keys = ("model", "device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                 "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching",
-                "enable_chunked_prefill", "seed")
+                "enable_chunked_prefill", "enforce_eager", "seed")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -4,6 +4,7 @@
   fail_start=1       fail during loading: log "fault injection: fail_start" and exit non-zero.
   error_rate=F       answer that share (0..1) of inference requests 500 internal_error (bad canary).
   token_delay_ms=MS  sleep MS per engine step (slow canary: TPOT and TTFT grow).
+  repeat_token=ID    every output token becomes token ID (a repeated-token loop; a special token: empty text).
 
 Never set in production; the server logs a WARNING at start when any is active.
 """
@@ -17,7 +18,7 @@ ENV_VAR = "DEPLOYCTL_RUNTIME_FAULT"
 HELP = (
     f"Test-only fault injection: env {ENV_VAR}=key=value[,key=value...] with load_delay_s=S (slow load), "
     "fail_start=1 (exit non-zero during load), error_rate=F (share of inference requests answered 500), "
-    "token_delay_ms=MS (sleep per decode step)."
+    "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID)."
 )
 
 
@@ -27,10 +28,15 @@ class Faults:
     fail_start: bool = False
     error_rate: float = 0.0
     token_delay_ms: float = 0.0
+    repeat_token: float = -1.0
 
     @property
     def active(self) -> bool:
         return self != Faults()
+
+    def rewrite_tokens(self, new: list[int]) -> list[int]:
+        """The output tokens as the repeat_token fault makes them (unchanged without it)."""
+        return [int(self.repeat_token)] * len(new) if self.repeat_token >= 0 else new
 
     def should_fail_request(self) -> bool:
         return self.error_rate > 0 and random.random() < self.error_rate
@@ -43,7 +49,7 @@ class Faults:
         for item in filter(None, (p.strip() for p in raw.split(","))):
             key, sep, val = item.partition("=")
             if not sep or key not in cls.__dataclass_fields__:
-                raise ValueError(f"{ENV_VAR}: unknown item {item!r}; known: load_delay_s, fail_start, error_rate, token_delay_ms")
+                raise ValueError(f"{ENV_VAR}: unknown item {item!r}; known: {', '.join(cls.__dataclass_fields__)}")
             try:
                 values[key] = float(val)
             except ValueError:

@@ -144,7 +144,7 @@ class Generation:
             if not self._seen_first_output and out.queue_time_s is not None:
                 self._seen_first_output = True  # vLLM's queue time: engine arrival to first scheduling
                 m.queue_time.observe(out.queue_time_s)
-            new = list(out.new_token_ids)
+            new = self.ctx.faults.rewrite_tokens(list(out.new_token_ids))
             if new:
                 if self.rec.first_token_at is None:
                     self.rec.first_token_at = now

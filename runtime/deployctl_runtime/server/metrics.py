@@ -73,7 +73,7 @@ class Metrics:
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to last token.",
                              buckets=E2E_BUCKETS, registry=r)
         self.queue_time = Histogram(PREFIX + "request_queue_time_seconds",
-                                    "Arrival to the engine's first progress on the request (scheduled).",
+                                    "Engine arrival to first scheduling (recorded by the scheduler), as vLLM.",
                                     buckets=QUEUE_BUCKETS, registry=r)
         # make the labelled series visible at 0 from the start
         for reason in ("stop", "length", "abort", "error"):

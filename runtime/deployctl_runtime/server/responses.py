@@ -4,12 +4,14 @@ Logprobs: each token as text a client can show (UTF-8; a partial character as `\
 markers like `Ġ`) plus its raw bytes (chat), with the requested number of most likely alternatives per position.
 usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
 choices of each prompt with the highest cumulative logprob, re-indexed 0..n-1 per prompt (all generated tokens are
-counted in usage, as OpenAI bills them).
+counted in usage, as OpenAI bills them). Streaming with tools: a tool call comes as one `tool_calls` delta once
+its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual.
 """
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from .serving import Choice, Event, Prepared, RequestRecord
@@ -65,6 +67,8 @@ class ResponseBuilder:
         self.want_top = bool(prep.want_logprobs)
         self.want_ids = prep.request.return_token_ids
         self._role_sent: set[int] = set()
+        self._calls_possible = prep.tools is not None and prep.tools.kind != "none"
+        self._held: dict[int, list] = {}  # choice index -> [text held while it may be a tool call, or None]
         self._text_len: dict[int, int] = {}
 
     def _lp(self, ids, lps, tops, offset=0):
@@ -115,6 +119,14 @@ class ResponseBuilder:
                     self._role_sent.add(ev.index)
                     out.append(self._chunk([{"index": ev.index, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}], usage))
+                if self._calls_possible:
+                    ev, calls = self._hold_for_tool_calls(ev)
+                    if calls is not None:
+                        out.append(self._chunk([{"index": ev.index, "delta": {"tool_calls": calls},
+                                                 "logprobs": None, "finish_reason": "tool_calls"}], usage))
+                        continue
+                    if ev is None:
+                        continue
                 if not ev.text and ev.finish_reason is None and not (self.want_logprobs and ev.token_ids):
                     continue  # held-back text (partial character, stop-string prefix); its logprobs still go
                 delta = {"content": ev.text} if ev.text else {}
@@ -131,6 +143,25 @@ class ResponseBuilder:
                 out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text, "logprobs": lp,
                                                    "finish_reason": ev.finish_reason}, ev)], usage))
         return out
+
+    def _hold_for_tool_calls(self, ev: Event) -> tuple[Event | None, list | None]:
+        """Streaming with tools: text that may still become a tool call (it starts with "[") is held; at the end
+        it is either the tool_calls delta (returned second, each call whole, with its "index") or streamed as text.
+        Text that cannot be a call is streamed as it comes. Held tokens' logprobs are not streamed."""
+        held = self._held.setdefault(ev.index, [""])
+        if held[0] is None:  # decided: plain text
+            return ev, None
+        held[0] += ev.text
+        text = held[0]
+        if text.lstrip() and not text.lstrip().startswith("["):
+            held[0] = None
+            return replace(ev, text=text), None
+        if ev.finish_reason is None:
+            return None, None
+        calls = self.prep.tools.parse(text)
+        if calls:
+            return ev, [{"index": k, **call} for k, call in enumerate(calls)]
+        return replace(ev, text=text), None
 
     def _ids(self, choice: dict[str, Any], ev: Event) -> dict[str, Any]:
         if self.want_ids:

@@ -5,10 +5,10 @@ context length, back-pressure, the engine's own admission check. `Generation` tu
 text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), request timeout, and on any exit
 (finished, stop string, timeout, client gone) aborts what is still running so its blocks are freed (C07).
 
-Context-length rule (C03 d): prompt >= max_model_len is rejected (param "prompt"/"messages"); an explicit
-max_tokens with prompt + max_tokens > max_model_len is rejected naming both (param "max_tokens"); an omitted
-max_tokens defaults to the remaining context, max_model_len - prompt. A text so long that it cannot fit whatever the
-tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
+Context-length rule (C03 d; the offline API's too, sampling_params.context_length_error): prompt >= max_model_len
+is rejected (param "prompt"/"messages"); an explicit max_tokens with prompt + max_tokens > max_model_len is
+rejected naming both (param "max_tokens"); an omitted max_tokens defaults to the remaining context. A text so long
+that it cannot fit whatever the tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
 Choices: a list of prompts times k gives engine choice prompt_i * k + j, k = best_of or n; with a seed, choice j
 samples with seed + j (reproducible, yet distinct). best_of > n keeps, per prompt, the n choices with the highest

@@ -5,8 +5,8 @@ grammar: a JSON array of calls `[{"name": <a tool's name>, "arguments": <its par
 (one call for a named tool_choice or parallel_tool_calls false), forced for tool_choice "required" or a named
 function, and offered beside free text for "auto" (the default when tools are given): text that starts with "["
 is a tool call, anything else is an answer. "none" renders the tools and generates text. The calls come back as
-OpenAI `tool_calls` with finish_reason "tool_calls". Streaming with tools is refused (400): a call is known only
-once its JSON is complete.
+OpenAI `tool_calls` with finish_reason "tool_calls". Streamed, a call comes in one `tool_calls` delta once its JSON
+is complete (responses.py).
 """
 from __future__ import annotations
 
@@ -78,9 +78,6 @@ def tool_mode(req: Any) -> ToolMode | None:
     """The tool mode of a chat request, or None without tools. Raises APIError 400 naming the field."""
     if not req.tools:
         return None
-    if req.stream:
-        raise invalid("'stream': streaming with tools is not supported by this server; send stream false",
-                      "stream", "unsupported_parameter")
     names = [t.function.name for t in req.tools]
     template_tools = [t.model_dump(exclude_none=True) for t in req.tools]
     choice = req.tool_choice or "auto"

@@ -79,7 +79,6 @@ def test_json_object_on_completions_and_a_streamed_json_schema_chat(api_client):
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
-    ({"tools": [WEATHER], "stream": True}, "stream"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
@@ -119,6 +118,22 @@ def test_tool_choice_required_and_named_come_back_as_tool_calls_and_round_trip(a
                                             tool_choice="none", max_tokens=8)
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason == "length"
     assert answer.usage.prompt_tokens > named.usage.prompt_tokens  # the call and its result were rendered
+
+
+def test_streamed_tool_calls_arrive_whole_in_one_delta(api_client):
+    chunks = list(api_client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER], tool_choice="required",
+        max_tokens=120, seed=0, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0] for c in chunks if c.choices]
+    calls = [t for d in deltas for t in (d.delta.tool_calls or [])]
+    assert calls and [t.index for t in calls] == list(range(len(calls)))
+    for call in calls:
+        _check_call(call, WEATHER)
+    assert deltas[-1].finish_reason == "tool_calls" and not any(d.delta.content for d in deltas)
+    assert chunks[-1].usage.completion_tokens > 0
+    text = api_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                              tools=[WEATHER], tool_choice="none", max_tokens=5, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in text if c.choices)
 
 
 def test_tool_choice_auto_answers_text_or_a_valid_call(api_client):

@@ -70,3 +70,15 @@ def test_serve_help_lists_contract_flags_and_fault_injection():
     missing = [flag for flag in CONTRACT_FLAGS if flag not in out]
     assert missing == []
     assert "DEPLOYCTL_RUNTIME_FAULT" in out and "error_rate" in out and "DEPLOYCTL_RUNTIME_API_KEY" in out
+
+
+def test_best_of_keeps_the_n_best_per_prompt_by_cumulative_logprob_and_reindexes():
+    from deployctl_runtime.server.responses import best_choices
+    from deployctl_runtime.server.serving import Choice
+
+    sums = [[-3.0, -1.0, -2.0], [-0.5, -9.0, -0.1]]  # two prompts, best_of 3, n 2
+    choices = [Choice(p * 3 + j, None, None, logprobs=[s / 2, s / 2]) for p, row in enumerate(sums)
+               for j, s in enumerate(row)]
+    picked = [(i, c.index) for i, c in best_choices(choices, per_prompt=3, n=2)]
+    assert picked == [(0, 1), (1, 2), (2, 5), (3, 3)]
+    assert [i for i, _ in best_choices(choices, per_prompt=3, n=3)] == list(range(6))

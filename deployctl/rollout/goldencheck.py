@@ -1,0 +1,201 @@
+"""The golden-output check at a canary step: ask every canary host and one stable host the golden prompts
+(deployctl.rollout.golden, directly at their host URLs, not through the router) and judge the answers
+(deployctl.rollout.outputcheck).
+
+Which agreement rule applies comes from the two releases (their release directories on the hosts):
+- the weight files' hashes (``model.manifest.sha256`` lines for ``*.safetensors``, ``*.bin``, ``*.pt``,
+  ``*.pth``, ``*.gguf``) differ → ``outputs.on_model_change``: ``check`` (default) keeps the agreement rule,
+  ``skip`` leaves only the degenerate checks;
+- the engine (``release.json`` ``engine``, else the runtime wheel's project name) or ``dtype`` (runtime.yaml)
+  differ → ``prefix``;
+- else ``exact``.
+The model has a chat template when the canary's model directory holds ``chat_template.jinja`` or a
+``chat_template`` in tokenizer_config.json; then prompts go to /v1/chat/completions, else /v1/completions.
+Stable's answers are asked once per deploy (stable does not change during it). ``start`` runs the check in a
+background thread beside the step's analysis windows (a slow canary is aborted on latency meanwhile); ``stop``
+makes it give up between prompts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import shlex
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from deployctl.config import DeployConfig
+from deployctl.rollout.golden import Answer, collect, default_prompts, load_prompts
+from deployctl.rollout.outputcheck import OutputReport, Rules, compare
+from deployctl.config.layout import release_dir
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_SEP = "\n--deployctl-sep--\n"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What decides the agreement rule for one release: the weights digest, the engine and the dtype."""
+
+    weights: str
+    engine: str
+    dtype: str
+
+
+def parse_identity(release_json: str, manifest: str, runtime_yaml: str) -> Identity:
+    """An Identity from a release directory's files (missing pieces read as empty strings)."""
+    try:
+        rel = json.loads(release_json) if release_json.strip() else {}
+    except ValueError:
+        rel = {}
+    lines = sorted(ln.strip() for ln in manifest.splitlines()
+                   if ln.strip() and ln.strip().split()[-1].endswith(WEIGHT_SUFFIXES))
+    weights = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12] if lines else ""
+    engine = str(rel.get("engine") or str(rel.get("runtime_wheel") or "").split("-")[0])
+    dtype = ""
+    for ln in runtime_yaml.splitlines():
+        key, _, val = ln.partition(":")
+        if key.strip() == "dtype":
+            dtype = val.strip().strip("'\"")
+    return Identity(weights, engine, dtype)
+
+
+def rules_for(cfg: DeployConfig, stable: Identity, canary: Identity) -> Rules:
+    o = cfg.rollout.analysis.outputs
+    common = dict(min_exact_share=o.min_exact_share, min_prefix_tokens=o.min_prefix_tokens,
+                  min_prefix_share=o.min_prefix_share, max_repeats=o.max_repeats,
+                  min_length_ratio=o.min_length_ratio, max_length_ratio=o.max_length_ratio)
+    changed = [f"{k} {getattr(stable, k) or '?'} → {getattr(canary, k) or '?'}" for k in ("engine", "dtype")
+               if getattr(stable, k) != getattr(canary, k)]
+    if stable.weights != canary.weights:
+        wc = f"weights changed {stable.weights or '?'} → {canary.weights or '?'}"
+        if o.on_model_change == "skip":
+            return Rules("skip", f"{wc}, outputs.on_model_change skip", **common)
+        return Rules("prefix" if changed else "exact",
+                     f"{wc}, outputs.on_model_change check" + (f"; {', '.join(changed)}" if changed else ""), **common)
+    if changed:
+        return Rules("prefix", ", ".join(changed), **common)
+    return Rules("exact", "same weights, engine and dtype", **common)
+
+
+def _cat(host, paths: list[str]) -> list[str]:
+    q = shlex.quote
+    script = f"; printf '%s' {q(_SEP)}; ".join(f"cat {q(p)} 2>/dev/null" for p in paths)
+    r = host.run(["bash", "-c", script + "; true"], timeout=30, check=False)
+    parts = r.stdout.split(_SEP)
+    return parts + [""] * (len(paths) - len(parts))
+
+
+def read_identity(host, release_id: str) -> Identity:
+    d = release_dir(host.config, release_id)
+    return parse_identity(*_cat(host, [posixpath.join(d, f) for f in ("release.json", "model.manifest.sha256",
+                                                                       "runtime.yaml")]))
+
+
+def has_chat_template(host, cfg: DeployConfig) -> bool:
+    tc, jinja = _cat(host, [posixpath.join(cfg.model.path, "tokenizer_config.json"),
+                            posixpath.join(cfg.model.path, "chat_template.jinja")])
+    if jinja.strip():
+        return True
+    try:
+        return bool(json.loads(tc).get("chat_template")) if tc.strip() else False
+    except (ValueError, AttributeError):
+        return False
+
+
+class GoldenCheck:
+    """The check for one deploy. ``hosts``: name -> deployctl.hosts.Host."""
+
+    def __init__(self, cfg: DeployConfig, hosts: dict, canary_release: str, stable_release: Optional[str]):
+        from deployctl.service.http import api_key
+
+        self.cfg, self.hosts = cfg, hosts
+        self.canary_release, self.stable_release = canary_release, stable_release
+        o = cfg.rollout.analysis.outputs
+        self.prompts = load_prompts(o.prompts) if o.prompts else default_prompts()
+        self.key = api_key(cfg)
+        self.chat: Optional[bool] = None
+        self._stable: Optional[tuple[str, list[Answer]]] = None
+        self._rules: dict[str, Rules] = {}
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def start(self, canary: list[str], stable: list[str]) -> "Job":
+        """``run`` in a daemon thread (the chat-template probe happens here, before it returns)."""
+        if self.chat is None:
+            self.chat = has_chat_template(self.hosts[canary[0]], self.cfg)
+        return Job(lambda: self.run(canary, stable))
+
+    def _ask(self, name: str) -> list[Answer]:
+        from deployctl.rollout.probes import host_url
+
+        o = self.cfg.rollout.analysis.outputs
+        by = {h.name: h for h in self.cfg.hosts}
+        return collect(host_url(self.cfg, by[name]), self.cfg.model.name, self.prompts, chat=bool(self.chat),
+                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s, should_stop=self.stopped.is_set)
+
+    def _stable_answers(self, stable: list[str]) -> tuple[str, list[Answer]]:
+        if self._stable is None or self._stable[0] not in stable:
+            best = None
+            for name in stable:  # the first stable host that answers
+                ans = self._ask(name)
+                if best is None or sum(not a.error for a in ans) > sum(not a.error for a in best[1]):
+                    best = (name, ans)
+                if all(not a.error for a in ans):
+                    break
+            self._stable = best
+        return self._stable
+
+    def run(self, canary: list[str], stable: list[str]) -> list[OutputReport]:
+        """One report per canary host (pass, fail or inconclusive). Raises RemoteError (SSH trouble)."""
+        from deployctl.hosts import run_on_hosts
+
+        if self.chat is None:
+            self.chat = has_chat_template(self.hosts[canary[0]], self.cfg)
+        if not stable:
+            return []
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:  # stable's answers (asked once) while the canary hosts answer
+            fut = pool.submit(self._stable_answers, stable)
+            outs = run_on_hosts([self.hosts[n] for n in canary], lambda h: self._ask(h.name))
+            s_name, s_ans = fut.result()
+        if self.stable_release and not self._rules:
+            s_id = read_identity(self.hosts[s_name], self.stable_release)
+            for n in canary:
+                self._rules.setdefault(n, rules_for(self.cfg, s_id, read_identity(self.hosts[n], self.canary_release)))
+        reports = []
+        for o in outs:
+            rules = self._rules.get(o.host, Rules())
+            ans = o.value if o.error is None else [Answer(error=str(o.error))] * len(self.prompts)
+            reports.append(compare(self.prompts, s_ans, ans, rules, canary_host=o.host, stable_host=s_name))
+        return reports
+
+
+class Job:
+    """A call running in a daemon thread (never keeps the process alive): ``done()``, ``result()`` (re-raises)."""
+
+    def __init__(self, fn):
+        self._done = threading.Event()
+        self.value, self.error, self.reported = None, None, False
+
+        def body():
+            try:
+                self.value = fn()
+            except BaseException as e:  # handed to the caller by result()
+                self.error = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=body, daemon=True, name="golden-outputs").start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value

@@ -1,0 +1,211 @@
+"""The analysis rules on plain data (issue 15): golden-output agreement and degenerate checks, the agreement rule a
+pair of releases gets, robust metric verdicts (NaN, counter reset, stable without traffic), probe verdicts, how
+metrics and probes combine, and the inconclusive streak that pauses a rollout."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deployctl.config import parse_config
+from deployctl.errors import ConfigError
+from deployctl.rollout.analysis import GroupStats, _p99, judge
+from deployctl.rollout.golden import Answer, Prompt, default_prompts, load_prompts, parse_answer
+from deployctl.rollout.goldencheck import Identity, parse_identity, rules_for
+from deployctl.rollout.outputcheck import Rules, compare, repeated_run
+from deployctl.rollout.probes import ProbeStats
+from deployctl.rollout.verdicts import InconclusiveStreak, combine, judge_probes
+
+CFG = """
+service: {name: svc}
+model: {path: /m}
+hosts:
+  - {name: a, address: 127.0.0.1, deploy_root: /d/a, server_port: 8001}
+  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}
+rollout:
+  analysis: {min_requests: 10, max_error_rate: 0.05, min_p99_delta_s: 0.01, inconclusive_limit: 3}
+"""
+
+
+@pytest.fixture
+def cfg():
+    return parse_config(CFG)
+
+
+VOCAB: dict[str, int] = {}
+
+
+def ans(tokens, finish="length", ids=True):
+    token_ids = [VOCAB.setdefault(t, len(VOCAB) + 1) for t in tokens] if ids else None
+    return Answer(text="".join(tokens), tokens=list(tokens), token_ids=token_ids, finish_reason=finish,
+                  completion_tokens=len(tokens), level="token")
+
+
+PROMPTS = [Prompt(str(i), prompt=f"question {i}") for i in range(1, 5)]
+HEALTHY = [ans(["The", " cat", " sat", " on", " the", " mat", f" {i}", "."], "stop") for i in range(4)]
+
+
+def test_identical_answers_pass_and_one_differing_token_fails_showing_both_sides():
+    rep = compare(PROMPTS, HEALTHY, [ans(a.tokens, "stop") for a in HEALTHY], Rules("exact", "same"))
+    assert rep.result == "pass" and rep.identical == 4 and "outputs: 4/4 prompts identical" in rep.summary()
+    drift = list(HEALTHY)
+    drift[2] = ans(["The", " cat", " ran", " to", " the", " mat", " 2", "."], "stop")
+    rep = compare(PROMPTS, HEALTHY, drift, Rules("exact", "same"))
+    assert rep.result == "fail" and rep.identical == 3
+    assert "3/4 prompts identical < min_exact_share 1" in rep.reason
+    assert ("prompt 3 ('question 3'): first difference at token 2: stable ' sat' ' on' ' the' ' mat' | "
+            "canary ' ran' ' to' ' the' ' mat'") in rep.reason
+    assert rep.diffs == [{"prompt": "3", "label": "prompt 3 ('question 3')", "at": 2,
+                          "stable": [" sat", " on", " the", " mat"], "canary": [" ran", " to", " the", " mat"]}]
+    # a looser share or the prefix rule (another dtype) accepts the same drift
+    assert compare(PROMPTS, HEALTHY, drift, Rules("exact", min_exact_share=0.75)).result == "pass"
+    assert compare(PROMPTS, HEALTHY, drift, Rules("prefix", min_prefix_tokens=2, min_prefix_share=1.0)).result == "pass"
+    assert compare(PROMPTS, HEALTHY, drift, Rules("prefix", min_prefix_tokens=3, min_prefix_share=1.0)).result == "fail"
+    # weights changed on purpose: not compared
+    assert compare(PROMPTS, HEALTHY, drift, Rules("skip", "weights changed")).result == "pass"
+
+
+@pytest.mark.parametrize("canary, expect", [
+    (ans([]), "canary answered empty text"),
+    (ans(["la"] * 8, "length"), "canary repeats 'la' 8+ times from token 0"),
+    (ans(["a", " b", "c", " b", "c", " b", "c", " b", "c", " b", "c", " b", "c", " b", "c", " b", "c"]),
+     "canary repeats ' b' 'c' 8+ times from token 1"),
+    (ans(["The", " \ufffd", " cat", " sat", " on", " the", " mat", "."], "stop"), "U+FFFD or invalid UTF-8"),
+    (ans(["The", " cat", " sat", " on", " the", " mat", " 0", "."], "length"), "finish_reason length) where stable stopped"),
+])
+def test_degenerate_answers_fail_even_when_agreement_is_skipped(canary, expect):
+    answers = list(HEALTHY)
+    answers[0] = canary
+    rep = compare(PROMPTS, HEALTHY, answers, Rules("skip", "weights changed"))
+    assert rep.result == "fail" and expect in rep.reason, rep.reason
+    assert rep.reason.startswith("prompt 1 ('question 1')")
+
+
+def test_degenerate_checks_are_relative_to_stable_and_length_ratio_is_bounded():
+    loop = [ans(["ha"] * 10) for _ in range(4)]
+    assert compare(PROMPTS, loop, loop, Rules("skip")).result == "pass"  # stable loops too: the model, not a fault
+    zero = Answer(text="x", tokens=["x"] * 6, token_ids=[0] * 6, finish_reason="length", completion_tokens=6, level="token")
+    rep = compare(PROMPTS, HEALTHY, [zero] + HEALTHY[1:], Rules("skip"))
+    assert rep.result == "fail" and "mostly token id 0" in rep.reason
+    long = [ans(a.tokens * 3, "stop") for a in HEALTHY]
+    rep = compare(PROMPTS, HEALTHY, long, Rules("skip", max_repeats=50))
+    assert rep.result == "fail" and "mean output length ratio canary/stable 3.00 outside [0.5, 2]" in rep.reason
+    assert repeated_run([1, 2, 3, 4], 2) is None and repeated_run([5, 1, 2, 1, 2], 2) == (1, 2)
+
+
+def test_canary_errors_fail_and_a_silent_stable_is_inconclusive():
+    down = [Answer(error="ConnectError: refused")] * 4
+    rep = compare(PROMPTS, HEALTHY, down, Rules())
+    assert rep.result == "fail" and "the canary did not answer (ConnectError: refused)" in rep.reason
+    rep = compare(PROMPTS, down, HEALTHY, Rules())
+    assert rep.result == "inconclusive" and "stable (stable) answered none of the 4 prompts" in rep.reason
+
+
+def test_agreement_rule_from_the_two_releases(cfg):
+    same = Identity("w1", "deployctl_runtime", "float32")
+    assert rules_for(cfg, same, same).mode == "exact"
+    r = rules_for(cfg, same, Identity("w1", "deployctl_runtime", "bfloat16"))
+    assert r.mode == "prefix" and "dtype float32 → bfloat16" in r.why
+    r = rules_for(cfg, same, Identity("w2", "deployctl_runtime", "float32"))
+    assert r.mode == "exact" and "weights changed w1 → w2, outputs.on_model_change check" in r.why
+    skip = parse_config(CFG.replace("inconclusive_limit: 3", "inconclusive_limit: 3, outputs: {on_model_change: skip}"))
+    assert rules_for(skip, same, Identity("w2", "deployctl_runtime", "float32")).mode == "skip"
+    assert rules_for(skip, same, same).mode == "exact"  # skip excuses a weights change only
+    manifest = "aa  model.safetensors\nbb  tokenizer_config.json\n"
+    ident = parse_identity(json.dumps({"runtime_wheel": "deployctl_runtime-0.1.0-py3-none-any.whl"}), manifest,
+                           "model: /m\ndtype: 'float32'\n")
+    assert ident.engine == "deployctl_runtime" and ident.dtype == "float32"
+    # a chat template change is not a weights change
+    assert parse_identity("{}", manifest.replace("bb", "cc"), "").weights == ident.weights
+    assert parse_identity("{}", manifest.replace("aa", "ab"), "").weights != ident.weights
+
+
+def test_prompt_file_and_answer_parsing(tmp_path):
+    assert len(default_prompts()) == 16
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n\n{"id": "x", "prompt": "once"}\n')
+    ps = load_prompts(f)
+    assert [p.id for p in ps] == ["1", "x"] and ps[0].as_text() == "hi" and ps[1].as_messages()[0]["content"] == "once"
+    f.write_text('{"prompt": 3}\n')
+    with pytest.raises(ConfigError, match=r"p.jsonl:1: not a golden prompt line: prompt must be a string"):
+        load_prompts(f)
+    chat = {"choices": [{"message": {"content": "Hi there"}, "finish_reason": "stop", "token_ids": [5, 6],
+                         "logprobs": {"content": [{"token": "Hi"}, {"token": " there"}]}}],
+            "usage": {"completion_tokens": 2}}
+    a = parse_answer(chat, chat=True)
+    assert (a.tokens, a.token_ids, a.level, a.completion_tokens) == (["Hi", " there"], [5, 6], "token", 2)
+    plain = parse_answer({"choices": [{"text": "one two", "finish_reason": "length"}]}, chat=False)
+    assert plain.tokens == ["one", " two"] and plain.level == "text" and plain.token_ids is None
+
+
+def _samples(count, bucket_01):
+    from deployctl.promhist import parse_text
+
+    name = "deployctl_runtime_time_to_first_token_seconds"
+    return parse_text(f'{name}_bucket{{le="0.1"}} {bucket_01}\n{name}_bucket{{le="+Inf"}} {count}\n'
+                      f"{name}_sum 1.0\n{name}_count {count}\n")
+
+
+def test_nan_counter_reset_and_idle_stable_are_inconclusive_with_their_reason(cfg):
+    name = "deployctl_runtime_time_to_first_token_seconds"
+    g = GroupStats(["a"])
+    before, after = {"a": _samples(10, 5)}, {"a": _samples(4, 2)}  # went down with the same process
+    assert _p99(before, after, ["a"], name, g) == (None, 0) and g.reset == ["a"]
+    v = judge(cfg, GroupStats(["a"], requests=30, reset=["a"]), GroupStats(["b"], requests=30), 5.0)
+    assert v.result == "inconclusive" and "counter reset (histogram went down) on a" in v.reason
+    g = GroupStats(["b"])
+    assert _p99({"b": _samples(1, 1)}, {"b": _samples("NaN", 1)}, ["b"], name, g)[0] is None and g.nan == ["b"]
+    v = judge(cfg, GroupStats(["a"], requests=30), GroupStats(["b"], requests=30, nan=["b"]), 5.0)
+    assert v.result == "inconclusive" and "NaN in the latency histogram of b" in v.reason
+    busy = GroupStats(["a"], requests=30, p99_ttft_s=0.1, p99_tpot_s=0.01, ttft_count=30)
+    v = judge(cfg, busy, GroupStats(["b"]), 5.0)
+    assert v.result == "inconclusive" and "stable served 0 requests" in v.reason
+    assert judge(cfg, busy, GroupStats(["b"]), 5.0, baseline=busy).result == "pass"  # an earlier window's baseline
+    assert "inconclusive [metrics]" in v.summary() and "(n=30)" in v.summary()
+    # at 100% stable's histograms hold only the probes on an idle server: the loaded canary is judged against the
+    # baseline from a window where stable served users, not against that
+    idle = GroupStats(["b"], requests=0, p99_ttft_s=0.02, p99_tpot_s=0.002, ttft_count=4)
+    assert judge(cfg, busy, idle, 5.0, baseline=busy).result == "pass"
+    assert judge(cfg, busy, idle, 5.0).result == "inconclusive"
+
+
+def probes(samples, errors=0, ttft=0.02, tpot=0.005, failing=()):
+    return ProbeStats(["x"], sent=samples + errors, errors=errors, ttft_s=ttft if samples else None,
+                      tpot_s=tpot if samples else None, samples=samples, error_detail="x: timeout" if errors else "",
+                      failing=list(failing))
+
+
+def test_probe_verdicts_and_how_they_combine_with_metrics(cfg):
+    a = cfg.rollout.analysis
+    ok = probes(4)
+    assert judge_probes(a, ok, ok) == ("pass", "")
+    res, why = judge_probes(a, probes(4, tpot=0.4), ok)
+    assert res == "fail" and "canary probe median TPOT 400.0 ms is 80.0× stable 5.0 ms" in why
+    res, why = judge_probes(a, probes(0, errors=4, failing=["a"]), ok)
+    assert res == "fail" and "canary a does not answer probes (4/4 failed: x: timeout)" in why
+    res, why = judge_probes(a, probes(0, errors=4, failing=["a"]), probes(0, errors=4, failing=["b"]))
+    assert res == "inconclusive" and "probes reach neither canary nor stable" in why
+    res, why = judge_probes(a, probes(2), ok)
+    assert res == "inconclusive" and "probe samples canary 2, stable 4 < min_samples 3" in why
+    # with real traffic the two sides carry different loads: probes judge liveness and errors, not latency
+    assert judge_probes(a, probes(4, tpot=0.4), ok, latency=False) == ("pass", "")
+    assert judge_probes(a, probes(0, errors=4, failing=["a"]), ok, latency=False)[0] == "fail"
+
+    quiet = judge(cfg, GroupStats(["a"], requests=0), GroupStats(["b"], requests=0), 5.0)
+    assert quiet.result == "inconclusive"
+    v = combine(quiet, ("pass", "", {"canary": {}, "stable": {}}))
+    assert (v.result, v.source) == ("pass", "probes") and "judged on probes (0 canary requests < min_requests 10)" in v.reason
+    slow = combine(judge(cfg, GroupStats(["a"]), GroupStats(["b"]), 5.0), ("fail", "canary probe median TPOT …", {}))
+    assert (slow.result, slow.source) == ("fail", "probes")
+    nan = judge(cfg, GroupStats(["a"], requests=30), GroupStats(["b"], requests=30, nan=["b"]), 5.0)
+    assert combine(nan, ("pass", "", {})).result == "inconclusive"  # probes do not paper over broken metrics
+    healthy = judge(cfg, GroupStats(["a"], requests=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01),
+                    GroupStats(["b"], requests=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01), 5.0)
+    assert combine(healthy, ("pass", "", None)).source == "metrics+probes"
+
+
+def test_inconclusive_windows_in_a_row_pause(cfg):
+    s = InconclusiveStreak(cfg.rollout.analysis.inconclusive_limit)
+    assert [s.add(r) for r in ("inconclusive", "inconclusive", "pass", "inconclusive", "inconclusive")] == [False] * 5
+    assert s.add("inconclusive") and s.count == 3
+    assert not any(InconclusiveStreak(0).add("inconclusive") for _ in range(10))  # 0: never pause
