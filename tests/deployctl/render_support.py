@@ -46,3 +46,21 @@ def make_config(**sections: Any):
 def write_config(path, **sections: Any):
     path.write_text(yaml.safe_dump(config_dict(**sections), sort_keys=False))
     return path
+
+
+def local_release(root, python: str, *, api_key: str | None, release_id: str = "r1"):
+    """A process-launcher host under ``root`` running ``python``, and its release rendered into
+    ``root/releases/<release_id>`` (modes kept). Returns (cfg, release dir)."""
+    from pathlib import Path
+
+    from deployctl.render import render_release
+
+    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
+                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": python,
+                              "launcher": "process"}])
+    rel = Path(root) / "releases" / release_id
+    rel.mkdir(parents=True)
+    for f in render_release(cfg, cfg.hosts[0], release_id, api_key=api_key):
+        (rel / f.path).write_text(f.content)
+        (rel / f.path).chmod(f.mode)
+    return cfg, rel

@@ -15,7 +15,7 @@ from deployctl.hosts import Host
 from deployctl.render import render_release
 from deployctl.service import launcher
 from deployctl.service.verify import wait_ready
-from render_support import make_config
+from render_support import local_release, make_config
 
 BAD_YAML = "model: /nowhere\nmax_num_seqs: -3\nno_such_setting: 1\n"
 
@@ -44,16 +44,9 @@ def test_unit_prevents_restarting_the_runtimes_config_error(tmp_path):
 
 
 @pytest.fixture
-def local_release(tmp_path):
+def bad_release(tmp_path):
     root = tmp_path / "root"
-    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
-                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": sys.executable,
-                              "launcher": "process"}])
-    rel = root / "releases" / "r1"
-    rel.mkdir(parents=True)
-    for f in render_release(cfg, cfg.hosts[0], "r1", api_key=None):
-        (rel / f.path).write_text(f.content)
-        (rel / f.path).chmod(f.mode)
+    cfg, rel = local_release(root, sys.executable, api_key=None)
     (rel / "runtime.yaml").write_text(BAD_YAML)  # the release's runtime.yaml is invalid
     (root / "current").symlink_to("releases/r1")
     host = Host.from_config(HostConfig(name="h", address="local", deploy_root=str(root), launcher="process",
@@ -63,8 +56,8 @@ def local_release(tmp_path):
     host.close()
 
 
-def test_config_error_stops_after_one_try_with_exit_code_and_log_tail(local_release, monkeypatch):
-    cfg, host, root = local_release
+def test_config_error_stops_after_one_try_with_exit_code_and_log_tail(bad_release, monkeypatch):
+    cfg, host, root = bad_release
     monkeypatch.setenv("DEPLOYCTL_LAUNCH_BACKOFF_S", "0.1")  # a restart, if any, would come at once
     offset = launcher.start(host, cfg)
     with pytest.raises(HealthError) as err:

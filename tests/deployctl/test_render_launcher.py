@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deployctl.render import render_release
-from render_support import API_KEY, make_config
+from render_support import API_KEY, local_release
 
 FAKE_RUNTIME = r"""#!/bin/bash
 # Stands in for `python -m deployctl_runtime serve --config X`: the first $FAKE_FAILS starts crash (exit 3),
@@ -37,14 +36,7 @@ def release(tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_RUNTIME)
     fake.chmod(0o755)
-    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
-                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": str(fake),
-                              "launcher": "process"}])
-    rel = root / "releases" / "r1"
-    rel.mkdir(parents=True)
-    for f in render_release(cfg, cfg.hosts[0], "r1", api_key=API_KEY):
-        (rel / f.path).write_text(f.content)
-        (rel / f.path).chmod(f.mode)
+    cfg, rel = local_release(root, str(fake), api_key=API_KEY)
     state = tmp_path / "state"
     state.mkdir()
     env = {**os.environ, "FAKE_STATE": str(state), "EXPECT_KEY": API_KEY, "DEPLOYCTL_LAUNCH_BACKOFF_S": "0.1"}
