@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "tests"))  # nginx_fixture: a real nginx under its own prefix (after deployctl)
+sys.path.append(str(ROOT / "tests"))  # support.nginx: a real nginx under its own prefix (after deployctl)
 
 
 def _cli(path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -41,7 +41,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from deployctl.demo.localenv import overlay_venv, tiny_model
-    from nginx_fixture import NginxRouter, free_port
+    from support.nginx import NginxRouter
+    from support.ports import free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollback-"))
     router = NginxRouter(work / "nginx") if shutil.which("nginx") or Path("/usr/sbin/nginx").exists() else None

@@ -1,7 +1,7 @@
 """Suite-wide fixtures and the `gpu` marker's skip rule.
 
-Fleet fixtures (real sshd, real nginx) live in tests/fleet_*.py and are imported here so that every
-test directory can use them.
+The shared fixtures (real sshd fleet, real nginx, the rollout environment) live in tests/support/ and load as
+pytest plugins, so that every test directory can use them; helpers are imported from ``support.*``.
 """
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import pytest
 # with one, measured here). Subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from fleet_sshd import *  # noqa: F401,F403  (ssh_fleet, fleet_client_key: real sshd on loopback)
-from rollout_env import *  # noqa: F401,F403  (rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml)
+pytest_plugins = [
+    "support.sshd",  # ssh_fleet, fleet_client_key: real sshd on loopback
+    "support.nginx",  # nginx_router: a real nginx under its own prefix
+    "support.rollout",  # rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared"
 
 
 def _has_cuda() -> bool:
@@ -52,5 +54,3 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
-
-from nginx_fixture import *  # noqa: E402,F401,F403  (nginx_router: a real nginx under its own prefix)

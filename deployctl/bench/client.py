@@ -5,7 +5,13 @@ successive chunks carrying output text (one value per chunk; a chunk may carry s
 send to the end of the stream. Token counts come from the server's ``usage`` (requested with
 ``stream_options.include_usage``), not from the text. Failures never raise: they come back as a result with a
 reason (``connect_error``, ``timeout``, ``http_429``, ``http_500``, ``connection_lost``, ``stream_error``,
-``bad_response``, ``incomplete_stream``, ...).
+``bad_response``, ``incomplete_stream``, ...) and, for an HTTP error with an OpenAI error body, its ``code`` (or
+``type``) in ``error_code`` and its message in ``detail``.
+
+Lenient where the field's tools are (vllm bench serve): an answer with no text (``data: [DONE]`` after no
+content) is a success with 0 output tokens unless usage says otherwise (``empty``); a stream that ends without
+``data: [DONE]`` after a chunk carrying ``finish_reason`` is a success (``no_done``), as HF ``transformers serve``
+streams end.
 """
 from __future__ import annotations
 
@@ -81,10 +87,20 @@ class RequestResult:
     output_tokens: int = 0
     prompt_tokens: int | None = None
     usage_reported: bool = False
+    error_code: str | None = None
+    no_done: bool = False
+    finish_reason: str | None = None
+    schedule_lag: float | None = None
+    slot_wait: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def empty(self) -> bool:
+        """A success that carried no output text (TTFT and TPOT are not defined for it)."""
+        return self.error is None and self.ttft is None
 
 
 def _chunk_text(obj: dict[str, Any], route: str) -> str:
@@ -118,8 +134,11 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
     end = 0.0
     async with client.stream("POST", target.endpoint, json=target.body(req), headers=target.headers()) as resp:
         if resp.status_code != 200:
-            body = (await resp.aread())[:300].decode("utf-8", "replace")
-            res.error, res.detail = f"http_{resp.status_code}", body
+            raw = await resp.aread()
+            res.error, res.detail = f"http_{resp.status_code}", raw[:300].decode("utf-8", "replace")
+            res.error_code, message = _error_fields(raw)
+            if message:
+                res.detail = message[:300]
             return
         async for payload, now in _sse_data(resp):
             if done:
@@ -137,6 +156,9 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
             if obj.get("error"):
                 res.error, res.detail = "stream_error", json.dumps(obj["error"])[:300]
                 return
+            choices = obj.get("choices") or []
+            if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+                res.finish_reason = str(choices[0]["finish_reason"])
             if _chunk_text(obj, target.route):
                 chunks += 1
                 if last is None:
@@ -150,12 +172,31 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
                 res.output_tokens = usage["completion_tokens"]
                 res.prompt_tokens = usage.get("prompt_tokens")
     res.e2e = (end if done else time.perf_counter()) - res.start
-    if not done:
+    if not done and res.finish_reason is None:
         res.error, res.detail = "incomplete_stream", "stream ended without data: [DONE]"
-    elif res.ttft is None:
-        res.error, res.detail = "no_output", "stream had no output text"
-    elif not res.usage_reported:
+        return
+    res.no_done = not done
+    if not res.usage_reported:
         res.output_tokens = chunks
+
+
+def _error_fields(raw: bytes) -> tuple[str | None, str]:
+    """(code or type, message) of an OpenAI error body ``{"error": {...}}`` (FastAPI's ``{"detail": ...}`` too)."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, ""
+    if not isinstance(obj, dict):
+        return None, ""
+    err = obj.get("error")
+    if isinstance(err, dict):
+        code = err.get("code") or err.get("type")
+        return (str(code) if code else None), str(err.get("message") or "")
+    if isinstance(err, str):
+        return None, err
+    if "detail" in obj:  # FastAPI/pydantic validation errors (HF transformers serve answers 422 so)
+        return None, json.dumps(obj["detail"])
+    return None, ""
 
 
 async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest, timeout: float) -> RequestResult:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import httpx
 
 from deployctl.bench import server_metrics
+from deployctl.bench.fromlog import arrival_times
 from deployctl.bench.client import RequestResult, Target, make_client, send
 from deployctl.bench.stats import LevelStats, Objectives, level_stats
 from deployctl.bench.workload import BenchRequest
@@ -29,7 +30,9 @@ POOL_MAX = 4096
 @dataclass(frozen=True)
 class LadderConfig:
     """How to run the ladder. ``requests_per_level`` is raised to the level's concurrency when lower
-    (every slot gets a request); times in seconds; ``rate`` in requests/s (None: closed loop)."""
+    (every slot gets a request); times in seconds; ``rate`` in requests/s (None: closed loop); with
+    ``arrival_gaps`` (a log's inter-arrival gaps, s) the open loop resamples those gaps, scaled to ``rate``,
+    instead of Poisson gaps."""
 
     target: Target
     concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)
@@ -41,6 +44,7 @@ class LadderConfig:
     objectives: Objectives = field(default_factory=Objectives)
     metrics_url: str | None = None
     metrics_prefix: str = "deployctl_runtime_"
+    arrival_gaps: tuple[float, ...] | None = None
 
     def level_requests(self, concurrency: int) -> int:
         return max(self.requests_per_level, concurrency)
@@ -49,7 +53,7 @@ class LadderConfig:
 @dataclass(frozen=True)
 class Progress:
     """A progress event: ``done``/``ok``/``errors`` of ``total`` at level ``index`` (0-based) of
-    ``num_levels``; ``stats`` is set once the level has finished."""
+    ``num_levels`` on ``side`` (0-based, side by side runs); ``stats`` is set once the level has finished."""
 
     index: int
     num_levels: int
@@ -59,6 +63,7 @@ class Progress:
     ok: int
     errors: int
     stats: LevelStats | None = None
+    side: int = 0
 
 
 ProgressFn = Callable[[Progress], None]
@@ -91,15 +96,21 @@ async def run_level(
     level's wall time in seconds."""
     slots = asyncio.Semaphore(concurrency)
     num = len(requests) if count is None else count  # type: ignore[arg-type]
-    arrivals = _poisson_times(cfg.rate, num, cfg.seed + concurrency) if cfg.rate else None
+    arrivals = None
+    if cfg.rate and cfg.arrival_gaps:
+        arrivals = arrival_times(list(cfg.arrival_gaps), cfg.rate, num, cfg.seed + concurrency)
+    elif cfg.rate:
+        arrivals = _poisson_times(cfg.rate, num, cfg.seed + concurrency)
     results: list[RequestResult] = []
     tasks: list[asyncio.Task] = []
 
-    async def one(req: BenchRequest) -> None:
+    async def one(req: BenchRequest, scheduled: float | None, waited: float) -> None:
         try:
             res = await send(client, cfg.target, req, cfg.timeout)
         finally:
             slots.release()
+        if scheduled is not None:
+            res.schedule_lag, res.slot_wait = max(0.0, res.start - scheduled), waited
         results.append(res)
         if on_done is not None:
             on_done(res)
@@ -107,49 +118,65 @@ async def run_level(
     start = time.perf_counter()
     deadline = start + cfg.max_level_s if cfg.max_level_s else None
     for req in itertools.islice(requests, num):
+        scheduled = None
         if arrivals is not None:
-            delay = start + next(arrivals) - time.perf_counter()
+            scheduled = start + next(arrivals)
+            delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+        before = time.perf_counter()
         await slots.acquire()
+        waited = time.perf_counter() - before
         if deadline is not None and time.perf_counter() >= deadline:
             slots.release()
             break
-        tasks.append(asyncio.create_task(one(req)))
+        tasks.append(asyncio.create_task(one(req, scheduled, waited)))
     if tasks:
         await asyncio.gather(*tasks)
     return results, time.perf_counter() - start
 
 
-async def _run(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress: ProgressFn | None) -> list[LevelStats]:
-    levels: list[LevelStats] = []
-    max_conc = max(cfg.concurrencies)
+async def _run(cfgs: Sequence[LadderConfig], requests: Sequence[BenchRequest],
+               on_progress: ProgressFn | None) -> list[list[LevelStats]]:
+    """Every side's ladder, interleaved level by level: level 1 on side 0, on side 1, ..., then level 2."""
+    sides: list[list[LevelStats]] = [[] for _ in cfgs]
+    concurrencies = cfgs[0].concurrencies
+    clients = [make_client(max(cfg.concurrencies) + 4, cfg.timeout) for cfg in cfgs]
+    try:
+        for index, conc in enumerate(concurrencies):
+            for side, (cfg, client) in enumerate(zip(cfgs, clients)):
+                sides[side].append(await _run_one_level(client, cfg, requests, index, conc, side, on_progress))
+    finally:
+        for client in clients:
+            await client.aclose()
+    return sides
+
+
+async def _run_one_level(client: httpx.AsyncClient, cfg: LadderConfig, requests: Sequence[BenchRequest], index: int,
+                         conc: int, side: int, on_progress: ProgressFn | None) -> LevelStats:
+    total = cfg.level_requests(conc)
+    counts = {"done": 0, "ok": 0}
     metrics_headers = cfg.target.headers()
-    async with make_client(max_conc + 4, cfg.timeout) as client:
-        for index, conc in enumerate(cfg.concurrencies):
-            total = cfg.level_requests(conc)
-            counts = {"done": 0, "ok": 0}
 
-            def emit(stats: LevelStats | None = None, conc=conc, total=total, counts=counts, index=index) -> None:
-                if on_progress is not None:
-                    on_progress(Progress(index, len(cfg.concurrencies), conc, total, counts["done"],
-                                         counts["ok"], counts["done"] - counts["ok"], stats))
+    def emit(stats: LevelStats | None = None) -> None:
+        if on_progress is not None:
+            on_progress(Progress(index, len(cfg.concurrencies), conc, total, counts["done"],
+                                 counts["ok"], counts["done"] - counts["ok"], stats, side))
 
-            def on_done(res: RequestResult, counts=counts, emit=emit) -> None:
-                counts["done"] += 1
-                counts["ok"] += res.ok
-                emit()
+    def on_done(res: RequestResult) -> None:
+        counts["done"] += 1
+        counts["ok"] += res.ok
+        emit()
 
-            emit()
-            await warm_connections(client, cfg.target, conc, timeout=min(5.0, cfg.timeout))
-            before = await _try_scrape(client, cfg, metrics_headers)
-            results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
-            stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
-            if cfg.metrics_url:
-                stats.server = await _server_window(client, cfg, metrics_headers, before, stats)
-            levels.append(stats)
-            emit(stats)
-    return levels
+    emit()
+    await warm_connections(client, cfg.target, conc, timeout=min(5.0, cfg.timeout))
+    before = await _try_scrape(client, cfg, metrics_headers)
+    results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
+    stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
+    if cfg.metrics_url:
+        stats.server = await _server_window(client, cfg, metrics_headers, before, stats)
+    emit(stats)
+    return stats
 
 
 async def warm_connections(client: httpx.AsyncClient, target: Target, num: int, timeout: float = 5.0) -> None:
@@ -192,6 +219,16 @@ async def _server_window(client, cfg: LadderConfig, headers, before, stats: Leve
 def run_ladder(cfg: LadderConfig, requests: Sequence[BenchRequest], on_progress: ProgressFn | None = None) -> list[LevelStats]:
     """Run every level in order; each level sends ``LadderConfig.level_requests`` of ``requests`` in order,
     cycling when it needs more than there are (at least one). Returns one LevelStats per level."""
+    return run_ladders([cfg], requests, on_progress)[0]
+
+
+def run_ladders(cfgs: Sequence[LadderConfig], requests: Sequence[BenchRequest],
+                on_progress: ProgressFn | None = None) -> list[list[LevelStats]]:
+    """Side by side: the same ``requests`` (same order, same Poisson schedule) against every config's target,
+    interleaved level by level so that machine noise hits every side alike. ``cfgs`` share the concurrencies.
+    Returns one list of LevelStats per config."""
     if not requests:
         raise ValueError("run_ladder needs at least one request")
-    return asyncio.run(_run(cfg, requests, on_progress))
+    if len({cfg.concurrencies for cfg in cfgs}) != 1:
+        raise ValueError("every side must run the same concurrencies")
+    return asyncio.run(_run(cfgs, requests, on_progress))

@@ -1,7 +1,9 @@
 """A whole bench run: the generator's overhead, the ladder, the knee, and the JSON document.
 
 JSON keys (stable; more may be added): ``url``, ``route``, ``model``, ``config``, ``objectives``,
-``loadgen_overhead``, ``levels`` (one per concurrency: LevelStats), ``knee`` (Knee), ``warnings``.
+``loadgen_overhead``, ``levels`` (one per concurrency: LevelStats plus vLLM's result keys, see vllm_format),
+``knee`` (Knee), ``warnings``, ``notes``, ``loop`` ("open" or "closed"), ``max_model_len``, ``workload``,
+``recommendation`` (deployctl.bench.recommend).
 """
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from typing import Sequence
 
 import httpx
 
+from deployctl.bench import diagnose
 from deployctl.bench.knee import Knee, find_knee
-from deployctl.bench.ladder import LadderConfig, ProgressFn, run_ladder
+from deployctl.bench.ladder import LadderConfig, ProgressFn, run_ladders
 from deployctl.bench.overhead import Overhead, measure_overhead
+from deployctl.bench.recommend import recommendation
 from deployctl.bench.stats import LevelStats
+from deployctl.bench.vllm_format import vllm_keys
 from deployctl.bench.workload import BenchRequest
 
 # A level taking in more than this share of the generator's measured chunk capacity may be limited by the
@@ -30,6 +35,9 @@ class BenchReport:
     knee: Knee
     overhead: Overhead | None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    max_model_len: int | None = None
+    workload: dict = field(default_factory=dict)
 
     @property
     def num_ok(self) -> int:
@@ -52,9 +60,14 @@ class BenchReport:
             },
             "objectives": asdict(cfg.objectives),
             "loadgen_overhead": self.overhead.to_json() if self.overhead else None,
-            "levels": [s.to_json() for s in self.levels],
+            "loop": "open" if cfg.rate else "closed",
+            "max_model_len": self.max_model_len,
+            "workload": dict(self.workload),
+            "levels": [{**s.to_json(), **vllm_keys(s)} for s in self.levels],
             "knee": self.knee.to_json(),
+            "recommendation": recommendation(self.knee, cfg.target.base_url),
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }
 
 
@@ -76,8 +89,24 @@ def run_bench(
     max_error_rate: float = 0.01,
 ) -> BenchReport:
     """Measure the generator's overhead (at the ladder's top concurrency), run the ladder, find the knee."""
-    overhead = measure_overhead(max(cfg.concurrencies)) if measure_loadgen else None
-    levels = run_ladder(cfg, requests, on_progress)
+    return run_side_by_side([cfg], requests, on_progress, measure_loadgen, max_error_rate)[0]
+
+
+def run_side_by_side(
+    cfgs: Sequence[LadderConfig],
+    requests: Sequence[BenchRequest],
+    on_progress: ProgressFn | None = None,
+    measure_loadgen: bool = True,
+    max_error_rate: float = 0.01,
+) -> list[BenchReport]:
+    """As run_bench for each config, the ladders interleaved level by level on the same requests (ladder.run_ladders);
+    the generator's overhead is measured once. One BenchReport per config."""
+    overhead = measure_overhead(max(cfgs[0].concurrencies)) if measure_loadgen else None
+    sides = run_ladders(cfgs, requests, on_progress)
+    return [_report(cfg, levels, overhead, max_error_rate) for cfg, levels in zip(cfgs, sides)]
+
+
+def _report(cfg: LadderConfig, levels: list[LevelStats], overhead: Overhead | None, max_error_rate: float) -> BenchReport:
     knee = find_knee(levels, cfg.objectives, max_error_rate=max_error_rate)
     warnings = []
     if overhead is not None:
@@ -90,10 +119,14 @@ def run_bench(
                     f"{LOADGEN_BUSY_SHARE:.0%} of the generator's capacity ({capacity:.0f} chunks/s): "
                     "the generator may be the bottleneck; run bench from another machine"
                 )
+    warnings += [w for w in (diagnose.open_loop_slip(s, s.concurrency) for s in levels) if w]
     missing = sum(s.num_usage_missing for s in levels)
     if missing:
         warnings.append(
             f"{missing} responses had no usage: output tokens counted as text chunks; "
             "the server should support stream_options.include_usage"
         )
-    return BenchReport(cfg, levels, knee, overhead, warnings)
+    hint = diagnose.refused_field(levels)
+    if hint:
+        warnings.append(hint)
+    return BenchReport(cfg, levels, knee, overhead, warnings, diagnose.notes(levels))

@@ -25,6 +25,7 @@ _WORDS = (
     "may water long little very after words called just where most know get through back much before go good new "
     "write our used me man too any day same right look think also around another came come work three word must"
 ).split()
+VOCABULARY = tuple(_WORDS)  # the words synthetic prompts are drawn from, uniformly
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,25 @@ def _parse_length_spec(spec: str, what: str) -> Callable[[random.Random], int]:
         raise UsageError(f"{what} {spec!r} is not a length distribution", fix=fix) from None
 
 
+def prompt_words(rng: random.Random, num: int) -> str:
+    """A synthetic prompt of ``num`` words drawn from the fixed vocabulary."""
+    return " ".join(rng.choice(_WORDS) for _ in range(num))
+
+
+def length_bound(spec: str, what: str) -> int:
+    """The largest length a spec gives in practice: N, HI of LO-HI, mean + 3 std (normal), median x exp(3 sigma)
+    (lognormal), at most MAX_LEN. Raises UsageError on a bad spec."""
+    parse_length_spec(spec, what)  # validates
+    text = spec.strip()
+    if text.startswith("normal:"):
+        mean, std = (float(x) for x in text[len("normal:"):].split(","))
+        return min(MAX_LEN, math.ceil(mean + 3 * std))
+    if text.startswith("lognormal:"):
+        median, sigma = (float(x) for x in text[len("lognormal:"):].split(","))
+        return min(MAX_LEN, math.ceil(math.exp(min(math.log(median) + 3 * sigma, math.log(MAX_LEN)))))
+    return min(MAX_LEN, int(text.split("-")[-1]))
+
+
 def synthetic(num: int, input_len: str, output_len: str, seed: int) -> list[BenchRequest]:
     """``num`` synthetic requests (fewer once their prompts hold WORD_BUDGET words); the same seed gives the same
     requests."""
@@ -98,7 +118,7 @@ def synthetic(num: int, input_len: str, output_len: str, seed: int) -> list[Benc
     out, total = [], 0
     for _ in range(num):
         n_in = sample_in(rng)
-        words = " ".join(rng.choice(_WORDS) for _ in range(n_in))
+        words = prompt_words(rng, n_in)
         out.append(BenchRequest(prompt=words, messages=None, max_tokens=sample_out(rng)))
         total += n_in
         if total >= WORD_BUDGET:  # long prompts: fewer distinct ones (the ladder cycles through them)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-import random
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -76,83 +76,24 @@ def _positive(name: str, value: Optional[float]) -> None:
         raise UsageError(f"{name} {value} must be a positive finite number", fix=f"pass {name} > 0 or leave it out")
 
 
-def _fmt(d: dict, q: str) -> str:
-    v = d.get(q)
-    return "-" if v is None else f"{v:.1f}"
-
-
-def _table(report) -> None:
-    from rich.table import Table
-
-    t = Table(title="deployctl bench", title_justify="left")
-    for col in ("conc", "ok", "err", "req/s", "out tok/s", "TTFT p50/p90/p99 ms", "TPOT p50/p99 ms",
-                "ITL p50/p99 ms", "E2E p50/p99 ms", "goodput", "errors"):
-        t.add_column(col, justify="left" if col == "errors" else "right")
-    for s in report.levels:
-        mark = " *" if s.concurrency == report.knee.concurrency else ""
-        t.add_row(
-            f"{s.concurrency}{mark}", str(s.num_ok), str(s.num_errors), f"{s.requests_per_s:.2f}",
-            f"{s.output_tokens_per_s:.1f}",
-            "/".join(_fmt(s.ttft_ms, q) for q in ("p50", "p90", "p99")),
-            "/".join(_fmt(s.tpot_ms, q) for q in ("p50", "p99")),
-            "/".join(_fmt(s.itl_ms, q) for q in ("p50", "p99")),
-            "/".join(_fmt(s.e2e_ms, q) for q in ("p50", "p99")),
-            f"{s.goodput['ratio']:.0%}" if s.goodput else "-",
-            ", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "-",
-        )
-    if not err_console.is_terminal:
-        err_console.width = max(err_console.width, 180)  # a log file: do not fold the table
-    err_console.print(t)
-    for s in report.levels:
-        if s.server and "error" in s.server:
-            err_console.print(f"server metrics at concurrency {s.concurrency}: {s.server['error']}")
-        elif s.server:
-            parts = []
-            for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
-                h = s.server.get(key)
-                if h:
-                    parts.append(f"{label} P50/P99 {_fmt(h, 'p50')}/{_fmt(h, 'p99')} ms (n={h['count']})")
-            err_console.print(f"server histograms at concurrency {s.concurrency}: " + ", ".join(parts))
-        if s.errors:
-            err_console.print(f"errors at concurrency {s.concurrency}: "
-                              + ", ".join(f"{k}: {v} ({s.error_examples.get(k, '')[:80]})" for k, v in s.errors.items()))
-    k = report.knee
-    if k.concurrency is None:
-        err_console.print(f"knee: none, even the first level broke the limits ({k.reason})")
-    else:
-        ttft = "-" if k.ttft_p99_limit_ms is None else f"{k.ttft_p99_limit_ms:.1f}"
-        tpot = "-" if k.tpot_p99_limit_ms is None else f"{k.tpot_p99_limit_ms:.2f}"  # None: one-token outputs
-        limits = f"P99 TTFT <= {ttft} ms, P99 TPOT <= {tpot} ms ({k.criterion})"
-        err_console.print(
-            f"knee: concurrency {k.concurrency} ({limits}); {k.reason}\n"
-            f"recommended: max_num_seqs {k.recommended_max_num_seqs}, rate limit {k.rate_limit_rps} requests/s "
-            f"({k.headroom:.0%} of the knee's throughput)"
-        )
-    o = report.overhead
-    if o is not None:
-        err_console.print(
-            f"load generator (against a trivial local server): adds TTFT P50 {o.unloaded_ttft_p50_ms} ms "
-            f"P99 {o.unloaded_ttft_p99_ms} ms, ITL P50 {o.unloaded_itl_p50_ms} ms; takes in up to "
-            f"{o.capacity_chunks_per_s:.0f} chunks/s at concurrency {o.concurrency} ({o.per_chunk_ms} ms per chunk)"
-        )
-    for w in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", markup=True)
-
-
 @app.command("bench")
 def bench(
-    url: str = typer.Option(..., "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
+    url: Optional[List[str]] = typer.Option(None, "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000; twice to compare A and B side by side."),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="deploy.yaml to resolve --hosts from."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="With -c: host names (or canary,stable) to bench; two to compare."),
     concurrency: str = typer.Option("1,4,8,16,32", "--concurrency", help="Comma-separated ladder of concurrencies (run in increasing order)."),
     requests: int = typer.Option(64, "--requests", help="Requests per level (at least the level's concurrency)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (with vllm bench serve's keys per level)."),
+    save_result: Optional[Path] = typer.Option(None, "--save-result", help="Write vllm bench serve style result JSON per level: FILE-cN.json."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write latency and throughput against concurrency to FILE.png."),
     route: str = typer.Option("chat", "--route", help="chat (/v1/chat/completions) or completions (/v1/completions)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of GET /v1/models)."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="JSONL requests: {\"prompt\"|\"messages\", \"max_tokens\"}."),
-    input_len: str = typer.Option("128", "--input-len", help="Synthetic prompt words: N, LO-HI, normal:MEAN,STD, lognormal:MEDIAN,SIGMA."),
-    output_len: str = typer.Option("128", "--output-len", help="max_tokens per request (same forms as --input-len)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="JSONL requests ({\"prompt\"|\"messages\", \"max_tokens\"}) or ShareGPT JSON."),
+    from_log: Optional[Path] = typer.Option(None, "--from-log", help="The runtime's request log: replay its lengths and arrival pattern."),
+    input_len: Optional[str] = typer.Option(None, "--input-len", help="Synthetic prompt words: N, LO-HI, normal:MEAN,STD, lognormal:MEDIAN,SIGMA (default 128, fitted to max_model_len)."),
+    output_len: Optional[str] = typer.Option(None, "--output-len", help="max_tokens per request (same forms; default 128, fitted)."),
     seed: int = typer.Option(0, "--seed", help="Seed for synthetic lengths, dataset order and Poisson arrivals."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson arrivals at this many requests/s (capped at the level's concurrency)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: arrivals at this many requests/s (capped at the level's concurrency)."),
     ttft_slo_ms: Optional[float] = typer.Option(None, "--ttft-slo-ms", help="P99 TTFT objective (ms) for the knee and goodput."),
     tpot_slo_ms: Optional[float] = typer.Option(None, "--tpot-slo-ms", help="P99 TPOT objective (ms) for the knee and goodput."),
     e2e_slo_ms: Optional[float] = typer.Option(None, "--e2e-slo-ms", help="End-to-end objective (ms) for goodput."),
@@ -166,13 +107,13 @@ def bench(
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),
 ) -> None:
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
-    from deployctl.bench import workload
+    from deployctl.bench import prepare
     from deployctl.bench.client import ROUTES, Target, normalize_base_url
+    from deployctl.bench.fit import server_info
     from deployctl.bench.ladder import POOL_MAX, LadderConfig
-    from deployctl.bench.report import detect_model
     from deployctl.bench.stats import Objectives
 
-    _check_url(url)
+    names, urls, key = _sides(url, config, hosts, api_key_env)
     if metrics_url is not None:
         _check_url(metrics_url, "--metrics-url")
     if route not in ROUTES:
@@ -183,70 +124,163 @@ def bench(
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
         _positive(name, value)
+    if dataset is not None and from_log is not None:
+        raise UsageError("--dataset and --from-log both give the requests", fix="pass one of them")
     if plot is not None and (plot.suffix.lower() != ".png" or plot.is_dir()):
         raise UsageError(f"--plot {plot} is not a .png file name", fix="e.g. --plot bench.png")
-    if plot is not None and not plot.resolve().parent.is_dir():
-        raise UsageError(f"--plot {plot}: directory {plot.resolve().parent} does not exist", fix="create it or pick another path")
+    for flag, path in (("--plot", plot), ("--save-result", save_result)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: directory {path.resolve().parent} does not exist",
+                             fix="create it or pick another path")
     if not 0 <= max_error_rate < 1:
         raise UsageError(f"--max-error-rate {max_error_rate} is not a fraction", fix="e.g. --max-error-rate 0.01 (1%)")
     levels = _concurrencies(concurrency)
-    key = _api_key(api_key_env)
-    base = normalize_base_url(url)
+    for spec, what in ((input_len, "--input-len"), (output_len, "--output-len")):
+        if spec is not None:
+            from deployctl.bench.workload import parse_length_spec
+
+            parse_length_spec(spec, what)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    if model is None:
-        model = detect_model(base, headers)
-        if model is None:
+    bases = [normalize_base_url(u) for u in urls]
+    infos = [server_info(b, headers) for b in bases]
+    targets = []
+    for name, base, info in zip(names, bases, infos):
+        side_model = model or info.model
+        if side_model is None:
             err_console.print(f"[yellow]warning:[/] no model from {base}/v1/models; sending requests without 'model'",
                               markup=True)
-    cfg = LadderConfig(
-        target=Target(base_url=base, route=route, model=model, api_key=key, ignore_eos=ignore_eos),
-        concurrencies=levels, requests_per_level=requests, timeout=timeout, rate=rate, seed=seed,
-        max_level_s=max_level_seconds, objectives=Objectives(ttft_slo_ms, tpot_slo_ms, e2e_slo_ms),
-        metrics_url=metrics_url, metrics_prefix=metrics_prefix,
-    )
-    need = min(max(cfg.level_requests(c) for c in levels), POOL_MAX)  # the ladder cycles through the pool
-    if dataset is not None:
-        default_max_tokens = workload.parse_length_spec(output_len, "--output-len")(random.Random(seed))
-        pool = workload.pick(workload.load_jsonl(dataset, default_max_tokens), need, seed)
-    else:
-        pool = workload.synthetic(need, input_len, output_len, seed)
-
-    report = _run_with_progress(cfg, pool, loadgen_check, max_error_rate)
-    _table(report)
+        targets.append(Target(base_url=base, route=route, model=side_model, api_key=key, ignore_eos=ignore_eos))
+    contexts = [i.max_model_len for i in infos if i.max_model_len is not None]
+    max_model_len = min(contexts) if contexts else None
+    base_cfg = LadderConfig(target=targets[0], concurrencies=levels, requests_per_level=requests, timeout=timeout,
+                            rate=rate, seed=seed, max_level_s=max_level_seconds,
+                            objectives=Objectives(ttft_slo_ms, tpot_slo_ms, e2e_slo_ms), metrics_url=metrics_url,
+                            metrics_prefix=metrics_prefix)
+    need = min(max(base_cfg.level_requests(c) for c in levels), POOL_MAX)  # the ladder cycles through the pool
+    work = prepare.build(need, seed, targets[0], max_model_len, min(timeout, 30.0), input_len=input_len,
+                         output_len=output_len, dataset=dataset, from_log=from_log)
+    for note in work.notes:
+        err_console.print(f"note: {note}")
+    cfgs = [replace(base_cfg, target=t, rate=rate or work.rate, arrival_gaps=work.arrival_gaps,
+                    metrics_url=metrics_url if i == 0 or metrics_url is None else None)
+            for i, t in enumerate(targets)]
+    reports = _run_with_progress(cfgs, work.requests, loadgen_check, max_error_rate, names)
+    for rep in reports:
+        rep.max_model_len, rep.workload = max_model_len, work.info
+    doc = _show(reports, names, base_cfg.objectives, max_error_rate, work.context)
     if plot is not None:
-        from deployctl.bench.plot import write_plot
+        from deployctl.bench.plot import write_plot_sides
 
-        written = write_plot(report.levels, report.knee, plot, title=f"deployctl bench {base} ({route})")
+        written = write_plot_sides([(n if len(reports) > 1 else "", r.levels, r.knee) for n, r in zip(names, reports)],
+                                   plot, title=f"deployctl bench {' vs '.join(bases)} ({route})")
         err_console.print(f"plot written to {written}")
+    if save_result is not None:
+        from deployctl.bench.vllm_format import save_results
+
+        for n, rep in zip(names, reports):
+            meta = {"backend": "openai-chat" if route == "chat" else "openai", "model_id": rep.cfg.target.model,
+                    "base_url": rep.cfg.target.base_url, "deployctl_loop": "open" if rep.cfg.rate else "closed"}
+            written = save_results(save_result, rep.levels, meta, n if len(reports) > 1 else "")
+            err_console.print(f"results written to {', '.join(str(w) for w in written)}")
     if json_out:
-        print_json(report.to_json())
-    if report.num_ok == 0:
+        print_json(doc)
+    _fail_if_nothing_succeeded(reports, work.context)
+
+
+def _sides(url, config, hosts, api_key_env) -> tuple[list[str], list[str], Optional[str]]:
+    """(names, URLs, API key) from --url (A, B) or -c/--hosts."""
+    if hosts is not None:
+        if url:
+            raise UsageError("--url and --hosts both name the servers", fix="pass one of them")
+        from deployctl.cli.bench_hosts import resolve_hosts
+
+        resolved, cfg_key = resolve_hosts(config or Path("deploy.yaml"), hosts)
+        names, urls = [n for n, _ in resolved], [u for _, u in resolved]
+        key = _api_key(api_key_env) if api_key_env else cfg_key
+    else:
+        if not url:
+            raise UsageError("no server to bench", fix="pass --url http://HOST:PORT (twice to compare), "
+                                                       "or -c deploy.yaml --hosts stable,canary")
+        names, urls, key = (["A", "B"][: len(url)] if len(url) > 1 else ["A"]), list(url), _api_key(api_key_env)
+    if len(urls) not in (1, 2):
+        raise UsageError(f"{len(urls)} servers given; bench runs one, or two side by side",
+                         fix="pass --url once, or twice to compare")
+    for u in urls:
+        _check_url(u)
+    return names, urls, key
+
+
+def _show(reports, names, objectives, max_error_rate: float, context: str) -> dict:
+    """Print the table(s); the --json document (one run: the report; two: both sides and the comparison)."""
+    from deployctl.bench.compare import compare
+    from deployctl.cli.bench_output import side_by_side, table
+
+    if len(reports) == 1:
+        table(reports[0], context=context)
+        return reports[0].to_json()
+    a, b = reports
+    comparison = compare(a.levels, b.levels, objectives, a.knee, max_error_rate, tuple(names))
+    side_by_side(reports, names, comparison)
+    return {"sides": {n: r.to_json() for n, r in zip(names, reports)}, "comparison": comparison,
+            "verdict": comparison["verdict"]}
+
+
+def _fail_if_nothing_succeeded(reports, context: str) -> None:
+    from deployctl.bench import diagnose
+
+    for rep in reports:
+        if rep.num_ok:
+            continue
+        base = rep.cfg.target.base_url
         totals: dict[str, int] = {}
-        for s in report.levels:
+        for s in rep.levels:
             for k, v in s.errors.items():
                 totals[k] = totals.get(k, 0) + v
         reasons = ", ".join(f"{k}: {v}" for k, v in totals.items())
-        raise CheckFailed(f"no request to {base} succeeded ({reasons})", fix="check that the server is up and the URL, model and API key are right")
+        uniform = [diagnose.uniform_failure(s, context) for s in rep.levels]
+        extra = ""
+        if uniform and all(uniform) and len({u.split(":", 1)[1] for u in uniform}) == 1:
+            extra = f": all {sum(s.num_requests for s in rep.levels)} requests {uniform[0].split(':', 1)[1].strip()}"
+        raise CheckFailed(f"no request to {base} succeeded ({reasons}){extra}", fix=_fix_for(rep))
 
 
-def _run_with_progress(cfg, pool, loadgen_check: bool, max_error_rate: float):
+def _fix_for(rep) -> str:
+    errors = {k for s in rep.levels for k in s.errors}
+    codes = " ".join(k for s in rep.levels for k in s.error_codes)
+    from deployctl.bench import diagnose
+
+    hint = diagnose.refused_field(rep.levels)
+    if hint:
+        return hint
+    if "context_length" in codes:
+        return "shorten --input-len/--output-len (or the dataset's prompts) to fit the server's max_model_len"
+    if errors == {"http_401"}:
+        return "pass the server's API key (--api-key-env NAME, or DEPLOYCTL_API_KEY)"
+    if errors == {"http_404"}:
+        return "check --model against GET /v1/models"
+    return "check that the server is up and the URL, model and API key are right"
+
+
+def _run_with_progress(cfgs, pool, loadgen_check: bool, max_error_rate: float, names):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from deployctl.bench.report import run_bench
+    from deployctl.bench.report import run_side_by_side
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn())
     tasks: dict[int, int] = {}
     with Progress(*columns, console=err_console, transient=False) as progress:
         if loadgen_check:
-            progress.console.print(f"measuring the load generator's overhead at concurrency {max(cfg.concurrencies)}")
+            progress.console.print(f"measuring the load generator's overhead at concurrency {max(cfgs[0].concurrencies)}")
 
         def on_progress(p) -> None:
-            if p.index not in tasks:
-                tasks[p.index] = progress.add_task(f"concurrency {p.concurrency:>4}", total=p.total, info="")
+            key = (p.index, p.side)
+            if key not in tasks:
+                side = f"{names[p.side]} " if len(cfgs) > 1 else ""
+                tasks[key] = progress.add_task(f"{side}concurrency {p.concurrency:>4}", total=p.total, info="")
             info = f"ok {p.ok} err {p.errors}"
             if p.stats is not None and p.stats.ttft_ms["p99"] is not None:
                 info += f"  P99 TTFT {p.stats.ttft_ms['p99']:.0f} ms  P99 TPOT {p.stats.tpot_ms['p99'] or 0:.1f} ms"
-            progress.update(tasks[p.index], completed=p.done, info=info)
+            progress.update(tasks[key], completed=p.done, info=info)
 
-        return run_bench(cfg, pool, on_progress, measure_loadgen=loadgen_check, max_error_rate=max_error_rate)
+        return run_side_by_side(cfgs, pool, on_progress, measure_loadgen=loadgen_check, max_error_rate=max_error_rate)

@@ -7,11 +7,11 @@ from typing import Optional
 import typer
 
 from deployctl.cli._app import app, err_console, out_console, print_json
+from deployctl.cli.params import CONFIG, JSON, seconds
 
 hosts_app = typer.Typer(help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
 
-CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
 
 def _select(config: Path, name: Optional[str]):
@@ -31,7 +31,7 @@ def _select(config: Path, name: Optional[str]):
 @hosts_app.command("trust")
 def trust(
     name: str = typer.Argument(..., help="Host name from deploy.yaml."),
-    config: Path = CONFIG_OPT,
+    config: Path = CONFIG,
     yes: bool = typer.Option(False, "--yes", "-y", help="Record the key without asking (scripts)."),
     replace: bool = typer.Option(False, "--replace", help="Replace a changed key (host reinstalled)."),
 ) -> None:
@@ -72,18 +72,14 @@ def trust(
 @hosts_app.command("check")
 def check(
     name: Optional[str] = typer.Argument(None, help="Only this host (default: every host)."),
-    config: Path = CONFIG_OPT,
-    timeout: float = typer.Option(20.0, "--timeout", help="Seconds per host for `true` to come back."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    config: Path = CONFIG,
+    timeout: float = typer.Option(20.0, "--timeout", parser=seconds("--timeout"), help="Seconds per host for `true` to come back."),
+    as_json: bool = JSON,
 ) -> None:
     """Run `true` on each host in parallel and report every host's outcome. Exit 4 if any failed."""
-    import math
-
-    from deployctl.errors import RemoteError, UsageError
+    from deployctl.errors import RemoteError
     from deployctl.hosts import Host, run_on_hosts
 
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise UsageError(f"--timeout {timeout} is not a positive number of seconds", fix="e.g. --timeout 20")
     hosts = [Host.from_config(h) for h in _select(config, name)]
 
     def probe(host: Host) -> float:

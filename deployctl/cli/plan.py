@@ -6,16 +6,16 @@ from typing import Optional
 
 import typer
 
+from deployctl.cli.params import CONFIG, JSON, one_of
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
-CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
 
 @app.command()
 def init(
     model_dir: Path = typer.Argument(..., help="HF model directory with config.json."),
     out: Path = typer.Option(Path("deploy.yaml"), "--out", "-o", help="Where to write deploy.yaml."),
-    device: str = typer.Option("cuda", help="cuda or cpu."),
+    device: str = typer.Option("cuda", parser=one_of("--device", "cuda", "cpu"), help="cuda or cpu."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
     """Write a commented deploy.yaml for MODEL_DIR with sensible defaults."""
@@ -23,8 +23,6 @@ def init(
     from deployctl.errors import UsageError
     from deployctl.capacity.initfile import render_init
 
-    if device not in ("cuda", "cpu"):
-        raise UsageError(f"--device {device!r} is not cuda or cpu")
     if out.exists() and not force:
         raise UsageError(f"{out} exists", fix="pass --force to overwrite it, or --out another path")
     text = render_init(model_dir, device=device)
@@ -50,7 +48,7 @@ def _next_step(out: Path, device: str) -> tuple[str, str]:
 
 @app.command()
 def plan(
-    config: Path = CONFIG_OPT,
+    config: Path = CONFIG,
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="config.json (or model dir) instead of model.path."),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory, e.g. 80GiB or 40GB (default: NVML)."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
@@ -60,7 +58,7 @@ def plan(
     num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    as_json: bool = JSON,
 ) -> None:
     """Capacity plan: weights, KV bytes/token, KV pool, max concurrency; fits or not. Exit 1 when not."""
     from deployctl.capacity import verdict

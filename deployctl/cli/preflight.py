@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import typer
 
+from deployctl.cli.params import CONFIG, JSON
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
 _COLORS = {"pass": "green", "warn": "yellow", "fail": "red"}
@@ -13,9 +14,9 @@ _COLORS = {"pass": "green", "warn": "yellow", "fail": "red"}
 
 @app.command()
 def preflight(
-    config: Path = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read."),
+    config: Path = CONFIG,
     host: Optional[List[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    as_json: bool = JSON,
     skip_weights: bool = typer.Option(False, "--skip-weights", help="Do not verify the weights against the manifest."),
 ) -> None:
     """Facts from each host (in parallel), then checks with fixes. Exit 1 when any check fails, 4 when

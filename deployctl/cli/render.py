@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from deployctl.cli.params import CONFIG, JSON
 from deployctl.cli._app import app, err_console, print_json
 from deployctl.errors import UsageError
 
@@ -14,11 +15,11 @@ from deployctl.errors import UsageError
 def render(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write the rendered files to."),
     target: str = typer.Option("systemd", "--target", "-t", help="systemd, container, k8s or k8s-rollout."),
-    config: Path = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read."),
+    config: Path = CONFIG,
     release_id: Optional[str] = typer.Option(None, "--release-id",
                                              help="Release id (default: UTC timestamp + short content hash)."),
     no_validate: bool = typer.Option(False, "--no-validate", help="Skip systemd-analyze, nginx -t, promtool, kubernetes-validate."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    as_json: bool = JSON,
 ) -> None:
     """Render the release (unit, runtime.yaml, 0600 env file, launcher), router, container or k8s files and alert
     rules into OUT; byte-for-byte the same for the same inputs and --release-id. Exit 1 when a check fails."""

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
+from deployctl.cli.params import CONFIG, JSON, YES
 from deployctl.cli._app import app, err_console, out_console, print_json
 
-CONFIG_OPT = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read.")
 
 _STYLE = {"abort": "bold red", "warn": "yellow", "done": "bold green", "step": "bold cyan", "analysis": "magenta",
           "router": "blue", "plan": "bold"}
@@ -40,9 +40,9 @@ def _confirm(yes: bool):
 
 @app.command()
 def deploy(
-    config: Path = CONFIG_OPT,
+    config: Path = CONFIG,
     canary: Optional[int] = typer.Option(None, "--canary", help="First canary weight in percent (then rollout.steps above it)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    yes: bool = YES,
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove another deploy's lock first (stale or not)."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
@@ -59,7 +59,7 @@ def deploy(
 
 
 @app.command()
-def promote(config: Path = CONFIG_OPT) -> None:
+def promote(config: Path = CONFIG) -> None:
     """Move a running rollout on to its next step now (ends the current analysis pause)."""
     from deployctl.config import load_config
     from deployctl.rollout.rollback import signal
@@ -68,7 +68,7 @@ def promote(config: Path = CONFIG_OPT) -> None:
 
 
 @app.command()
-def abort(config: Path = CONFIG_OPT) -> None:
+def abort(config: Path = CONFIG) -> None:
     """Send all traffic back to stable and put the canary hosts back on the previous release."""
     from deployctl.config import load_config
     from deployctl.rollout.rollback import signal
@@ -78,7 +78,7 @@ def abort(config: Path = CONFIG_OPT) -> None:
 
 @app.command()
 def rollback(
-    config: Path = CONFIG_OPT,
+    config: Path = CONFIG,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result with the seconds of each phase as JSON."),
 ) -> None:
@@ -98,7 +98,7 @@ def rollback(
 
 
 @app.command()
-def status(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+def status(config: Path = CONFIG, as_json: bool = JSON,
            check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
                                       "when the hosts differ in release, engine, model manifest or config.")) -> None:
     """Per host: current release, health, supervision, traffic weight; the rollout in progress; which host
@@ -147,7 +147,7 @@ def _status_check(doc: dict, check: bool) -> None:
 
 
 @app.command()
-def history(config: Path = CONFIG_OPT, as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+def history(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Past deploys, promotions, aborts and rollbacks with who, when, result and reason."""
     from rich.table import Table
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from deployctl.cli.params import CONFIG, JSON
 from deployctl.cli._app import app, err_console, fail, out_console, print_json
 
 runbook_app = typer.Typer(help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
@@ -21,7 +22,7 @@ OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "g
 
 
 @runbook_app.command("list")
-def list_(as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+def list_(as_json: bool = JSON,
           config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """Every runbook with its title and symptoms. Exit 3 when a runbook file is invalid (the others still list)."""
     from deployctl.runbook.library import load_library
@@ -62,7 +63,7 @@ def run(
     host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable); default: all."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run the checks; only show the actions."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do changing actions without asking."),
-    config: Path = typer.Option(Path("deploy.yaml"), "-c", "--config", help="deploy.yaml to read."),
+    config: Path = CONFIG,
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document on stdout."),
 ) -> None:
     """Run the runbook on the hosts; ask before each changing action unless --yes; audit on each host's state/.

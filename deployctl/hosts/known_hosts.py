@@ -65,18 +65,20 @@ def known_hosts_files(user_files: list[str] | None = None) -> list[Path]:
     return paths
 
 
+def _load_each(load, user_files: list[str] | None, extra: Path | None) -> None:
+    """Call ``load(path)`` for every known_hosts file that exists (``extra`` last); unreadable ones are skipped."""
+    for path in known_hosts_files(user_files) + ([Path(extra)] if extra is not None else []):
+        if path.is_file():
+            try:
+                load(str(path))
+            except (OSError, paramiko.SSHException):
+                continue
+
+
 def secure_client(client: paramiko.SSHClient, *, user_files: list[str] | None = None,
                   extra: Path | None = None) -> None:
     """Load known_hosts into ``client`` and set RejectUnknownPolicy. Unreadable files are skipped."""
-    files = known_hosts_files(user_files)
-    if extra is not None:
-        files.append(Path(extra))
-    for path in files:
-        if path.is_file():
-            try:
-                client.load_system_host_keys(str(path))
-            except (OSError, paramiko.SSHException):
-                continue
+    _load_each(client.load_system_host_keys, user_files, extra)
     client.set_missing_host_key_policy(RejectUnknownPolicy())
 
 
@@ -105,13 +107,7 @@ def lookup(hostname: str, port: int, *, user_files: list[str] | None = None,
            extra: Path | None = None) -> dict[str, paramiko.PKey]:
     """Keys already trusted for ``hostname:port`` across all known_hosts files (key type -> key)."""
     keys = paramiko.HostKeys()
-    files = known_hosts_files(user_files) + ([Path(extra)] if extra else [])
-    for path in files:
-        if path.is_file():
-            try:
-                keys.load(str(path))
-            except (OSError, paramiko.SSHException):
-                continue
+    _load_each(keys.load, user_files, extra)
     found = keys.lookup(known_hosts_name(hostname, port))
     return {name: found[name] for name in (found.keys() if found else [])}
 

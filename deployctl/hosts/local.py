@@ -65,37 +65,40 @@ class LocalTransport:
         return "", ""
 
     # -- files ------------------------------------------------------------------------------------
-    def write_bytes(self, remote: str, data: bytes, *, mode: int | None, timeout: float) -> None:
+    def _atomic(self, verb: str, remote: str, fill, mode: int) -> None:
+        """Write ``remote`` through a 0600 temp file in its directory (``fill(fd, tmp)`` writes it), chmod ``mode``,
+        rename over ``remote``. Raises RemoteCommandError."""
         target = Path(remote)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # 0600
             try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.chmod(tmp, 0o644 if mode is None else mode)
+                fill(fd, tmp)
+                os.chmod(tmp, mode)
                 os.replace(tmp, target)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:
-            raise self._file_error("write", remote, exc) from None
+            raise self._file_error(verb, remote, exc) from None
+
+    def write_bytes(self, remote: str, data: bytes, *, mode: int | None, timeout: float) -> None:
+        def fill(fd: int, tmp: str) -> None:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+
+        self._atomic("write", remote, fill, 0o644 if mode is None else mode)
 
     def put_file(self, local: Path, remote: str, *, mode: int | None, timeout: float) -> None:
-        target = Path(remote)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        def fill(fd: int, tmp: str) -> None:
             os.close(fd)
-            try:
-                shutil.copyfile(local, tmp)
-                os.chmod(tmp, (local.stat().st_mode & 0o777) if mode is None else mode)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            shutil.copyfile(local, tmp)
+
+        try:
+            mode = (Path(local).stat().st_mode & 0o777) if mode is None else mode
         except OSError as exc:
             raise self._file_error("put", remote, exc) from None
+        self._atomic("put", remote, fill, mode)
 
     def get_file(self, remote: str, local: Path, *, timeout: float) -> None:
         try:

@@ -276,9 +276,21 @@ def _descendants(root: int) -> list:
     return out
 
 
-def probe_service(deploy_root: str) -> dict:
-    """The running release's pid (``<deploy_root>/shared/run/runtime.pid``) and its descendants."""
-    out = {"pid_file": None, "pid": None, "alive": False, "pids": []}
+def _unit_pids(unit: str) -> list:
+    """Pids running in the systemd unit's cgroup (``/proc/PID/cgroup`` names ``/<unit>``)."""
+    def in_unit(pid: str) -> bool:
+        try:
+            with open("/proc/%s/cgroup" % pid) as f:
+                return ("/" + unit) in f.read()
+        except OSError:
+            return False
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and in_unit(e)]
+
+
+def probe_service(deploy_root: str, unit: str = "") -> dict:
+    """The running release's pid (``<deploy_root>/shared/run/runtime.pid``) and its descendants; with ``unit`` (a
+    systemd unit name) also every pid in that unit's cgroup."""
+    out = {"pid_file": None, "pid": None, "alive": False, "pids": _unit_pids(unit) if unit else []}
     if not deploy_root:
         return out
     pid_file = os.path.join(deploy_root, "shared", "run", "runtime.pid")
@@ -290,7 +302,7 @@ def probe_service(deploy_root: str) -> dict:
         return out
     out["pid"] = pid
     out["alive"] = os.path.exists("/proc/%d" % pid)
-    out["pids"] = _descendants(pid) if out["alive"] else []
+    out["pids"] = sorted(set(out["pids"]) | set(_descendants(pid) if out["alive"] else []))
     return out
 
 
@@ -348,8 +360,14 @@ def _chat_template_source(path: str):
 
 
 def collect(params: dict) -> dict:
-    """All facts for ``params``; every section is present even when its probe failed."""
+    """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
+    (a list of "port", "service") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
+    if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
+        cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
+                 "service": lambda: probe_service(deploy_root, params.get("unit") or "")}
+        return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
+                **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""
     python = params.get("python") or sys.executable
     t0 = time.monotonic()
@@ -359,7 +377,7 @@ def collect(params: dict) -> dict:
     facts["nvidia"] = probe_nvidia()
     facts["disk"] = probe_disk({"deploy_root": deploy_root, "model": model_path})
     facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
-    facts["service"] = probe_service(deploy_root)
+    facts["service"] = probe_service(deploy_root, params.get("unit") or "")
     facts["model"] = probe_model(model_path)
     facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
     return {k: facts[k] for k in FACT_KEYS}

@@ -5,7 +5,10 @@ Each prints one JSON object on stdout. Arguments travel as one JSON argv item.
 """
 from __future__ import annotations
 
+import base64
 import json
+import zlib
+from pathlib import Path
 from typing import Any
 
 # One HTTP request to the runtime, made on its host (deployctl.service.http sends it). Arguments: url, method, json
@@ -42,64 +45,6 @@ out["elapsed_s"] = time.monotonic() - t0
 print(json.dumps(out))
 """
 
-# Who listens on a TCP port: /proc/net/tcp{,6} socket inodes → /proc/PID/fd. "runtime" when the holder is the
-# pid of the pidfile or a descendant of it (the launcher's child), or runs in the systemd unit's cgroup; "other"
-# otherwise; "free" when nobody listens.
-PORT_HOLDER = r"""
-import json, os, sys
-a = json.loads(sys.argv[1])
-inodes = set()
-for f in ("/proc/net/tcp", "/proc/net/tcp6"):
-    try:
-        for line in open(f).read().splitlines()[1:]:
-            p = line.split()
-            if p[3] == "0A" and int(p[1].rsplit(":", 1)[1], 16) == a["port"]:
-                inodes.add(p[9])
-    except OSError:
-        pass
-holder = None
-for pid in filter(str.isdigit, os.listdir("/proc")) if inodes else ():
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            if os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes:
-                holder = int(pid)
-                break
-    except OSError:
-        continue
-    if holder:
-        break
-def ppid(p):
-    try:
-        return int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-try:
-    ours = int(open(a["pid_file"]).read().split()[0])
-except (OSError, ValueError, IndexError):
-    ours = None
-value, chain = "free", []
-if inodes:
-    value = "other"
-    try:
-        if holder and a.get("unit") and ("/" + a["unit"]) in open(f"/proc/{holder}/cgroup").read():
-            value = "runtime"
-    except OSError:
-        pass
-    p = holder
-    while p and p > 1 and len(chain) < 64:
-        chain.append(p)
-        if p == ours:
-            value = "runtime"
-        p = ppid(p)
-name = None
-if holder:
-    try:
-        name = open(f"/proc/{holder}/comm").read().strip()
-    except OSError:
-        pass
-print(json.dumps({"value": value, "pid": holder, "process": name, "pidfile_pid": ours}))
-"""
-
 # Is the pidfile's process alive?
 PROCESS_ALIVE = r"""
 import json, os, sys
@@ -128,3 +73,13 @@ print(json.dumps({"value": sup and (run or child is None), "pid": pid, "supervis
 def script_argv(python: str, script: str, args: dict[str, Any]) -> list[str]:
     """argv that runs ``script`` with ``args`` on a host."""
     return [python, "-c", script, json.dumps(args)]
+
+
+def module_argv(python: str, module, *args: str) -> list[str]:
+    """argv that runs ``module``'s source (one of this package's scripts) as __main__ with ``python`` and ``args``,
+    the source carried on the command line (zlib + base64, a few KB): nothing is written on the host, and nothing
+    rides on stdin (Fabric/invoke feeds a non-tty stdin one byte per 10 ms)."""
+    blob = base64.b64encode(zlib.compress(Path(module.__file__).read_bytes(), 9)).decode()
+    code = (f"import base64,zlib,__main__;exec(compile(zlib.decompress(base64.b64decode('{blob}')),"
+            f"'deployctl-{module.__name__.rsplit('.', 1)[-1]}','exec'),__main__.__dict__)")
+    return [python, "-c", code, *args]

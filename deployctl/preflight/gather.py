@@ -1,16 +1,15 @@
 """Facts from every host, in parallel: run the probe (deployctl/hostscripts/probe.py) with the host's python,
 then verify the weights there (deployctl/hostscripts/weights.py shipped the same way; in-process for local hosts,
-with byte progress). Both scripts travel inside the command line (see script_argv); nothing is copied.
+with byte progress). Both scripts travel inside the command line (see hostscripts.snippets.module_argv); nothing is copied.
 """
 from __future__ import annotations
 
-import base64
 import json
-import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
 from deployctl.hostscripts import probe as probe_module
+from deployctl.hostscripts.snippets import module_argv
 from deployctl.hostscripts import weights as weights_module
 from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError, RemoteError
@@ -21,20 +20,11 @@ PROBE_TIMEOUT_S = 120
 HASH_BYTES_PER_S_FLOOR = 100e6  # remote hashing timeout: 120 s + bytes at this (slow disk) rate
 
 
-def script_argv(python: str, module, *args: str) -> list[str]:
-    """argv that runs ``module``'s source as __main__ with ``python`` and ``args``, the source carried
-    on the command line (zlib + base64, a few KB): nothing is written on the host, and nothing rides on
-    stdin (Fabric/invoke feeds a non-tty stdin one byte per 10 ms)."""
-    blob = base64.b64encode(zlib.compress(Path(module.__file__).read_bytes(), 9)).decode()
-    code = (f"import base64,zlib,__main__;exec(compile(zlib.decompress(base64.b64decode('{blob}')),"
-            f"'deployctl-{module.__name__.rsplit('.', 1)[-1]}','exec'),__main__.__dict__)")
-    return [python, "-c", code, *args]
-
-
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
-            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60}
+            "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60,
+            "unit": f"{cfg.service.name}.service" if host.launcher == "systemd" else ""}
 
 
 def cache_path(host: HostConfig) -> str:
@@ -61,7 +51,7 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
     from deployctl.hosts import RemoteCommandError
 
     try:
-        res = host.run(script_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
+        res = host.run(module_argv(hc.python, probe_module, json.dumps(probe_params(cfg, hc))), timeout=PROBE_TIMEOUT_S)
     except RemoteCommandError as exc:  # its message quotes the probe's whole (base64) command line
         why = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else "no output"
         raise RemoteError(f"the probe could not run on {hc.name} with python {hc.python} (exit {exc.remote_status}: {why})",
@@ -84,7 +74,7 @@ def _verify(host, cfg: DeployConfig, total: int, advance: Callable[[int], None])
     if hc.is_local:
         cache = weights_module.HashCache(Path(cache_path(hc)))
         return weights_module.verify(Path(cfg.model.path), manifest=cfg.model.manifest, cache=cache, progress=advance).to_json()
-    res = host.run(script_argv(hc.python, weights_module, "verify", cfg.model.path, "--manifest", cfg.model.manifest,
+    res = host.run(module_argv(hc.python, weights_module, "verify", cfg.model.path, "--manifest", cfg.model.manifest,
                                "--cache", cache_path(hc)), timeout=120 + total / HASH_BYTES_PER_S_FLOOR)
     advance(total)
     return _parse_json(res.stdout, hc.name, "weight verification")

@@ -151,27 +151,24 @@ class GoldenCheck:
 
     def run(self, canary: list[str], stable: list[str]) -> list[OutputReport]:
         """One report per canary host (pass, fail or inconclusive). Raises RemoteError (SSH trouble)."""
-        from deployctl.hosts import run_on_hosts
-
         if self.chat is None:
             self.chat = has_chat_template(self.hosts[canary[0]], self.cfg)
         if not stable:
             return []
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:  # stable's answers (asked once) while the canary hosts answer
-            fut = pool.submit(self._stable_answers, stable)
-            outs = run_on_hosts([self.hosts[n] for n in canary], lambda h: self._ask(h.name))
-            s_name, s_ans = fut.result()
+        # stable's answers (asked once) while the canary hosts answer; daemon threads, so that a deploy that ends
+        # (abort, promote by hand) never waits at exit for answers nobody reads
+        jobs = [Job(lambda: self._stable_answers(stable))] + [Job(lambda n=n: self._ask(n)) for n in canary]
+        for j in jobs:
+            j.wait()
+        s_name, s_ans = jobs[0].result()
         if self.stable_release and not self._rules:
             s_id = read_identity(self.hosts[s_name], self.stable_release)
             for n in canary:
                 self._rules.setdefault(n, rules_for(self.cfg, s_id, read_identity(self.hosts[n], self.canary_release)))
         reports = []
-        for o in outs:
-            rules = self._rules.get(o.host, Rules())
-            ans = o.value if o.error is None else [Answer(error=str(o.error))] * len(self.prompts)
-            reports.append(compare(self.prompts, s_ans, ans, rules, canary_host=o.host, stable_host=s_name))
+        for n, j in zip(canary, jobs[1:]):
+            ans = j.value if j.error is None else [Answer(error=str(j.error))] * len(self.prompts)
+            reports.append(compare(self.prompts, s_ans, ans, self._rules.get(n, Rules()), canary_host=n, stable_host=s_name))
         return reports
 
 
@@ -194,6 +191,9 @@ class Job:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
 
     def result(self):
         if self.error is not None:

@@ -210,8 +210,9 @@ def _capacity(t: Target, step: Step) -> Observation:
 
 def _port(t: Target, step: Step) -> Observation:
     v = t.variables
-    unit = f"{t.cfg.service.name}.service" if t.host_cfg.launcher == "systemd" else None
-    r = t.script(remote.PORT_HOLDER, {"port": int(v["port"]), "pid_file": v["pid_file"], "unit": unit}, step.timeout_s)
+    from deployctl.service import launcher
+
+    r = launcher.port_holder(t.host, t.cfg, timeout=step.timeout_s)
     detail = {"free": f"port {v['port']} is free",
               "runtime": f"port {v['port']} is held by the runtime (pid {r['pid']})",
               "other": f"port {v['port']} is held by pid {r['pid']} ({r['process']}), not the runtime of {v['pid_file']}"}

@@ -112,6 +112,26 @@ def kill_pid(host, pid: int, *, timeout: float = 30) -> str:
     return host.run(script, timeout=timeout + 30).stdout.strip().splitlines()[-1]
 
 
+def port_holder(host, cfg: DeployConfig, *, timeout: float = 30) -> dict:
+    """Who holds the service port on ``host`` (the probe's port and service sections, run there):
+    ``{"value": "free" | "runtime" | "other", "pid", "process", "pidfile_pid"}``; "runtime" when the holder is the
+    launcher's process group (pidfile and descendants) or runs in the systemd unit's cgroup. Raises RemoteError."""
+    import json
+
+    from deployctl.hostscripts import probe
+    from deployctl.hostscripts.snippets import module_argv
+
+    h = host.config
+    params = {"sections": ["port", "service"], "deploy_root": h.deploy_root, "bind": cfg.server.bind,
+              "port": service_port(cfg, h), "unit": _unit(cfg) if h.launcher == "systemd" else ""}
+    r = host.run(module_argv(h.python, probe, json.dumps(params)), timeout=timeout)
+    facts = json.loads(r.stdout.strip().splitlines()[-1])
+    holders, ours = facts["port"]["holders"], set(facts["service"]["pids"])
+    first = holders[0] if holders else {}
+    value = "free" if not holders else ("runtime" if first.get("pid") in ours else "other")
+    return {"value": value, "pid": first.get("pid"), "process": first.get("name"), "pidfile_pid": facts["service"]["pid"]}
+
+
 def is_running(host, cfg: DeployConfig) -> bool:
     """Whether the runtime's process group (or systemd unit) is alive."""
     h = host.config

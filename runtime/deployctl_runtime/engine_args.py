@@ -15,28 +15,24 @@ from typing import Any
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024 * 1024
 MAX_BLOCK_SIZE = 1024
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt](?:ib|b)?|b)?\s*", re.IGNORECASE)
 
 
 def parse_bytes(value: Any) -> int:
     """``value`` in bytes (grammar in the module doc). Raises ValueError naming the value and the accepted forms."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size like 512MiB, 40GB or 536870912, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    match = _SIZE.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
+    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         raise ValueError(f"expected a size like 512MiB, 40GB or 536870912, got {value!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    number, unit = match.group(1), (match.group(2) or "b").lower()
+    scale = 1
+    if unit != "b":  # k, kb, kib, m, ...: decimal only for the two-letter "kb", "mb", "gb", "tb"
+        base = 1000 if len(unit) == 2 else 1024
+        scale = base ** ("kmgt".index(unit[0]) + 1)
+    return int(float(number) * scale)
 
 
 @dataclass(frozen=True)

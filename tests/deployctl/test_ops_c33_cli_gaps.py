@@ -12,7 +12,10 @@ import sys
 import pytest
 
 from deployctl.config import load_config
-from test_capacity_plan import CONFIGS
+
+LLAMA_2_7B = dict(model_type="llama", num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                  hidden_size=4096, intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096,
+                  torch_dtype="float16")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -33,7 +36,7 @@ def _has_gpu() -> bool:
 def test_init_next_step_works_as_printed(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(CONFIGS["Llama-2-7B"]))
+    (model / "config.json").write_text(json.dumps(LLAMA_2_7B))
     out = tmp_path / "deploy.yaml"
     r = _cli("init", str(model), "--out", str(out))
     assert r.returncode == 0, r.stderr

@@ -13,7 +13,7 @@ import pytest
 from deployctl import settings
 from deployctl.errors import ExitCode, UsageError
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 def test_unset_variables_give_the_documented_defaults():

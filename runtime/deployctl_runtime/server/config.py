@@ -7,34 +7,23 @@ follow its ``parse_bytes`` grammar (``512m`` is 512 MiB).
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from deployctl_runtime.engine_args import EngineArgs, parse_bytes
 
-class ServeConfig(BaseModel):
+class _ServeSettings(BaseModel):
+    """The serve settings that are not engine settings (ServeConfig adds EngineArgs' fields to these)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     served_model_name: str | None = None
-    # engine settings: types here, values checked by EngineArgs.validate (see load_config)
-    device: str = "cpu"
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    num_gpu_blocks_override: int | None = None
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    enforce_eager: bool = False
-    seed: int = 0
     max_queued_requests: int = Field(256, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
@@ -48,17 +37,22 @@ class ServeConfig(BaseModel):
     log_max_bytes: int = Field(100 * 2**20, ge=1024)  # rotate when the file would grow past this
     log_backup_count: int = Field(5, ge=1, le=100)  # keep this many rotated files (.1 newest); older are deleted
 
-    @field_validator("kv_cache_memory", "log_max_bytes", mode="before")
+    @field_validator("kv_cache_memory", "log_max_bytes", mode="before", check_fields=False)
     @classmethod
     def _bytes(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
 
     def engine_args(self) -> dict[str, Any]:
-        """Keyword arguments for EngineArgs (ENGINE_API.md)."""
-        keys = ("model", "device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                "num_gpu_blocks_override", "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching",
-                "enable_chunked_prefill", "enforce_eager", "seed")
-        return {k: getattr(self, k) for k in keys}
+        """Keyword arguments for EngineArgs (ENGINE_API.md): every EngineArgs field."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(EngineArgs)}
+
+
+# The engine settings are EngineArgs' own fields (names, types, defaults): declared once, in engine_args.py.
+_ENGINE_TYPES = typing.get_type_hints(EngineArgs)
+ServeConfig = create_model(
+    "ServeConfig", __base__=_ServeSettings, __module__=__name__,
+    **{f.name: (_ENGINE_TYPES[f.name], ... if f.default is dataclasses.MISSING else f.default)
+       for f in dataclasses.fields(EngineArgs)})
 
 
 def load_config(cli: dict[str, Any], config_path: str | None) -> ServeConfig:

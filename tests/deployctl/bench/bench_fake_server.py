@@ -4,8 +4,10 @@ Known behaviour: at most ``max_concurrency`` requests generate at once (the rest
 wait counts in their TTFT); a request's first token comes ``ttft_s`` after it is admitted and each further token
 ``tpot_s`` after the previous one (scheduled on absolute times, so delays do not drift); it streams exactly
 ``max_tokens`` tokens and reports them in ``usage``. ``pattern`` makes the n-th request (0-based, in arrival
-order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, "hang" (headers, then nothing) or "drop" (two
-tokens, then the connection breaks).
+order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, "hang" (headers, then nothing), "drop" (two
+tokens, then the connection breaks), "empty" (200, no text, usage with 0 completion tokens, [DONE]) or "nodone"
+(a normal answer whose stream ends after the finish_reason chunk and usage, without [DONE], as HF transformers
+serve). ``strict`` answers 422 naming any field outside the OpenAI API (as pydantic extra="forbid" servers do).
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 
+OPENAI_FIELDS = {"model", "messages", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p",
+                 "stop", "n", "seed"}
+
+
 @dataclass
 class FakeConfig:
     ttft_s: float = 0.1
@@ -29,6 +35,8 @@ class FakeConfig:
     max_concurrency: int = 4
     pattern: tuple = (200,)
     model: str = "fake-model"
+    max_model_len: int | None = None
+    strict: bool = False
     num_arrived: int = 0
     max_in_flight_seen: int = 0
     statuses: list = field(default_factory=list)
@@ -58,10 +66,13 @@ def build_app(cfg: FakeConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
+        entry = {"id": cfg.model, "object": "model"}
+        if cfg.max_model_len is not None:
+            entry["max_model_len"] = cfg.max_model_len
+        return {"object": "list", "data": [entry]}
 
-    async def generate(body: dict, chat: bool, arrival: float):
-        n = int(body.get("max_tokens", 16))
+    async def generate(body: dict, chat: bool, arrival: float, done: bool = True, empty: bool = False):
+        n = 0 if empty else int(body.get("max_tokens", 16))
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         if state["sem"] is None:
@@ -80,12 +91,17 @@ def build_app(cfg: FakeConfig) -> FastAPI:
                     if i == 0:
                         ttft_hist.observe(time.perf_counter() - arrival)
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [choice]})}\n\n"
+                if n == 0:  # an empty answer still ends with a finish_reason chunk
+                    await asyncio.sleep(cfg.ttft_s)
+                    choice = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
+                    yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [{**choice, 'finish_reason': 'stop'}]})}\n\n"
                 prompt = body.get("prompt") or " ".join(m.get("content", "") for m in body.get("messages", []))
                 usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n, "total_tokens": len(prompt.split()) + n}
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [], 'usage': usage})}\n\n"
                 e2e_hist.observe(time.perf_counter() - arrival)
-                yield "data: [DONE]\n\n"
+                if done:
+                    yield "data: [DONE]\n\n"
             finally:
                 state["in_flight"] -= 1
 
@@ -107,6 +123,14 @@ def build_app(cfg: FakeConfig) -> FastAPI:
         status = cfg.pattern[cfg.num_arrived % len(cfg.pattern)]
         cfg.num_arrived += 1
         cfg.statuses.append(status)
+        unknown = sorted(set(body) - OPENAI_FIELDS)
+        if cfg.strict and unknown:
+            return JSONResponse({"detail": [{"type": "extra_forbidden", "loc": ["body", unknown[0]],
+                                             "msg": "Extra inputs are not permitted"}]}, 422)
+        if status == "empty":
+            return StreamingResponse(generate(body, chat, cfg.arrivals[-1], empty=True), media_type="text/event-stream")
+        if status == "nodone":
+            return StreamingResponse(generate(body, chat, cfg.arrivals[-1], done=False), media_type="text/event-stream")
         if status == 429:
             return _error(429, "queue full", "rate_limit_exceeded")
         if status == 500:

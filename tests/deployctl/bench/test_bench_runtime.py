@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
-from bench_fake_server import closed_port
-from bench_helpers import REPO, subprocess_env
+from bench_helpers import make_tiny_model, serve_runtime
 
 
 
@@ -28,42 +22,11 @@ pytestmark = [
 ]
 
 
-def _runtime(*args: str, **kw) -> subprocess.Popen:
-    kw.setdefault("env", subprocess_env())
-    return subprocess.Popen([sys.executable, "-m", "deployctl_runtime", *args], cwd=REPO, **kw)
-
-
 @pytest.fixture(scope="module")
 def runtime_url(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tiny") / "model"
-    made = _runtime("tiny-model", str(model))
-    assert made.wait(120) == 0
-    port = closed_port()
-    log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")
-    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}  # torch's spinning threads would starve the server's event loop
-    proc = _runtime("serve", "--model", str(model), "--port", str(port), "--device", "cpu", "--max-num-seqs", "4",
-                    stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"runtime exited: {Path(log.name).read_text()[-3000:]}"
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "runtime not ready within 180 s"
-            time.sleep(0.25)
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny"))
+    with serve_runtime(model, tmp_path_factory.mktemp("log") / "serve.log", "--max-num-seqs", "4") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 # The server stamps a request's arrival when its ASGI app first sees it and its first token when the engine emits

@@ -3,7 +3,6 @@ the runtime's EngineArgs (tests/runtime/test_engine_args_vectors.py): one set of
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +11,9 @@ from deployctl.config import parse_config
 from deployctl.config.units import parse_bytes
 from deployctl.errors import ConfigError
 
-VECTORS = json.loads((Path(__file__).resolve().parents[2] / "data" / "engine_vectors.json").read_text())
+from support.paths import DATA
+
+VECTORS = json.loads((DATA / "engine_vectors.json").read_text())
 
 
 @pytest.mark.parametrize("v", VECTORS["byte_sizes"], ids=[repr(v["input"]) for v in VECTORS["byte_sizes"]])

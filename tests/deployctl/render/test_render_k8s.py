@@ -1,0 +1,95 @@
+"""Container and Kubernetes targets: manifests pass kubernetes-validate (and fail it when wrong), probes are
+sized to the model load, the key comes from a Secret, the weights are mounted read-only and never baked in."""
+from __future__ import annotations
+
+import yaml
+
+import pytest
+
+from deployctl.errors import ConfigError
+from deployctl.render.targets import render_files
+from deployctl.render.validate import check_compose, check_k8s_manifest
+from support.render import API_KEY, make_config
+
+
+def _by_path(target: str, **sections):
+    cfg = make_config(**sections)
+    return {f.path: f for f in render_files(cfg, target=target, release_id="r1", api_key=API_KEY)}
+
+
+def _write(tmp_path, f):
+    path = tmp_path / f.path.replace("/", "_")
+    path.write_text(f.content)
+    return path
+
+
+def test_deployment_validates_and_carries_probes_gpu_and_secret(tmp_path):
+    files = _by_path("k8s", server={"startup_timeout_s": 900})
+    for name in ("k8s/deployment.yaml", "k8s/service.yaml", "k8s/configmap.yaml"):
+        result = check_k8s_manifest(_write(tmp_path, files[name]))
+        assert result.ok, result.output
+    dep = yaml.safe_load(files["k8s/deployment.yaml"].content)
+    assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    start = c["startupProbe"]
+    assert start["httpGet"]["path"] == "/readyz" and start["periodSeconds"] * start["failureThreshold"] >= 900
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["env"] == [{"name": "DEPLOYCTL_RUNTIME_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "chat-7b-api-key", "key": "DEPLOYCTL_RUNTIME_API_KEY"}}}]
+    model_mount = next(m for m in c["volumeMounts"] if m["name"] == "model")
+    assert model_mount == {"name": "model", "mountPath": "/models/llm-7b-chat", "readOnly": True}
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30  # above the drain timeout
+    cm = yaml.safe_load(files["k8s/configmap.yaml"].content)
+    runtime = yaml.safe_load(cm["data"]["runtime.yaml"])
+    assert runtime["host"] == "0.0.0.0" and runtime["release_id"] == "r1"
+    assert cm["metadata"]["name"] == dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    assert all(API_KEY not in f.content for p, f in files.items() if p != "k8s/runtime.env")
+
+
+def test_wrong_manifest_fails_kubernetes_validate_with_the_field_path(tmp_path):
+    files = _by_path("k8s")
+    bad = files["k8s/deployment.yaml"].content.replace("periodSeconds: 10\n", "periodSeconds: ten\n", 1)
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad)
+    result = check_k8s_manifest(path)
+    assert not result.ok and "startupProbe.periodSeconds" in result.output and "'ten'" in result.output
+
+
+def test_argo_rollout_has_canary_steps_and_a_valid_pod_template(tmp_path):
+    files = _by_path("k8s-rollout", rollout={"steps": [10, 50, 100], "pause_s": 120})
+    result = check_k8s_manifest(_write(tmp_path, files["k8s/rollout.yaml"]))
+    assert result.ok and result.notes, result.output
+    ro = yaml.safe_load(files["k8s/rollout.yaml"].content)
+    assert ro["apiVersion"] == "argoproj.io/v1alpha1" and ro["kind"] == "Rollout"
+    assert ro["spec"]["strategy"]["canary"]["steps"] == [
+        {"setWeight": 10}, {"pause": {"duration": "120s"}}, {"setWeight": 50}, {"pause": {"duration": "120s"}}]
+    broken = files["k8s/rollout.yaml"].content.replace("setWeight: 10", "setWeight: 110")
+    path = tmp_path / "broken.yaml"
+    path.write_text(broken)
+    assert "setWeight: 0..100, got 110" in check_k8s_manifest(path).output
+
+
+def test_k8s_needs_a_pod_reachable_bind():
+    with pytest.raises(ConfigError, match="server.bind is 127.0.0.1"):
+        _by_path("k8s", server={"bind": "127.0.0.1", "api_key_env": None})
+
+
+def test_container_files(tmp_path):
+    files = _by_path("container")
+    compose = yaml.safe_load(files["hosts/gpu-b/compose.yaml"].content)
+    svc = compose["services"]["runtime"]
+    assert svc["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "device_ids": ["1"], "capabilities": ["gpu"]}]
+    assert svc["volumes"][0]["read_only"] is True and svc["volumes"][0]["source"] == "/models/llm-7b-chat"
+    assert "/readyz" in " ".join(svc["healthcheck"]["test"]) and svc["healthcheck"]["start_period"] == "600s"
+    assert check_compose(_write(tmp_path, files["hosts/gpu-b/compose.yaml"])).ok
+    no_gpu = files["hosts/gpu-b/compose.yaml"].content.replace("read_only: true", "read_only: false")
+    (tmp_path / "c.yaml").write_text(no_gpu)
+    assert "not read_only" in check_compose(tmp_path / "c.yaml").output
+    docker = files["hosts/gpu-b/Dockerfile"].content
+    instructions = [line.split()[0] for line in docker.splitlines() if line and not line.startswith((" ", "#"))]
+    assert instructions[0] == "FROM" and "HEALTHCHECK" in instructions and "USER" in instructions
+    copies = [line for line in docker.splitlines() if line.startswith(("COPY", "ADD"))]
+    assert all("/models" not in line and "safetensors" not in line for line in copies)  # weights never baked in
+    assert API_KEY not in docker and files["hosts/gpu-b/runtime.env"].mode == 0o600

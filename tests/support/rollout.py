@@ -1,0 +1,184 @@
+"""The rollout test environment: the sshd fleet (fleet_sshd) + a real nginx (nginx_fixture) + the runtime on CPU
+with the tiny model, and a deploy.yaml tying them together (tests/conftest.py imports this).
+
+``rollout_env(n, **rollout) -> RolloutEnv``: n sshd hosts, each with its own runtime port and deploy_root, the
+host python an overlay venv (deployctl.demo.localenv) shared by the session into which releases install the runtime
+wheel, one nginx router. ``env.cli("deploy", "--yes")`` runs ``python -m deployctl ... -c deploy.yaml``.
+Everything is stopped after the test (runtimes killed by process group from their pidfiles).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from support.nginx import NginxRouter, free_port
+
+__all__ = ["rollout_python", "rollout_model", "rollout_cache", "rollout_env", "RolloutEnv"]
+
+
+@pytest.fixture(scope="session")
+def rollout_python(tmp_path_factory) -> str:
+    from deployctl.demo.localenv import overlay_venv
+
+    return str(overlay_venv(tmp_path_factory.mktemp("hostenv") / "venv"))
+
+
+@pytest.fixture(scope="session")
+def rollout_model(tmp_path_factory) -> Path:
+    from deployctl.demo.localenv import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("model") / "tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def rollout_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("deployctl-cache")
+
+
+class RolloutEnv:
+    def __init__(self, root: Path, fleet, nginx: NginxRouter, cfg: dict):
+        self.root, self.fleet, self.nginx, self.cfg = root, fleet, nginx, cfg
+        self.path = root / "deploy.yaml"
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+    @property
+    def names(self) -> list[str]:
+        return [h["name"] for h in self.cfg["hosts"]]
+
+    def host(self, name: str) -> dict:
+        return next(h for h in self.cfg["hosts"] if h["name"] == name)
+
+    def load(self):
+        from deployctl.config import load_config
+
+        return load_config(self.path)
+
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "deployctl", *args, "-c", str(self.path)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+    def popen(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "deployctl", *args, "-c", str(self.path)]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
+
+    def current(self, name: str) -> str | None:
+        link = Path(self.host(name)["deploy_root"]) / "current"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def runtime_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.host(name)['server_port']}"
+
+    def release_served(self, name: str) -> str | None:
+        r = httpx.get(self.runtime_url(name) + "/v1/models", timeout=10)
+        return r.headers.get("x-deployctl-release")
+
+    def upstream_conf(self) -> str:
+        return self.nginx.upstream_conf.read_text()
+
+    def status(self) -> dict:
+        r = self.cli("status", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def history(self) -> list[dict]:
+        r = self.cli("history", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["history"]
+
+    def stop_runtimes(self) -> None:
+        for h in self.cfg["hosts"]:
+            pidf = Path(h["deploy_root"]) / "shared" / "run" / "runtime.pid"
+            try:
+                pid = int(pidf.read_text().strip())
+                os.killpg(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
+
+@pytest.fixture
+def rollout_env(ssh_fleet, tmp_path, rollout_python, rollout_model, rollout_cache, monkeypatch):
+    """Factory ``rollout_env(n=2, **rollout_overrides) -> RolloutEnv`` (see module doc)."""
+    monkeypatch.setenv("DEPLOYCTL_CACHE", str(rollout_cache))
+    monkeypatch.setenv("DEPLOYCTL_VERIFY_TIMEOUT_S", "90")
+    monkeypatch.setenv("DEPLOYCTL_SKIP_PREFLIGHT", "1")
+    monkeypatch.delenv("DEPLOYCTL_RUNTIME_FAULT", raising=False)
+    envs: list[RolloutEnv] = []
+
+    def factory(n: int = 2, **rollout) -> RolloutEnv:
+        fleet = ssh_fleet(n)
+        root = tmp_path / f"env{len(envs)}"
+        root.mkdir()
+        nginx = NginxRouter(root / "nginx")
+        hosts = fleet.host_yaml(python=rollout_python)
+        for h in hosts:
+            h["server_port"] = free_port()
+        cfg = {
+            "service": {"name": "chat-tiny"},
+            "model": {"path": str(rollout_model), "served_name": "tiny-chat", "dtype": "float32"},
+            "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+                       "kv_cache_memory": "8MiB", "enable_prefix_caching": True},
+            "server": {"port": 18080, "drain_timeout_s": 5, "startup_timeout_s": 90, "request_timeout_s": 60},
+            "hosts": hosts,
+            "router": nginx.router_config(),
+            "rollout": {"canary_hosts": 1, "steps": [5, 100], "pause_s": 0,
+                        "analysis": {"interval_s": 2, "min_requests": 20}, "keep_releases": 3, **rollout},
+        }
+        # CPU runtimes on a shared 2-core machine: identical releases differ by 10+ ms of P99 TPOT under load
+        # (a C20 run aborted on 14.2 vs 3.6 ms); latency faults the tests inject are hundreds of ms.
+        # Windows are re-judged every 2 s here (30 s by default): the default inconclusive_limit of 5 would pause a
+        # canary that is still collecting its first latency samples; tests that pause set it themselves.
+        cfg["rollout"]["analysis"] = {"min_p99_delta_s": 0.1, "inconclusive_limit": 0, **cfg["rollout"]["analysis"]}
+        env = RolloutEnv(root, fleet, nginx, cfg)
+        envs.append(env)
+        nginx.start(env.load())
+        return env
+
+    try:
+        yield factory
+    finally:
+        for env in envs:
+            env.stop_runtimes()
+            env.nginx.stop()
+
+
+def rollout_state(env: RolloutEnv, host: int = 0) -> dict:
+    """state/rollout.json on a host ({} when absent or being written)."""
+    p = Path(env.cfg["hosts"][host]["deploy_root"]) / "state" / "rollout.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    """Poll ``pred()`` until truthy; fail naming ``what`` (and the deploy's output when ``proc`` died)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited {proc.returncode} before {what}:\n{err[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+__all__ += ["rollout_state", "wait_for"]
