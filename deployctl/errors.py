@@ -67,3 +67,9 @@ class RolloutAborted(DeployctlError):
     """The rollout was aborted and traffic is back on stable (exit 6)."""
 
     exit_code = ExitCode.ABORTED
+
+
+def about(host: str, err: object) -> str:
+    """``"host: message"`` for an error on ``host``, without doubling a prefix the message already has."""
+    text = str(err)
+    return text if text.startswith(f"{host}:") else f"{host}: {text}"

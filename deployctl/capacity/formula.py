@@ -110,7 +110,9 @@ def plan_capacity(inp: CapacityInputs) -> CapacityPlan:
         fits=pool_tokens >= inp.max_model_len * inp.max_num_seqs,
         fits_one=pool_tokens >= inp.max_model_len,
         max_feasible_model_len=feasible_len,
-        max_feasible_num_seqs=min(inp.max_num_seqs, pool_tokens // inp.max_model_len) if inp.max_model_len else 0,
+        # the largest max_num_seqs whose full-length requests all fit, whatever is configured (C33: it reported the
+        # configured 64 where 36,095 fit)
+        max_feasible_num_seqs=pool_tokens // inp.max_model_len if inp.max_model_len else 0,
         kv_bytes_per_request=per_request,
         kv_bytes_all_requests=per_request * inp.max_num_seqs,
         peak_bytes=inp.weights_bytes + inp.runtime_overhead_bytes + per_request * inp.max_num_seqs,

@@ -28,7 +28,22 @@ def init(
     text = render_init(model_dir, device=device)
     parse_config(text, str(out))  # what we write must load
     out.write_text(text)
-    err_console.print(f"wrote {out}; next: `deployctl plan -c {out}`")
+    cmd, why = _next_step(out, device)
+    err_console.print(f"wrote {out}; next: `{cmd}`{why}", markup=False)
+
+
+def _next_step(out: Path, device: str) -> tuple[str, str]:
+    """The plan command that works here (C33): on cuda without a GPU on this machine (no NVML), the target GPU's
+    memory must be given."""
+    if device == "cuda":
+        from deployctl.capacity.sizing import gpu_memory_from_nvml
+        from deployctl.errors import ConfigError
+
+        try:
+            gpu_memory_from_nvml(0)
+        except ConfigError:
+            return f"deployctl plan -c {out} --gpu-memory 80GiB", " (no GPU on this machine: give the target GPU's memory)"
+    return f"deployctl plan -c {out}", ""
 
 
 @app.command()

@@ -30,8 +30,12 @@ def render(
     from deployctl.render.validate import validate_tree
 
     cfg = load_config(config)
+    from deployctl import settings
+
+    key_env = cfg.server.api_key_env
+    key_missing = bool(key_env) and not settings.environ().get(key_env)
     try:
-        paths = render_all(cfg, out, target=target, release_id=release_id)
+        paths = render_all(cfg, out, target=target, release_id=release_id, missing_key_ok=True)
     except OSError as exc:  # writing under --out (a file, no permission, read-only filesystem)
         if exc.filename is not None and not str(exc.filename).startswith(str(out)):
             raise
@@ -54,6 +58,10 @@ def render(
             for note in r.notes:
                 err_console.print(f"  note: {note}", markup=False, highlight=False)
         err_console.print(f"release {release}: {len(paths)} files in {out} ({target})")
+    if key_missing:  # C33: render works without the secret; say where it goes
+        err_console.print(f"note: {key_env} is not set: the runtime.env files carry a comment naming it instead of "
+                          f"the API key; export {key_env} and render again for files that start as they are "
+                          "(`deployctl deploy` reads it when it uploads)", markup=False, highlight=False)
     if failed:
         err_console.print(f"[bold red]error:[/] {len(failed)} rendered file(s) failed validation: "
                           + ", ".join(r.path for r in failed), markup=True)

@@ -80,21 +80,29 @@ def abort(config: Path = CONFIG) -> None:
 def rollback(
     config: Path = CONFIG,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result with the seconds of each phase as JSON."),
 ) -> None:
     """Make the previous (or named) release current on every host; wins over a deploy in progress."""
+    from dataclasses import asdict
+
     from deployctl.config import load_config
     from deployctl.rollout.rollback import rollback as do_rollback
 
     r = do_rollback(load_config(config), to=to, progress=progress_printer)
-    if r.noop:
+    if as_json:
+        print_json({**asdict(r), "duration_s": round(r.duration_s, 2)})
+    elif r.noop:
         out_console.print(f"already on {r.target}: nothing to roll back (use --to RELEASE_ID to go further back)")
     else:
         out_console.print(f"rolled back to {r.target} in {r.duration_s:.1f} s")
 
 
 @app.command()
-def status(config: Path = CONFIG, as_json: bool = JSON) -> None:
-    """Per host: current release, health, traffic weight; the rollout in progress."""
+def status(config: Path = CONFIG, as_json: bool = JSON,
+           check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
+                                      "when the hosts differ in release, engine, model manifest or config.")) -> None:
+    """Per host: current release, health, supervision, traffic weight; the rollout in progress; which host
+    differs from the rest. With --check: exit 1 on any problem (for cron and alerting)."""
     from rich.table import Table
 
     from deployctl.config import load_config
@@ -103,6 +111,7 @@ def status(config: Path = CONFIG, as_json: bool = JSON) -> None:
     doc = get_status(load_config(config))
     if as_json:
         print_json(doc)
+        _status_check(doc, check)
         return
     table = Table(title="hosts")
     for col in ("host", "release", "engine", "healthy", "weight", "detail"):
@@ -122,6 +131,21 @@ def status(config: Path = CONFIG, as_json: bool = JSON) -> None:
     if doc.get("lock"):
         lk = doc["lock"]
         out_console.print(f"lock: {lk['text']}" + (f" [stale: {lk['why_stale']}]" if lk["stale"] else ""), markup=False)
+    for d in doc.get("differences", []):
+        out_console.print(f"inconsistent: {d}", markup=False)
+    _status_check(doc, check)
+
+
+def _status_check(doc: dict, check: bool) -> None:
+    """With --check: CheckFailed (exit 1) naming every unhealthy host and every difference."""
+    if not check:
+        return
+    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"] if not h["healthy"]]
+    problems += doc.get("differences", [])
+    if problems:
+        from deployctl.errors import CheckFailed
+
+        raise CheckFailed(f"status --check: {'; '.join(problems)}")
 
 
 @app.command()

@@ -13,12 +13,17 @@ runbook_app = typer.Typer(help="Scripted on-call runbooks: check, decide, act, l
                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(runbook_app, name="runbook")
 
+# list/show read no deploy.yaml, but take -c like every other command so that a habit (or a script) works (C33)
+CONFIG_ACCEPTED = typer.Option(None, "-c", "--config", help="Accepted like the other commands; the runbooks do not "
+                               "depend on deploy.yaml.")
+
 OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "green", "failed": "red", "not fixed": "red",
                  "error": "red", "escalated": "yellow", "declined": "yellow", "would act": "yellow"}
 
 
 @runbook_app.command("list")
-def list_(as_json: bool = JSON) -> None:
+def list_(as_json: bool = JSON,
+          config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """Every runbook with its title and symptoms. Exit 3 when a runbook file is invalid (the others still list)."""
     from deployctl.runbook.library import load_library
 
@@ -43,7 +48,8 @@ def list_(as_json: bool = JSON) -> None:
 
 
 @runbook_app.command()
-def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`).")) -> None:
+def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`)."),
+         config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """The runbook as readable text: when to use it, then each step's check, expectation and action."""
     from deployctl.runbook.library import load_library
     from deployctl.runbook.text import render_text
@@ -65,6 +71,7 @@ def run(
     4: SSH failure."""
     from deployctl.config import load_config
     from deployctl.runbook.library import load_library
+    from deployctl.errors import about
     from deployctl.runbook.runner import RunOptions, run_runbook
 
     rb = load_library().get(name)
@@ -97,7 +104,7 @@ def run(
         _print_summary(report)
     for h in report.hosts:
         if h.error is not None:
-            err_console.print(f"[bold red]error:[/] {h.host}: {h.error}", markup=True, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(about(h.host, h.error))}", markup=True, soft_wrap=True)
     raise typer.Exit(report.exit_code)
 
 

@@ -162,6 +162,19 @@ def stop_nginx(cfg) -> None:
     subprocess.run([_nginx(), "-p", r.nginx_prefix, "-c", r.nginx_conf, "-s", "quit"], capture_output=True)
 
 
+def keep_stop_hint(cfg) -> str:
+    """The shell commands that stop what ``--keep`` left running (C33: it never said): each host's launch.sh
+    stop (drain, then the process group), then nginx -s quit."""
+    import shlex
+
+    from deployctl.config.layout import current_link
+
+    cmds = [f"bash {shlex.quote(current_link(hc))}/launch.sh stop" for hc in cfg.hosts]
+    r = cfg.router
+    cmds.append(f"{_nginx()} -p {shlex.quote(r.nginx_prefix)} -c {shlex.quote(r.nginx_conf)} -s quit")
+    return "; ".join(cmds)
+
+
 def stop_runtimes(cfg) -> None:
     from deployctl.hosts import Host
     from deployctl.service import launcher
@@ -228,6 +241,7 @@ def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = Fa
                     + (f" ({dict(bad)})" if bad else ""))
         if keep:
             say("info", f"--keep: runtimes and nginx left running; `deployctl status -c {path}`")
+            say("info", "to stop them: " + keep_stop_hint(cfg))
         else:
             stop_runtimes(cfg)
             stop_nginx(cfg)

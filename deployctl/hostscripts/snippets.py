@@ -49,18 +49,24 @@ print(json.dumps(out))
 PROCESS_ALIVE = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
-try:
-    pid = int(open(a["pid_file"]).read().split()[0])
-except (OSError, ValueError, IndexError):
-    pid = None
-alive = False
-if pid:
+
+def alive(path):
+    try:
+        pid = int(open(path).read().split()[0])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None, False
     try:
         os.kill(pid, 0)
-        alive = not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        return pid, not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
-        alive = False
-print(json.dumps({"value": alive, "pid": pid}))
+        return pid, False
+
+pid, sup = alive(a["pid_file"])
+child, run = alive(a.get("child_pid_file"))
+# value: the service is live only with both, supervisor and runtime (C30: a runtime left by a killed supervisor
+# serves, but nothing restarts it); no runtime pidfile at all: the supervisor is between restarts
+print(json.dumps({"value": sup and (run or child is None), "pid": pid, "supervisor": sup,
+                  "runtime_pid": child, "runtime": run}))
 """
 
 

@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # pydantic models are imported lazily by callers
 RESTART_SEC = 5  # systemd RestartSec / first launcher backoff: the old process must free the port and GPU memory
 START_LIMIT_BURST = 5  # starts within START_LIMIT_INTERVAL_S before systemd (and launch.sh) give up
 START_LIMIT_INTERVAL_S = 600
+# The runtime's exit code for bad settings (runtime/deployctl_runtime/server/cli.py run_serve: 2 on a config error):
+# systemd's RestartPreventExitStatus and launch.sh never restart it, since every retry would fail the same way.
+CONFIG_ERROR_EXIT = 2
 GPU_WAIT_S = 120  # bounded wait for the GPU before start (cuda only)
 STOP_MARGIN_S = 15  # TimeoutStopSec = drain_timeout_s + this
 READ_TIMEOUT_MARGIN_S = 30  # nginx proxy_read_timeout = request_timeout_s + this
@@ -175,16 +178,20 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
     _safe_path(host.deploy_root, f"hosts[{host.name}].deploy_root")
     _safe_path(host.python, f"hosts[{host.name}].python")
     _safe_path(cfg.model.path, "model.path")
+    _safe_path(cfg.model.manifest, "model.manifest")
     is_cuda = cfg.engine.device == "cuda"
     return {
         "service": cfg.service, "model": cfg.model, "engine": cfg.engine, "server": cfg.server, "host": host,
         "release_id": release_id, "release_dir": layout.release_dir(host, release_id), "is_cuda": is_cuda,
         "log_file": layout.log_file(host), "pid_file": layout.pid_file(host),
         "child_pid_file": layout.child_pid_file(host),
+        # the model manifest's sha256 at each start: what the running runtime loaded (deployctl.rollout.fleetcheck)
+        "model_manifest_file": f"{cfg.model.path.rstrip('/')}/{cfg.model.manifest}",
+        "loaded_manifest_file": layout.shared_dir(host, "run", "runtime.model.sha256"),
         "run_user": host.user if host.user and host.user != "root" else None,
         "restart_sec": RESTART_SEC, "max_backoff_s": 60, "stable_after_s": 60,
         "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,
-        "gpu_wait_s": GPU_WAIT_S,
+        "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
         "port": layout.service_port(cfg, host),

@@ -193,15 +193,29 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
 
 
 def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str | None = None,
-               env: Mapping[str, str] | None = None) -> list[Path]:
+               env: Mapping[str, str] | None = None, missing_key_ok: bool = False) -> list[Path]:
     """Render ``target`` for every host into ``out_dir`` and return the written paths (RENDER.json last).
-    ``env`` (default: deployctl's environment) holds the API key variable. Raises UsageError (exit 2), ConfigError (exit 3)."""
+    ``env`` (default: deployctl's environment) holds the API key variable. With ``missing_key_ok`` an unset
+    variable is not an error: each runtime.env gets a comment naming the variable instead of the key (a runtime
+    bound beyond loopback refuses to start without one, so nothing serves with a made-up key).
+    Raises UsageError (exit 2), ConfigError (exit 3)."""
     env = settings.environ() if env is None else env
-    api_key = api_key_from_env(cfg, env)
+    missing = None
+    try:
+        api_key = api_key_from_env(cfg, env)
+    except ConfigError:
+        if not missing_key_ok:
+            raise
+        api_key, missing = None, cfg.server.api_key_env
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
     rid = release_id or default_release_id(cfg, env=env)
     files = render_files(cfg, target=target, release_id=rid, api_key=api_key)
+    if missing:
+        ref = (f"# DEPLOYCTL_RUNTIME_API_KEY is not rendered: ${missing} was not set. Add the line\n"
+               f"# DEPLOYCTL_RUNTIME_API_KEY=<the value of ${missing}> here, or export {missing} and render again.\n")
+        files = [RenderedFile(f.path, f.content + ref, f.mode) if f.path.endswith("runtime.env") else f
+                 for f in files]
     index = {"release_id": rid, "target": target, "service": cfg.service.name,
              "files": {f.path: {"sha256": f.sha256 if not f.path.endswith("runtime.env") else None,
                                 "mode": oct(f.mode)} for f in files}}

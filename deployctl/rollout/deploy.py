@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, HealthError, RolloutAborted
+from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
@@ -207,14 +207,14 @@ class Deployment:
 
         ok, bad = hostops.on_hosts(hosts, act)
         for n, v in ok.items():
-            self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens "
+            self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens{v.note()} "
                              f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
         for err in bad.values():
             if isinstance(err, (Intervened, KeyboardInterrupt)):
                 raise err
         if bad:
             n, err = next(iter(bad.items()))
-            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{n}: {err}")
+            raise err if isinstance(err, DeployctlError) else DeployctlError(about(n, err))
 
     def _all_at_once(self, plan: DeployPlan) -> None:
         names = plan.stable

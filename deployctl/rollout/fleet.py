@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, ExitCode, RemoteError
+from deployctl.errors import DeployctlError, ExitCode, RemoteError, about
 from deployctl.rollout import hostops, release
 from deployctl.service import launcher
 from deployctl.rollout.lock import DeployLock, describe
@@ -53,7 +53,7 @@ class Fleet:
         ok, bad = hostops.on_hosts(list(self.hosts.values()), release.current_release)
         if bad:
             name, err = next(iter(bad.items()))
-            raise err if isinstance(err, DeployctlError) else RemoteError(f"{name}: {err}")
+            raise err if isinstance(err, DeployctlError) else RemoteError(about(name, err))
         return {n: ok.get(n) for n in self.hosts}
 
     # ------------------------------------------------------------------------------------------ lock
@@ -80,6 +80,18 @@ class Fleet:
         from deployctl.rollout.gate import preflight_gate
 
         preflight_gate(self.cfg, self.say)
+        self.warn_inconsistent()
+
+    def warn_inconsistent(self) -> list[str]:
+        """Warn (never fail) when the hosts already differ in release, engine, model manifest or config: the
+        deploy will make them agree, but the operator should know what they were serving. Returns the lines."""
+        from deployctl.rollout.fleetcheck import differences, snapshot
+
+        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: snapshot(h, self.cfg))
+        lines = differences([{"host": n, **ok[n]} for n in self.hosts if n in ok])
+        for line in lines:
+            self.say("warn", f"fleet already inconsistent: {line}")
+        return lines
 
     def make_release(self):
         self.wheel = release.build_wheel()
@@ -135,7 +147,7 @@ class Fleet:
         else:
             ok, bad = hostops.on_hosts(back, lambda h: launcher.stop(h, self.cfg))
             ok = {}
-        problems += [f"{n}: {e}" for n, e in bad.items()]
+        problems += [about(n, e) for n, e in bad.items()]
         serving = old + [n for n in self.hosts if n in ok]
         if route and serving and ok:
             try:

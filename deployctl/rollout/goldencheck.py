@@ -52,7 +52,9 @@ def parse_identity(release_json: str, manifest: str, runtime_yaml: str) -> Ident
     lines = sorted(ln.strip() for ln in manifest.splitlines()
                    if ln.strip() and ln.strip().split()[-1].endswith(WEIGHT_SUFFIXES))
     weights = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12] if lines else ""
-    engine = str(rel.get("engine") or str(rel.get("runtime_wheel") or "").split("-")[0])
+    engine = str(rel.get("engine_kind") or rel.get("engine") or str(rel.get("runtime_wheel") or "").split("-")[0])
+    if engine in ("deployctl_runtime", "deployctl-runtime"):  # the bundled runtime, named either way
+        engine = "deployctl-runtime"
     dtype = ""
     for ln in runtime_yaml.splitlines():
         key, _, val = ln.partition(":")

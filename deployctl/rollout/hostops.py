@@ -31,11 +31,17 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     launcher.stop(host, cfg)
     t.append(time.monotonic())
     offset = launcher.start(host, cfg)
+    t.append(time.monotonic())
     v = verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
                log_offset=offset)
     t.append(time.monotonic())
-    return replace(v, timings={"install_s": round(t[1] - t[0], 2), "stop_s": round(t[2] - t[1], 2),
-                               "start_verify_s": round(t[3] - t[2], 2)})
+    from deployctl.service.startlog import start_phases
+
+    # seconds per phase: install, stop (drain), start (launcher), ready (start → /readyz 200; the runtime's own
+    # boot / load (weights, KV) / warm-up split from its log), verify (the sample inference)
+    timings = {"install_s": t[1] - t[0], "stop_s": t[2] - t[1], "start_s": t[3] - t[2], "ready_s": v.ready_s,
+               "verify_s": t[4] - t[3] - v.ready_s, **start_phases(host, offset)}
+    return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
 
 
 def on_hosts(hosts: list, fn) -> tuple[dict, dict]:

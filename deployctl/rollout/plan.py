@@ -14,7 +14,9 @@ from deployctl.rollout.release import ReleaseInfo
 @dataclass(frozen=True)
 class DeployPlan:
     """``mode``: ``first`` (nothing serves yet: all hosts at once), ``in-place`` (one host: no canary, a verified
-    switch with the previous release restored on failure) or ``canary``."""
+    switch with the previous release restored on failure), ``no-router`` (several hosts but no ``router:``: no
+    traffic split is possible, so a verified switch on all hosts at once, the previous release restored on failure)
+    or ``canary``."""
 
     release: ReleaseInfo
     mode: str
@@ -31,6 +33,9 @@ class DeployPlan:
         if self.mode == "first":
             out.append(f"no release serves yet: install, start and verify on all hosts ({', '.join(self.stable)}), "
                        "then route traffic to them")
+        elif self.mode == "no-router":
+            out.append(f"no router: no canary possible; verified switch on all hosts ({', '.join(self.stable)}), "
+                       f"{self.from_release} restored on failure")
         elif self.mode == "in-place":
             out.append(f"one host ({self.stable[0]}): no canary possible; verified in-place switch, "
                        f"{self.from_release or 'nothing'} restored on failure")
@@ -67,6 +72,8 @@ def make_plan(cfg: DeployConfig, info: ReleaseInfo, current: dict[str, Optional[
         return DeployPlan(info, "first", None, [], names, [100], 0, [], dict(current))
     if len(names) == 1:
         return DeployPlan(info, "in-place", from_release, [], names, [100], 0, [], dict(current))
+    if cfg.router is None:  # a canary needs a traffic split; without a router the deploy crashed on the first one
+        return DeployPlan(info, "no-router", from_release, [], names, [100], 0, [], dict(current))
     n_canary = min(cfg.rollout.canary_hosts, len(names) - 1)
     canary, stable = names[:n_canary], names[n_canary:]
     size = max(1, n_canary)

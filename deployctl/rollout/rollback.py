@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.errors import CheckFailed, DeployctlError, HealthError
+from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
 from deployctl.rollout import hostops, release
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
@@ -32,6 +32,10 @@ class RollbackResult:
     changed: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    # seconds per phase (``rollback --json``): prepare_s (connect, state, checks), lock_s (wait for a deploy to let
+    # go, take the lock), router_s (every nginx render + reload), batches [{"wall_s", "hosts": {host: timings}}]
+    # (hostops.activate: install, stop, start, ready with boot/load/warmup, verify), record_s (state + history)
+    phases: dict = field(default_factory=dict)
 
 
 def _target(fleet: Fleet, st: Optional[RolloutState], to: Optional[str]) -> str:
@@ -65,7 +69,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
     fleet = Fleet(cfg, say)
     try:
         fleet.connect()
-        st = fleet.store.read_rollout()
+        st = fleet.store.read_rollout(on_bad=lambda msg: say("warn", msg))
         target = _target(fleet, st, to)
 
         def look(h):
@@ -74,7 +78,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
         if bad:
             name, err = next(iter(bad.items()))
-            raise err if isinstance(err, DeployctlError) else DeployctlError(f"{name}: {err}")
+            raise err if isinstance(err, DeployctlError) else DeployctlError(about(name, err))
         current = {n: found[n][0] for n in fleet.hosts}
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
@@ -87,25 +91,31 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
+        phases = {"prepare_s": 0.0, "lock_s": 0.0, "router_s": 0.0, "batches": [], "record_s": 0.0}
+        phases["prepare_s"] = time.monotonic() - t0
         gen = fleet.store.send("rollback", reason=target).generation
         say("info", f"rolling back to {target} (generation {gen})")
         on_target = [n for n, r in current.items() if r == target]
         if fleet.router and on_target:
             # traffic first: the hosts already on the target take it all now; a running deploy stops at its next
             # check (within a second or two) and touches nothing more; we route again once we hold the lock
+            tr = time.monotonic()
             shares = fleet.router.apply(Split(tuple(on_target), (), 0))
+            phases["router_s"] += time.monotonic() - tr
             say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
+        tl = time.monotonic()
         _wait_for_lock(fleet, say, grace_s)
         fleet.lock("rollback", break_stale=True, take_over=True)
+        phases["lock_s"] = time.monotonic() - tl
         try:
-            return _do(fleet, cfg, target, current, gen, say, t0)
+            return _do(fleet, cfg, target, current, gen, say, t0, phases)
         finally:
             fleet.unlock()
     finally:
         fleet.close()
 
 
-def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float) -> RollbackResult:
+def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float, phases: dict) -> RollbackResult:
     st = RolloutState(action="rollback", release=target, from_release=majority(current.values()), generation=gen)
     fleet.store.write_rollout(st)
     on_target = [n for n, r in current.items() if r == target]
@@ -113,7 +123,9 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float)
 
     def route(names: list[str]) -> None:
         if fleet.router and names:
+            tr = time.monotonic()
             shares = fleet.router.apply(Split(tuple(names), (), 0))
+            phases["router_s"] += time.monotonic() - tr
             st.weights = shares
             say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
 
@@ -129,25 +141,32 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float)
             route(rest)  # the second half keeps serving while the first one restarts
         for n in batch:
             say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
+        tb = time.monotonic()
         ok, bad = hostops.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
+        phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2),
+                                  "hosts": {n: v.timings for n, v in ok.items()}})
         for n, v in ok.items():
             say("host", f"{n}: ready in {v.ready_s:.1f} s ({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})",
                 host=n, timings=v.timings)
-        problems += [f"{n}: {e}" for n, e in bad.items()]
+        problems += [about(n, e) for n, e in bad.items()]
         serving += list(ok)
         route(serving)
-    dur = time.monotonic() - t0
+    trec = time.monotonic()
     st.status = "rolled_back" if not problems else "failed"
     st.reason = "; ".join(problems) or None
     fleet.store.write_rollout(st)
+    dur = time.monotonic() - t0
     fleet.store.append_history("rollback", release=target, result="ok" if not problems else "failed",
                                reason="; ".join(problems), from_release=st.from_release, duration_s=round(dur, 2),
                                hosts=others)
+    phases["record_s"] = time.monotonic() - trec
+    phases.update({k: round(v, 2) for k, v in phases.items() if isinstance(v, float)})
+    dur = time.monotonic() - t0
     if problems:
         raise HealthError(f"rollback to {target} incomplete: {'; '.join(problems)}",
                           fix="fix those hosts and run `deployctl rollback` again")
     say("done", f"rolled back to {target} on {len(current)} hosts in {dur:.1f} s")
-    return RollbackResult(target, False, others, dur)
+    return RollbackResult(target, False, others, dur, phases=phases)
 
 
 def signal(cfg: DeployConfig, command: str, *, progress: Optional[Progress] = None, wait_s: float = 120) -> str:

@@ -17,12 +17,17 @@ import shlex
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from deployctl.config.layout import state_dir, state_file
 from deployctl import settings
+from deployctl.errors import RemoteError
 
 IN_PROGRESS = ("running", "paused", "aborting")
+
+
+class StateUnreadable(RemoteError):
+    """A host's state file exists but does not parse (exit 4)."""
 
 
 def now_iso() -> str:
@@ -108,6 +113,10 @@ class StateStore:
         return ok
 
     def _read_all(self, name: str, *, strict: bool = False) -> list[str]:
+        return [text for _, text in self._read_each(name, strict=strict)]
+
+    def _read_each(self, name: str, *, strict: bool = False) -> list[tuple[str, str]]:
+        """[(host name, text)] of the non-empty copies of ``name``."""
         def read(host):
             path = state_file(host.config, name)
             r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout)
@@ -118,18 +127,37 @@ class StateStore:
             for o in outcomes:
                 if o.error is not None:
                     raise o.error
-        return [o.value for o in outcomes if o.error is None and o.value]
+        return [(o.host, o.value) for o in outcomes if o.error is None and o.value]
+
+    def _path(self, host_name: str, name: str) -> str:
+        return next(state_file(h.config, name) for h in self.hosts if h.name == host_name)
 
     def reachable(self) -> int:
         return len(self.hosts)
 
     # ---------------------------------------------------------------------------------------------- rollout
-    def read_rollout(self) -> Optional[RolloutState]:
+    def read_rollout(self, *, on_bad: Optional[Callable[[str], None]] = None) -> Optional[RolloutState]:
+        """The newest rollout record of all hosts (None when no host has one). Writes are atomic
+        (``Host.put_text``), so an unparsable copy is damage, not a write in flight: it raises StateUnreadable
+        (exit 4) naming host and file, since reading past it could report "no rollout" while traffic is split.
+        With ``on_bad`` (rollback, which must work on a damaged fleet) the message goes there and the copy is
+        skipped."""
         best: Optional[RolloutState] = None
-        for text in self._read_all("rollout.json"):
+        for host_name, text in self._read_each("rollout.json"):
             try:
-                st = RolloutState.from_json(json.loads(text))
-            except (ValueError, TypeError):
+                data = json.loads(text)
+                if not isinstance(data, dict):
+                    raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                st = RolloutState.from_json(data)
+            except (ValueError, TypeError) as e:
+                path = self._path(host_name, "rollout.json")
+                err = StateUnreadable(
+                    f"{host_name}: {path} is not a valid rollout record ({str(e)[:80]})",
+                    fix=f"check `deployctl status`, then move it aside (mv {path} {path}.bad) or run "
+                        "`deployctl rollback`")
+                if on_bad is None:
+                    raise err from None
+                on_bad(str(err))
                 continue
             if best is None or (st.generation, st.updated) > (best.generation, best.updated):
                 best = st

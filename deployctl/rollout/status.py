@@ -2,30 +2,46 @@
 progress (or the last one), and the merged history from the hosts' state/history.jsonl."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from deployctl.config import DeployConfig
 from deployctl.engines import KINDS, adapter
-from deployctl.rollout import release
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
+from deployctl.rollout.fleetcheck import differences, snapshot
 from deployctl.service.http import http
 from deployctl.rollout.lock import describe
 
 
+def _reason(r, route: str = "/readyz") -> str:
+    """A readiness probe's failure in words: "/readyz 503", "connection refused" (not a raw URLError repr)."""
+    if r.status:
+        return f"{route} {r.status}"
+    m = re.search(r"<urlopen error (?:\[Errno -?\d+\] )?(.*)>", r.error or "")
+    text = m.group(1) if m else (r.error or "no answer")
+    return text[:1].lower() + text[1:]
+
+
 def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
-    cur = release.current_release(h)
-    kind, version = release.engine_of(h, cur) if cur else (None, None)
+    snap = snapshot(h, cfg)
+    kind = snap.get("engine")
     route = adapter(kind if kind in KINDS else cfg.engine.kind).ready_route
     r = http(h, cfg, "GET", route, timeout=3)
-    return {"current_release": cur, "engine": kind, "engine_version": version, "healthy": r.status == 200,
-            "detail": f"{route} {r.status}" if r.status else (r.error or "no answer")}
+    detail = _reason(r, route)
+    if snap["runtime_running"] and not snap["supervised"]:
+        detail = (f"unsupervised: the runtime (pid {snap.get('runtime_pid')}) serves but its supervisor "
+                  f"(launch.sh) is not running, so nothing restarts it when it dies; "
+                  f"`deployctl runbook run connection-resets --host {h.name}` restarts it")
+    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail}
 
 
 def status(cfg: DeployConfig) -> dict[str, Any]:
-    """``{"hosts": [{"host", "current_release", "engine", "engine_version", "healthy", "weight", "detail"}], "rollout": {...}|None,
-    "lock": {...}|None}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
-    router's split is unknown)."""
+    """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail", "supervised", "runtime_running",
+    "engine", "engine_version", "model_manifest", "config_hash", ...}], "rollout": {...}|None, "lock": {...}|None,
+    "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
+    router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
+    hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""
     from deployctl.rollout.hostops import on_hosts
 
     fleet = Fleet(cfg, emitter(None))
@@ -42,6 +58,7 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
         hosts = []
         for name in fleet.hosts:
             row = {"host": name, "current_release": None, "engine": None, "engine_version": None, "healthy": False,
+                   "supervised": False,
                    "weight": shares.get(name, 0.0) if split else None}
             if name in ok:
                 row.update(ok[name])
@@ -56,7 +73,8 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
             lock = {"owner": i.owner.get("owner"), "pid": i.owner.get("pid"), "started": i.owner.get("started"),
                     "command": i.owner.get("command"), "stale": i.stale, "why_stale": i.why_stale,
                     "text": describe(i.owner)}
-        return {"hosts": hosts, "rollout": st.to_json() if st else None, "lock": lock}
+        return {"hosts": hosts, "rollout": st.to_json() if st else None, "lock": lock,
+                "differences": differences(hosts)}
     finally:
         fleet.close()
 

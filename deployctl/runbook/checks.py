@@ -237,9 +237,17 @@ def _process(t: Target, step: Step) -> Observation:
 
         alive = launcher.is_running(t.host, t.cfg)
         return Observation(alive, {"pid": None}, f"{t.cfg.service.name}.service is {'active' if alive else 'not active'}")
-    r = t.script(remote.PROCESS_ALIVE, {"pid_file": t.variables["pid_file"]}, step.timeout_s)
+    r = t.script(remote.PROCESS_ALIVE, {"pid_file": t.variables["pid_file"],
+                                        "child_pid_file": t.variables["child_pid_file"]}, step.timeout_s)
     pid = r["pid"]
-    detail = f"runtime pid {pid} is {'alive' if r['value'] else 'not running'}" if pid else "no runtime pidfile"
+    if r["runtime"] and not r["supervisor"]:
+        detail = (f"the runtime (pid {r['runtime_pid']}) runs unsupervised: its supervisor launch.sh"
+                  f"{f' (pid {pid})' if pid else ''} is not running, so nothing restarts it")
+    elif r["value"]:
+        detail = (f"supervisor pid {pid} and runtime pid {r['runtime_pid']} are alive" if r["runtime_pid"]
+                  else f"runtime pid {pid} is alive")
+    else:
+        detail = f"runtime pid {pid} is not running" if pid else "no runtime pidfile"
     return Observation(r["value"], {"pid": pid}, detail)
 
 

@@ -5,7 +5,8 @@ shared/run/runtime.pid, log shared/logs/runtime.log, restart on failure with bac
 (it detaches itself with setsid, stdin /dev/null, output to the log) with PYTHONPATH removed so the installed wheel
 is what runs. Stop: SIGTERM to the supervisor (it forwards one SIGTERM to the runtime, which drains), wait up to
 the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group.
-``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``.
+``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``
+(``reset-failed`` before every start, so a unit left failed by a crash loop or a configuration error starts again).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def start(host, cfg: DeployConfig) -> int:
         unit = _unit(cfg)
         host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
         host.sudo(["systemctl", "daemon-reload"])
+        # a unit left failed (start limit hit, RestartPreventExitStatus) refuses or miscounts the next start
+        host.sudo(["systemctl", "reset-failed", unit], check=False)
         host.sudo(["systemctl", "restart", unit], timeout=120)
         return offset
     q = shlex.quote
@@ -80,7 +83,8 @@ case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
 if ! kill -0 -- "-$pid" 2>/dev/null; then rm -f "$pidf"; echo "not running"; exit 0; fi
 listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
 was=0; listening && was=1
-kill -TERM "$pid" 2>/dev/null
+# the supervisor forwards one SIGTERM to the runtime; a runtime left without it (supervisor killed) gets it directly
+kill -TERM "$pid" 2>/dev/null || kill -TERM -- "-$pid" 2>/dev/null
 i=0; closed=0
 while kill -0 -- "-$pid" 2>/dev/null; do
   sleep 0.1; i=$((i+1))
@@ -139,14 +143,15 @@ def is_running(host, cfg: DeployConfig) -> bool:
 
 
 def liveness(host, cfg: DeployConfig, offset: int) -> tuple[bool, str]:
-    """(process alive, first log line since ``offset`` that shows the runtime exiting or "") in one command.
+    """(supervisor alive, first log line since ``offset`` that shows the runtime exiting or "") in one command.
     A runtime that exits while starting is a failed start even when the supervisor would restart it."""
     grep = (f"tail -c +{int(offset) + 1} {shlex.quote(log_file(host.config))} 2>/dev/null | "
             f"grep -m1 -e {' -e '.join(shlex.quote(m) for m in EXIT_MARKERS)} || true")
     if host.config.launcher == "systemd":
         return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
     pidf = shlex.quote(pid_file(host.config))
-    r = host.run(f'if [ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
+    # the supervisor itself, not its process group: a runtime whose supervisor died is not a live service (C30)
+    r = host.run(f'if [ -f {pidf} ] && kill -0 "$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
                  + grep, timeout=15)
     lines = r.stdout.strip().splitlines()
     return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()

@@ -1,6 +1,8 @@
 """Verify a runtime on a host: readiness (/readyz 200, on the device deploy.yaml asked for) and a sample
-inference through /v1/chat/completions that returns at least one token, each within a timeout. Failures raise
-HealthError (exit 5) naming the host, what failed, and the last lines of the runtime log."""
+inference through /v1/chat/completions that returns at least one token, each within a timeout. A model without a
+chat template (the runtime answers 400 ``no_chat_template``, C29) is verified through /v1/completions instead, and
+``Verified.endpoint`` says so. Failures raise HealthError (exit 5) naming the host, what failed, and the last lines
+of the runtime log."""
 from __future__ import annotations
 
 import time
@@ -15,6 +17,7 @@ from deployctl.service import launcher
 from deployctl.service.http import http
 
 RELEASE_HEADER = "X-Deployctl-Release"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,11 @@ class Verified:
     tokens: int  # completion tokens of the sample inference
     release: Optional[str]  # X-Deployctl-Release of the answer
     timings: dict = field(default_factory=dict)  # seconds per phase when activated by hostops
+    endpoint: str = CHAT  # the path the sample inference used
+
+    def note(self) -> str:
+        """'' for chat; a short phrase when the sample went through /v1/completions."""
+        return "" if self.endpoint == CHAT else f" via {self.endpoint} (the model has no chat template)"
 
 
 def _fail(host, what: str) -> HealthError:
@@ -86,30 +94,48 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
         time.sleep(0.3)
 
 
-def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[int, Optional[str]]:
-    """One short chat completion. Returns (completion tokens, release header). Raises HealthError."""
+def _no_chat_template(r) -> bool:
+    """The runtime's 400 for a model without a chat template (error code ``no_chat_template``)."""
+    if r.status != 400:
+        return False
+    try:
+        return (r.json().get("error") or {}).get("code") == "no_chat_template"
+    except (ValueError, AttributeError):
+        return False
+
+
+def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[int, Optional[str], str]:
+    """One short chat completion; /v1/completions when the model has no chat template. Returns (completion
+    tokens, release header, endpoint path). Raises HealthError."""
     body = adapter(cfg.engine.kind).sample_body(cfg.model.name)
-    r = http(host, cfg, "POST", "/v1/chat/completions", body, timeout=timeout)
+    path = CHAT
+    r = http(host, cfg, "POST", path, body, timeout=timeout)
+    if _no_chat_template(r):
+        path = COMPLETIONS
+        common = {k: v for k, v in body.items() if k != "messages"}
+        r = http(host, cfg, "POST", path, {**common, "prompt": "Hello"}, timeout=timeout)
     if r.status != 200:
         detail = r.body[:300] if r.body else r.error
-        raise _fail(host, f"sample inference failed: HTTP {r.status} {detail}")
+        raise _fail(host, f"sample inference ({path}) failed: HTTP {r.status} {detail}")
     try:
         data = r.json()
         tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
-        if not tokens and data["choices"][0]["message"].get("content"):
+        choice = data["choices"][0]
+        text = choice["message"].get("content") if path == CHAT else choice.get("text")
+        if not tokens and text:
             tokens = 1
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise _fail(host, f"sample inference answered 200 with an unexpected body: {r.body[:200]}") from None
     if tokens < 1:
         raise _fail(host, "sample inference returned no tokens")
-    return tokens, r.header(RELEASE_HEADER)
+    return tokens, r.header(RELEASE_HEADER), path
 
 
 def verify(host, cfg: DeployConfig, *, timeout: float = 120, expect_release: Optional[str] = None,
            should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None) -> Verified:
     """Readiness then a sample inference; with ``expect_release`` the answer's release header must match."""
     ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset)
-    tokens, release = sample_inference(host, cfg, timeout=min(60.0, timeout))
+    tokens, release, path = sample_inference(host, cfg, timeout=min(60.0, timeout))
     if expect_release and release and release != expect_release:
         raise _fail(host, f"serves release {release}, expected {expect_release}")
-    return Verified(host.name, ready_s, tokens, release)
+    return Verified(host.name, ready_s, tokens, release, endpoint=path)

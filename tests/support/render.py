@@ -71,3 +71,21 @@ def golden_problems(got: dict[str, str], golden_dir, label: str) -> list[str]:
             problems.append("".join(difflib.unified_diff(want[rel].splitlines(True), got[rel].splitlines(True),
                                                          f"golden/{label}/{rel}", f"rendered/{rel}")))
     return problems
+
+
+def local_release(root, python: str, *, api_key: str | None, release_id: str = "r1"):
+    """A process-launcher host under ``root`` running ``python``, and its release rendered into
+    ``root/releases/<release_id>`` (modes kept). Returns (cfg, release dir)."""
+    from pathlib import Path
+
+    from deployctl.render import render_release
+
+    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
+                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": python,
+                              "launcher": "process"}])
+    rel = Path(root) / "releases" / release_id
+    rel.mkdir(parents=True)
+    for f in render_release(cfg, cfg.hosts[0], release_id, api_key=api_key):
+        (rel / f.path).write_text(f.content)
+        (rel / f.path).chmod(f.mode)
+    return cfg, rel

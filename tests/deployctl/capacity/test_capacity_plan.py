@@ -85,7 +85,10 @@ def test_worked_example_7b_fp16_on_40gb():
     assert plan.max_feasible_num_seqs in (4, 5)  # "4–5 requests"
     status, message = verdict(plan)
     assert status == "warn" and "lower max_num_seqs" in message
-    assert plan_capacity(_worked_example(80 * 10**9)).fits
+    roomy = plan_capacity(_worked_example(80 * 10**9))
+    assert roomy.fits
+    # C33: the largest max_num_seqs that fits, not the configured 8 (it was reported as min(configured, fit))
+    assert roomy.max_feasible_num_seqs == roomy.kv_pool_tokens // 8192 > 8
 
 
 def _model_dir(tmp_path: Path, name: str = "Llama-3-8B", **changes) -> Path:

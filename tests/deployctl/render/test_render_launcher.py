@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deployctl.render import render_release
-from support.render import API_KEY, make_config
+from support.render import API_KEY, local_release
 
 FAKE_RUNTIME = r"""#!/bin/bash
 # Stands in for `python -m deployctl_runtime serve --config X`: the first $FAKE_FAILS starts crash (exit 3),
@@ -19,7 +18,8 @@ FAKE_RUNTIME = r"""#!/bin/bash
 n=$(( $(cat "$FAKE_STATE/starts" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$FAKE_STATE/starts"
 echo "fake runtime start $n: $*"
 [ "${DEPLOYCTL_RUNTIME_API_KEY:-}" = "$EXPECT_KEY" ] && touch "$FAKE_STATE/key-ok.$n"
-[ "$n" -le "${FAKE_FAILS:-0}" ] && exit 3
+[ "$n" -le "${FAKE_FAILS:-0}" ] && exit "${FAKE_RC:-3}"
+[ "$n" -le "${FAKE_KILLED:-0}" ] && kill -KILL $$  # a crash by signal (OOM killer, segfault)
 if [ -n "${FAKE_HANG:-}" ]; then  # a drain that never ends, with a worker process of its own
   trap 'echo ignoring SIGTERM' TERM; sleep 300 & echo $! > "$FAKE_STATE/worker"
 else
@@ -36,14 +36,7 @@ def release(tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_RUNTIME)
     fake.chmod(0o755)
-    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
-                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": str(fake),
-                              "launcher": "process"}])
-    rel = root / "releases" / "r1"
-    rel.mkdir(parents=True)
-    for f in render_release(cfg, cfg.hosts[0], "r1", api_key=API_KEY):
-        (rel / f.path).write_text(f.content)
-        (rel / f.path).chmod(f.mode)
+    cfg, rel = local_release(root, str(fake), api_key=API_KEY)
     state = tmp_path / "state"
     state.mkdir()
     env = {**os.environ, "FAKE_STATE": str(state), "EXPECT_KEY": API_KEY, "DEPLOYCTL_LAUNCH_BACKOFF_S": "0.1"}
@@ -108,6 +101,22 @@ def test_launcher_gives_up_after_repeated_failures_with_growing_backoff(release)
     assert "restart 1/2 in 0.1s" in log and "restart 2/2 in 0.2s" in log
     assert "runtime failed 3 times in a row (last exit 3); giving up" in log
     assert not release["pid"].exists()
+
+
+def test_launcher_restarts_a_runtime_killed_by_a_signal_but_not_a_config_error(release):
+    env = {**release["env"], "FAKE_KILLED": "2"}
+    started = subprocess.run([str(release["launch"]), "start"], capture_output=True, text=True, env=env, timeout=30)
+    assert started.returncode == 0, started.stderr
+    _wait_for(release["state"] / "ready")
+    log = release["log"].read_text()
+    assert "runtime exited with 137; restart 1/4 in 0.1s" in log and "restart 2/4 in 0.2s" in log  # backoff grows
+    assert subprocess.run([str(release["launch"]), "stop"], env=env, timeout=30).returncode == 0
+
+    (release["state"] / "starts").unlink()
+    env = {**release["env"], "FAKE_FAILS": "100", "FAKE_RC": "2"}
+    done = subprocess.run([str(release["launch"]), "run"], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 2 and (release["state"] / "starts").read_text().strip() == "1"
+    assert "runtime exited with 2 (configuration error); not restarting" in release["log"].read_text()
 
 
 def test_launcher_kills_the_runtime_group_after_the_stop_timeout(release):

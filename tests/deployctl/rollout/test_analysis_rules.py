@@ -114,7 +114,11 @@ def test_agreement_rule_from_the_two_releases(cfg):
     manifest = "aa  model.safetensors\nbb  tokenizer_config.json\n"
     ident = parse_identity(json.dumps({"runtime_wheel": "deployctl_runtime-0.1.0-py3-none-any.whl"}), manifest,
                            "model: /m\ndtype: 'float32'\n")
-    assert ident.engine == "deployctl_runtime" and ident.dtype == "float32"
+    assert ident.engine == "deployctl-runtime" and ident.dtype == "float32"
+    # release.json's engine_kind names the engine: a switch to transformers is an engine change (prefix rule)
+    foreign = parse_identity(json.dumps({"runtime_wheel": "deployctl_runtime-0.1.0-py3-none-any.whl",
+                                         "engine_kind": "transformers"}), manifest, "dtype: float32\n")
+    assert foreign.engine == "transformers" and rules_for(cfg, ident, foreign).mode == "prefix"
     # a chat template change is not a weights change
     assert parse_identity("{}", manifest.replace("bb", "cc"), "").weights == ident.weights
     assert parse_identity("{}", manifest.replace("aa", "ab"), "").weights != ident.weights

@@ -101,20 +101,19 @@ def test_rollback_with_nothing_deployed_says_so(tmp_path):
     assert proc.returncode == 1 and len(err.splitlines()) == 1 and "--to" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="deployctl/rollout/state.py read_rollout skips an unparsable rollout.json; when "
-                   "no copy parses it returns None, so abort/promote report 'no rollout in progress' (exit 0) while "
-                   "traffic may still be split. Fix (rollout owner): raise an error naming the file when every "
-                   "non-empty copy fails to parse")
 @pytest.mark.parametrize("command", ["abort", "promote"])
 def test_corrupt_rollout_state_is_not_taken_for_no_rollout(tmp_path, command):
+    # read_rollout skipped an unparsable rollout.json: abort/promote said "no rollout in progress" (exit 0)
+    # while traffic may still be split
     cfg = write_cfg(tmp_path, str(tmp_path / "root"))
     state = tmp_path / "root" / "state"
     state.mkdir(parents=True)
     (state / "rollout.json").write_text('{"generation": 3, "phase": "paused", "canary_wei')  # torn write
     proc = cli(tmp_path, command, "-c", str(cfg))
     err = proc.stderr.strip()
-    assert proc.returncode != 0, err
-    assert "rollout.json" in err and len(err.splitlines()) == 1, err
+    assert proc.returncode == 4, err
+    assert len(err.splitlines()) == 1 and f"h1: {state / 'rollout.json'} is not a valid rollout record" in err, err
+    assert "h1: h1:" not in err and "mv " in err
 
 
 @pytest.mark.parametrize("pct", ["150", "0", "-5", "100"])

@@ -138,3 +138,22 @@ hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher
     before = (tmp_path / rdir / "runtime.env").stat().st_mtime_ns
     assert release.upload(h, cfg, info, wheel, []) == rdir  # present: never rewritten
     assert (tmp_path / rdir / "runtime.env").stat().st_mtime_ns == before
+
+
+def test_rollout_state_is_replaced_atomically_and_a_damaged_copy_is_named(hosts):
+    store = StateStore(hosts)
+    store.write_rollout(RolloutState(release="r1", generation=1))
+    path = os.path.join(hosts[1].config.deploy_root, "state", "rollout.json")
+    before = os.stat(path).st_ino
+    store.write_rollout(RolloutState(release="r2", generation=2))
+    assert os.stat(path).st_ino != before  # a new file renamed over the old one: a reader sees one or the other
+    assert os.listdir(os.path.dirname(path)) == ["rollout.json"]  # no temp file left behind
+    with open(path, "w") as f:
+        f.write('{"release": "r2", "gener')
+    from deployctl.rollout.state import StateUnreadable
+
+    with pytest.raises(StateUnreadable) as err:
+        store.read_rollout()
+    assert err.value.exit_code == 4 and str(err.value).startswith(f"b: {path} is not a valid rollout record")
+    told = []
+    assert store.read_rollout(on_bad=told.append).release == "r2" and told and told[0].startswith("b: ")

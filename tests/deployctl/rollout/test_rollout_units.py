@@ -95,8 +95,12 @@ def test_plan_modes_and_steps(cfg):
         steps_for(cfg, 100)
     first = make_plan(cfg, info, {"a": None, "b": None, "c": None})
     assert first.mode == "first" and first.stable == ["a", "b", "c"]
-    canary = make_plan(cfg, info, {"a": "r1", "b": "r1", "c": "r1"}, 5)
+    routed = parse_config(CFG + "router: {host: local, listen: 18123, upstream_conf: /etc/nginx/conf.d/svc.conf}\n")
+    canary = make_plan(routed, info, {"a": "r1", "b": "r1", "c": "r1"}, 5)
     assert (canary.mode, canary.canary, canary.stable, canary.batches) == ("canary", ["a"], ["b", "c"], [["b"], ["c"]])
+    # no router: no traffic split, so no canary (the deploy crashed on the missing router): all hosts, verified
+    bare = make_plan(cfg, info, {"a": "r1", "b": "r1", "c": "r1"}, 5)
+    assert (bare.mode, bare.stable) == ("no-router", ["a", "b", "c"]) and any("no router" in ln for ln in bare.lines())
     one = parse_config(CFG.replace("  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}\n", "")
                        .replace("  - {name: c, address: 127.0.0.1, deploy_root: /d/c, server_port: 8003}\n", ""))
     p = make_plan(one, info, {"a": "r1"}, 5)

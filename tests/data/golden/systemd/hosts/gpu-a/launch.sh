@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Process launcher for chat-7b release 20261130T000000Z-golden1 on hosts without systemd (host.launcher: process).
 # Rendered by deployctl; do not edit. The same settings as the systemd unit:
-#   launch.sh run     supervise in the foreground: pidfile, log file, restart on failure with backoff,
+#   launch.sh run     supervise in the foreground: pidfile, log file, restart on failure with backoff (never
+#                     on exit 2, the runtime's configuration error, like RestartPreventExitStatus),
 #                     SIGTERM forwarded to the runtime (drain), SIGKILL after 45 s
 #   launch.sh start   the same, detached (setsid, stdin from /dev/null, output to the log file); prints the pid
 #   launch.sh stop    SIGTERM the supervisor and wait up to 50 s; exit 1 if it is still there
@@ -21,6 +22,7 @@ BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
 MAX_BACKOFF_S=60
 MAX_FAILURES=${DEPLOYCTL_LAUNCH_MAX_FAILURES:-5}
 STABLE_AFTER_S=60
+CONFIG_ERROR_EXIT=2  # the runtime's exit code for bad settings: never restarted
 STOP_TIMEOUT_S=${DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S:-45}
 GPU_WAIT_S=120
 
@@ -66,6 +68,7 @@ run() {
   failures=0; delay=$BACKOFF_S
   while :; do
     started=$(date +%s)
+    sha256sum /models/llm-7b-chat/manifest.sha256 >/opt/deployctl/chat-7b/shared/run/runtime.model.sha256 2>/dev/null || rm -f /opt/deployctl/chat-7b/shared/run/runtime.model.sha256
     log "starting runtime: ${ENGINE_CMD[*]}"
     "${ENGINE_CMD[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
     child=$!
@@ -82,6 +85,9 @@ run() {
       log "runtime stopped (exit $rc)"; break
     fi
     if [ "$rc" = 0 ]; then log "runtime exited cleanly"; break; fi
+    if [ "$rc" = "$CONFIG_ERROR_EXIT" ]; then
+      log "runtime exited with $rc (configuration error); not restarting, giving up"; rm -f "$PID_FILE"; exit "$rc"
+    fi
     if [ $(( $(date +%s) - started )) -ge "$STABLE_AFTER_S" ]; then failures=0; delay=$BACKOFF_S; fi
     failures=$((failures + 1))
     if [ "$failures" -ge "$MAX_FAILURES" ]; then
