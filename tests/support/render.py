@@ -89,3 +89,15 @@ def local_release(root, python: str, *, api_key: str | None, release_id: str = "
         (rel / f.path).write_text(f.content)
         (rel / f.path).chmod(f.mode)
     return cfg, rel
+
+
+def loopback_fleet(n: int, **rollout: Any):
+    """A parsed deploy.yaml for the analysis and rollout-plan unit tests: hosts a, b, … on 127.0.0.1 (deploy_root
+    /d/<name>, server_port 8001, 8002, …), model /m, and ``rollout`` as given."""
+    from deployctl.config import parse_config
+
+    doc = {"service": {"name": "svc"}, "model": {"path": "/m"},
+           "hosts": [{"name": chr(97 + i), "address": "127.0.0.1", "deploy_root": f"/d/{chr(97 + i)}",
+                      "server_port": 8001 + i} for i in range(n)],
+           "rollout": rollout}
+    return parse_config(yaml.safe_dump(doc, sort_keys=False), "test-deploy.yaml")

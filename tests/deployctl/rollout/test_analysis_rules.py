@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from deployctl.config import parse_config
 from deployctl.errors import ConfigError
 from deployctl.rollout.analysis import GroupStats, _p99, judge
 from deployctl.rollout.golden import Answer, Prompt, default_prompts, load_prompts, parse_answer
@@ -15,21 +14,14 @@ from deployctl.rollout.goldencheck import Identity, parse_identity, rules_for
 from deployctl.rollout.outputcheck import Rules, compare, repeated_run
 from deployctl.rollout.probes import ProbeStats
 from deployctl.rollout.verdicts import InconclusiveStreak, combine, judge_probes
+from support.render import loopback_fleet
 
-CFG = """
-service: {name: svc}
-model: {path: /m}
-hosts:
-  - {name: a, address: 127.0.0.1, deploy_root: /d/a, server_port: 8001}
-  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}
-rollout:
-  analysis: {min_requests: 10, max_error_rate: 0.05, min_p99_delta_s: 0.01, inconclusive_limit: 3}
-"""
+ANALYSIS = {"min_requests": 10, "max_error_rate": 0.05, "min_p99_delta_s": 0.01, "inconclusive_limit": 3}
 
 
 @pytest.fixture
 def cfg():
-    return parse_config(CFG)
+    return loopback_fleet(2, analysis=ANALYSIS)
 
 
 VOCAB: dict[str, int] = {}
@@ -108,7 +100,7 @@ def test_agreement_rule_from_the_two_releases(cfg):
     assert r.mode == "prefix" and "dtype float32 → bfloat16" in r.why
     r = rules_for(cfg, same, Identity("w2", "deployctl_runtime", "float32"))
     assert r.mode == "exact" and "weights changed w1 → w2, outputs.on_model_change check" in r.why
-    skip = parse_config(CFG.replace("inconclusive_limit: 3", "inconclusive_limit: 3, outputs: {on_model_change: skip}"))
+    skip = loopback_fleet(2, analysis={**ANALYSIS, "outputs": {"on_model_change": "skip"}})
     assert rules_for(skip, same, Identity("w2", "deployctl_runtime", "float32")).mode == "skip"
     assert rules_for(skip, same, same).mode == "exact"  # skip excuses a weights change only
     manifest = "aa  model.safetensors\nbb  tokenizer_config.json\n"

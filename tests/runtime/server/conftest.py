@@ -122,15 +122,23 @@ def start_server():
         srv.stop(signal.SIGKILL if srv.proc.poll() is None else signal.SIGTERM, timeout=10)
 
 
-@pytest.fixture(scope="session")
-def api_server(tiny_model):
-    """One plain server (served name "tiny", max_model_len 1024) shared by the API-surface test modules."""
-    srv = ServerProcess(["--model", str(tiny_model), "--max-model-len", "1024", "--kv-cache-memory", "16MiB",
-                         "--served-model-name", "tiny"])
+def running(args: list[str], *, clean_exit: bool = False, **kw):
+    """For a fixture: ``yield from running([...])`` starts ``ServerProcess(args, **kw)``, yields it once ready and
+    stops it after the tests (asserting exit 0 when ``clean_exit``)."""
+    srv = ServerProcess(args, **kw)
     try:
         yield srv.wait_ready()
     finally:
-        srv.stop()
+        code = srv.stop()
+        if clean_exit:
+            assert code == 0, srv.log
+
+
+@pytest.fixture(scope="session")
+def api_server(tiny_model):
+    """One plain server (served name "tiny", max_model_len 1024) shared by the API-surface test modules."""
+    yield from running(["--model", str(tiny_model), "--max-model-len", "1024", "--kv-cache-memory", "16MiB",
+                        "--served-model-name", "tiny"])
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from deployctl_runtime import LLM, SamplingParams
 from deployctl_runtime.engine import RequestRejected
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, running
 
 KEY = "k-c2x"
 MAX_LEN = 256
@@ -20,12 +20,8 @@ MAX_LEN = 256
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    srv = ServerProcess(["--model", str(tiny_model), "--max-model-len", str(MAX_LEN), "--kv-cache-memory", "8MiB",
-                         "--served-model-name", "tiny"], env={"DEPLOYCTL_RUNTIME_API_KEY": KEY}, key=KEY)
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    yield from running(["--model", str(tiny_model), "--max-model-len", str(MAX_LEN), "--kv-cache-memory", "8MiB",
+                        "--served-model-name", "tiny"], env={"DEPLOYCTL_RUNTIME_API_KEY": KEY}, key=KEY)
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import ServerProcess
+from .conftest import running
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    srv = ServerProcess(["--model", str(tiny_model), "--max-model-len", "256", "--num-gpu-blocks-override", "64",
-                         "--request-timeout-s", "60"])
-    try:
-        yield srv.wait_ready()
-    finally:
-        assert srv.stop() == 0, srv.log
+    yield from running(["--model", str(tiny_model), "--max-model-len", "256", "--num-gpu-blocks-override", "64",
+                        "--request-timeout-s", "60"], clean_exit=True)
 
 
 def complete(server, **body):
