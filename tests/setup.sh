@@ -49,3 +49,15 @@ if [ "$(cat .venv-engines/.deployctl-spec 2>/dev/null)" != "$ENGINES_SPEC" ]; th
   "$EPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
   printf '%s' "$ENGINES_SPEC" > .venv-engines/.deployctl-spec
 fi
+
+# .venv-guidellm: a field benchmark client for tests/runtime/server/test_field_clients.py (guidellm with its default
+# backend check against the runtime). torch 2.13.0 first: guidellm's dependencies would otherwise pull a CUDA build.
+GUIDELLM_SPEC="guidellm==0.8.1"
+GPY=.venv-guidellm/bin/python
+if [ "$(cat .venv-guidellm/.deployctl-spec 2>/dev/null)" != "$GUIDELLM_SPEC" ]; then
+  [ -x "$GPY" ] || "$PY" -m venv .venv-guidellm
+  "$GPY" -c "import torch" 2>/dev/null || "$GPY" -m pip install -q torch==2.13.0
+  "$GPY" -m pip install -q "$GUIDELLM_SPEC"
+  "$GPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+  printf '%s' "$GUIDELLM_SPEC" > .venv-guidellm/.deployctl-spec
+fi
