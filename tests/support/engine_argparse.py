@@ -1,4 +1,4 @@
-"""Run inside .venv-engines (tests/setup.sh): parse engine command lines with the engines' own argument parsers.
+"""Run inside .venv-engines (tests/setup_test_venvs.sh): parse engine command lines with the engines' own argument parsers.
 
     python engine_argparse.py vllm|sglang < commands.json
 

@@ -1,6 +1,6 @@
 """The rendered vLLM and SGLang command lines are accepted by the engines' own argument parsers, every modelled
 setting arrives with its value, and a flag the engine does not have is refused (exit 2). The pinned vllm and
-sglang live in .venv-engines (tests/setup.sh: torch 2.13.0 CPU, the engines with --no-deps, the light packages
+sglang live in .venv-engines (tests/setup_test_venvs.sh: torch 2.13.0 CPU, the engines with --no-deps, the light packages
 their parsers import); each engine's parser runs once per test in a subprocess (importing vLLM takes ~10-30 s
 here). The adapters' metric names are checked against the names the installed packages define."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ KEY = {"LLM_API_KEY": "sk-parsers-0123456789abcdef"}
 
 def _require_venv():
     if not ENGINES_PY.exists():
-        pytest.fail(".venv-engines is missing: run `bash tests/setup.sh` (it installs the pinned vllm and sglang)")
+        pytest.fail(".venv-engines is missing: run `bash tests/setup_test_venvs.sh` (it installs the pinned vllm and sglang)")
 
 
 def _parse(kind: str, commands: list[list[str]]) -> list[dict]:

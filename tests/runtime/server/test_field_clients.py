@@ -1,5 +1,5 @@
 """A field benchmark client against the real runtime, as a user would run it: guidellm (installed by
-tests/setup.sh in its own venv, .venv-guidellm) with its default backend check — GET /health, the model list,
+tests/setup_test_venvs.sh in its own venv, .venv-guidellm) with its default backend check — GET /health, the model list,
 a test request — and no workaround flags. Every request must succeed (issue 17: its backend check used to fail
 on the runtime's missing /health before the first request)."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ def named_server(tiny_model, tmp_path_factory):
 @pytest.mark.slow
 def test_guidellm_runs_against_the_runtime_with_its_default_backend_check(named_server):
     if not GUIDELLM.exists():
-        pytest.fail(f"{GUIDELLM} is missing: run `bash tests/setup.sh` (it installs guidellm in .venv-guidellm)")
+        pytest.fail(f"{GUIDELLM} is missing: run `bash tests/setup_test_venvs.sh` (it installs guidellm in .venv-guidellm)")
     srv, work = named_server
     out = work / "guidellm.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
