@@ -17,11 +17,11 @@ import pytest
 from deployctl.demo.run import Traffic
 from support.rollout import rollout_state, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # three broken canaries, each a restart and an abort
 
 CASES = [
     ("fail_start=1", "exited while starting"),
-    ("error_rate=1.0", "sample inference failed: HTTP 500"),
+    ("error_rate=1.0", "sample inference (/v1/chat/completions) failed: HTTP 500"),
     ("token_delay_ms=800", "×"),  # "canary P99 TPOT … is N× stable …"
 ]
 
