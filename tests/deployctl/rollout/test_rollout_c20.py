@@ -16,7 +16,7 @@ import pytest
 from deployctl.demo.run import Traffic
 from support.rollout import rollout_state, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # rollback, abort, Ctrl-C and kill -9, each a restart
 
 
 def _canary_running(env, before):

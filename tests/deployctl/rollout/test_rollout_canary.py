@@ -19,7 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_canary_5_percent_split_promote_and_rollback(rollout_env):
-    env = rollout_env(3, steps=[5, 100], pause_s=300, analysis={"interval_s": 2, "min_requests": 20})
+    # at 100% the one canary host carries what three hosts shared, and its P99 is judged against stable's figures
+    # from a window at a third of that load: on 2 CPU cores that alone reads 2-3x; this test is about the split,
+    # promote and rollback, so latency regressions count only past 0.5 s (the abort tests judge latency)
+    env = rollout_env(3, steps=[5, 100], pause_s=300,
+                      analysis={"interval_s": 2, "min_requests": 20, "min_p99_delta_s": 0.5})
     r = env.cli("deploy", "--yes")
     assert r.returncode == 0, r.stderr
     v1 = env.current(env.names[0])
