@@ -8,6 +8,7 @@ Under ``deploy_root`` (docs/DESIGN.md, "On a host")::
     shared/logs/runtime.log  the runtime's log (appended across releases)
     shared/run/runtime.pid   the launcher's pid (launch.sh; its process group holds the runtime)
     shared/run/runtime.child.pid  the runtime's own pid
+    shared/run/runtime.<port>.pid  a supervisor started on a second port (rollback); runtime.pid links to it
     shared/hash-cache.json   preflight's weight-hash cache
     state/                   rollout state, lock, history, audit.jsonl
 
@@ -79,9 +80,23 @@ def hash_cache(h: HostConfig) -> str:
     return shared_dir(h, "hash-cache.json")
 
 
-def service_port(cfg: DeployConfig, h: HostConfig) -> int:
-    """The runtime's port on host ``h``: the host's ``server_port`` if set, else ``server.port``."""
+def configured_port(cfg: DeployConfig, h: HostConfig) -> int:
+    """The port deploy.yaml gives the runtime on host ``h``: the host's ``server_port`` if set, else
+    ``server.port`` (what a release renders into runtime.yaml)."""
     return getattr(h, "server_port", None) or cfg.server.port
+
+
+def service_port(cfg: DeployConfig, h: HostConfig) -> int:
+    """The port the runtime answers on host ``h`` now: ``configured_port``, or the host's ``spare_port`` when a
+    rollback left the runtime there (the active port ``launcher.load_port`` read from the host)."""
+    return getattr(h, "_active_port", None) or configured_port(cfg, h)
+
+
+def spare_pid_file(h: HostConfig, port: int, child: bool = False) -> str:
+    """The pidfile of a supervisor started on ``port`` beside the serving one (launch.sh with
+    DEPLOYCTL_LAUNCH_PORT): ``runtime.<port>.pid`` / ``runtime.child.<port>.pid``. Once it serves alone,
+    ``pid_file``/``child_pid_file`` are symlinks to these, and the link's target names the active port."""
+    return shared_dir(h, "run", f"runtime.child.{int(port)}.pid" if child else f"runtime.{int(port)}.pid")
 
 
 def runtime_address(cfg: DeployConfig) -> str:
@@ -101,9 +116,9 @@ def url_host(address: str) -> str:
     return address
 
 
-def base_url(cfg: DeployConfig, h: HostConfig) -> str:
-    """``http://<runtime_address>:<service_port>``: the runtime as seen from its own host."""
-    return f"http://{url_host(runtime_address(cfg))}:{service_port(cfg, h)}"
+def base_url(cfg: DeployConfig, h: HostConfig, port: int | None = None) -> str:
+    """``http://<runtime_address>:<service_port>`` (or ``port``): the runtime as seen from its own host."""
+    return f"http://{url_host(runtime_address(cfg))}:{port or service_port(cfg, h)}"
 
 
 def network_address(h: HostConfig) -> str:

@@ -11,7 +11,8 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from deployctl.errors import ConfigError
 from deployctl.config.yamlsource import parse_yaml
@@ -125,6 +126,12 @@ class HostConfig(_Frozen):
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
+    # a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
+    # there beside the one serving, switches the router over, then drains the old one; the two ports alternate
+    spare_port: Optional[int] = Field(None, ge=1, le=65535)
+    # the port the runtime listens on now when that is not the configured one (after a rollback onto
+    # spare_port): state read from the host (deployctl.service.launcher.load_port), never from deploy.yaml
+    _active_port: Optional[int] = PrivateAttr(None)
 
     @field_validator("deploy_root")
     @classmethod
@@ -136,6 +143,12 @@ class HostConfig(_Frozen):
             raise ValueError("deploy_root must be an absolute directory below / without . or .. parts, "
                              "e.g. /opt/deployctl/SERVICE")
         return v
+
+    @model_validator(mode="after")
+    def _spare_differs(self) -> "HostConfig":
+        if self.spare_port is not None and self.spare_port == self.server_port:
+            raise ValueError(f"spare_port {self.spare_port} is the host's server_port: give it another port")
+        return self
 
     @property
     def is_local(self) -> bool:

@@ -116,7 +116,8 @@ class DemoResult:
 def write_config(work: Path, *, python: str, model: Path, nginx_port: int, pause_s: float) -> Path:
     prefix = work / "nginx"
     hosts = [{"name": name, "address": "local", "deploy_root": str(work / "hosts" / name), "python": python,
-              "launcher": "process", "server_port": _free_port()} for name in ("host-a", "host-b")]
+              "launcher": "process", "server_port": _free_port(), "spare_port": _free_port()}
+             for name in ("host-a", "host-b")]
     cfg = {
         "service": {"name": "demo-chat"},
         "model": {"path": str(model), "served_name": "tiny-chat", "dtype": "float32"},

@@ -136,7 +136,7 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
     e = cfg.engine
     args: dict[str, Any] = {
         "model": cfg.model.path, "served_model_name": cfg.model.name, "host": cfg.server.bind,
-        "port": layout.service_port(cfg, host), "device": e.device, "dtype": cfg.model.dtype,
+        "port": layout.configured_port(cfg, host), "device": e.device, "dtype": cfg.model.dtype,
         "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens, "block_size": e.block_size,
         "gpu_memory_utilization": e.gpu_memory_utilization, "enable_prefix_caching": e.enable_prefix_caching,
@@ -194,9 +194,9 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
         "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
-        "port": layout.service_port(cfg, host),
+        "port": layout.configured_port(cfg, host),
     } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
-                       port=layout.service_port(cfg, host), api_key=api_key)
+                       port=layout.configured_port(cfg, host), api_key=api_key)
 
 
 def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_key: str | None,
@@ -213,7 +213,7 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     ctx["where"] = host.name
     info = {"release_id": release_id, "service": cfg.service.name, "host": host.name, "launcher": host.launcher,
             "model_path": cfg.model.path, "model_manifest": cfg.model.manifest, "served_model_name": cfg.model.name,
-            "device": cfg.engine.device, "port": layout.service_port(cfg, host), "engine_kind": cfg.engine.kind,
+            "device": cfg.engine.device, "port": layout.configured_port(cfg, host), "engine_kind": cfg.engine.kind,
             "engine_version": cfg.engine.version, "engine_distribution": ctx["adapter"].distribution,
             "tensor_parallel_size": cfg.engine.tensor_parallel_size, "gpus": host.gpu_ids}
     files = [RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx))] if ctx["adapter"].config_file else []

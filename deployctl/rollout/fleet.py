@@ -36,6 +36,9 @@ class Fleet:
 
         self.hosts = {h.name: Host.from_config(h) for h in self.cfg.hosts}
         self.store = StateStore(list(self.hosts.values()))
+        # which port each runtime serves on now (the configured one, or spare_port after a rollback there)
+        hostops.on_hosts([h for h in self.hosts.values() if h.config.spare_port],
+                         lambda h: launcher.load_port(h, self.cfg))
         if self.cfg.router is not None:
             self._router_host = Host.from_config(router_host_config(self.cfg))
             self.router = Router(self.cfg, self._router_host)

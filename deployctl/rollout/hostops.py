@@ -44,6 +44,45 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
 
 
+def activate_beside(host, cfg: DeployConfig, release_id: str, port: int) -> Verified:
+    """Start ``release_id`` on ``host`` at ``port`` while the runtime there keeps serving (``current`` switched,
+    wheel installed, a second supervisor started, verified there: ready + one short sample inference). The old
+    runtime is left running: ``retire`` it once the router sends traffic to ``port``. On failure the new one is
+    stopped and ``current`` points back at what still serves, then the error is raised (RemoteError 4 or
+    HealthError 5): nothing changed for the clients."""
+    was = release.current_release(host)
+    t = [time.monotonic()]
+    release.switch_and_install(host, release_id)
+    t.append(time.monotonic())
+    try:
+        offset = launcher.start(host, cfg, port=port)
+        t.append(time.monotonic())
+        v = verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, log_offset=offset, port=port)
+    except BaseException:
+        try:
+            launcher.stop(host, cfg, port=port, beside=True, timeout=5)
+        finally:
+            if was:
+                release.switch_current(host, was)
+        raise
+    t.append(time.monotonic())
+    from deployctl.service.startlog import start_phases
+
+    timings = {"install_s": t[1] - t[0], "stop_s": 0.0, "start_s": t[2] - t[1], "ready_s": v.ready_s,
+               "verify_s": t[3] - t[2] - v.ready_s, **start_phases(host, offset)}
+    return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
+
+
+def retire(host, cfg: DeployConfig, port: int, old_port: int) -> float:
+    """After the router moved to ``port``: drain and stop the runtime that served on ``old_port``
+    (``launcher.stop``), then make the one on ``port`` the service (``launcher.adopt``). Returns the seconds it
+    took. Raises RemoteError."""
+    t0 = time.monotonic()
+    launcher.stop(host, cfg, port=old_port)
+    launcher.adopt(host, cfg, port)
+    return round(time.monotonic() - t0, 2)
+
+
 def on_hosts(hosts: list, fn) -> tuple[dict, dict]:
     """Run ``fn(host)`` on every host in parallel. Returns ({name: value}, {name: error})."""
     from deployctl.hosts import run_on_hosts

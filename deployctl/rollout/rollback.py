@@ -16,8 +16,10 @@ from typing import Optional
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
 from deployctl.rollout import hostops, release
+from deployctl.service import launcher
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
+from deployctl.config import layout
 from deployctl.config.layout import release_dir
 from deployctl.rollout.router import Split
 from deployctl.rollout.state import RolloutState
@@ -73,7 +75,9 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         target = _target(fleet, st, to)
 
         def look(h):
-            return release.current_release(h), h.exists(release_dir(h.config, target) + "/release.json")
+            rdir = release_dir(h.config, target)
+            return (release.current_release(h), h.exists(rdir + "/release.json"),
+                    launcher.supports_beside(h, cfg, rdir))
 
         found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
         if bad:
@@ -108,14 +112,16 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         fleet.lock("rollback", break_stale=True, take_over=True)
         phases["lock_s"] = time.monotonic() - tl
         try:
-            return _do(fleet, cfg, target, current, gen, say, t0, phases)
+            beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts if found[n][2]}
+            return _do(fleet, cfg, target, current, gen, say, t0, phases, beside)
         finally:
             fleet.unlock()
     finally:
         fleet.close()
 
 
-def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float, phases: dict) -> RollbackResult:
+def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float, phases: dict,
+        beside: dict) -> RollbackResult:
     st = RolloutState(action="rollback", release=target, from_release=majority(current.values()), generation=gen)
     fleet.store.write_rollout(st)
     on_target = [n for n, r in current.items() if r == target]
@@ -129,6 +135,9 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
             st.weights = shares
             say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
 
+    if fleet.router and not on_target and others and all(beside.get(n) for n in others):
+        problems = _beside(fleet, cfg, target, current, others, beside, say, route, phases)
+        return _finish(fleet, st, target, current, others, problems, say, t0, phases)
     serving = list(on_target)
     route(serving)
     # none on the target yet: a small first batch restarts while the rest keep serving, then the rest at once
@@ -151,6 +160,50 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         problems += [about(n, e) for n, e in bad.items()]
         serving += list(ok)
         route(serving)
+    return _finish(fleet, st, target, current, others, problems, say, t0, phases)
+
+
+def _beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], ports: dict, say, route,
+            phases: dict) -> list[str]:
+    """Every host at once: the target starts on its second port while the old runtime keeps serving
+    (hostops.activate_beside), the router moves each verified host to its new port, then the old runtimes drain
+    and stop (hostops.retire). A host whose start fails keeps serving its old release at its old port; the
+    problem names it. Returns the problems."""
+    for n in names:
+        say("host", f"{n}: starting {target} on port {ports[n]} beside the serving runtime, verifying", host=n)
+    tb = time.monotonic()
+    ok, bad = hostops.on_hosts([fleet.hosts[n] for n in names],
+                               lambda h: hostops.activate_beside(h, cfg, target, ports[h.name]))
+    phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "beside",
+                              "hosts": {n: v.timings for n, v in ok.items()}})
+    for n, v in ok.items():
+        say("host", f"{n}: ready in {v.ready_s:.1f} s on port {ports[n]} "
+                    f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
+    problems = [f"{about(n, e)}; {n} still serves its previous release on port "
+                f"{layout.service_port(cfg, fleet.hosts[n].config)}" for n, e in bad.items()]
+    if not ok:
+        return problems
+    olds = {n: layout.service_port(cfg, fleet.hosts[n].config) for n in ok}
+    for n in ok:  # the router renders each host at the port it is told; the old runtimes drain after the reload
+        fleet.hosts[n].config._active_port = ports[n]
+    try:
+        route(names)
+    except BaseException:
+        for n, p in olds.items():
+            fleet.hosts[n].config._active_port = p
+        for n in ok:  # nothing moved: the old runtimes serve on, as before the rollback
+            launcher.stop(fleet.hosts[n], cfg, port=ports[n], beside=True, timeout=5)
+            release.switch_current(fleet.hosts[n], current[n])
+        raise
+    td = time.monotonic()
+    done, failed = hostops.on_hosts([fleet.hosts[n] for n in ok], lambda h: hostops.retire(h, cfg, ports[h.name], olds[h.name]))
+    phases["drain_s"] = round(time.monotonic() - td, 2)
+    problems += [f"{about(n, e)} (stopping the previous runtime; the new one serves)" for n, e in failed.items()]
+    return problems
+
+
+def _finish(fleet: Fleet, st: RolloutState, target: str, current: dict, others: list[str], problems: list[str],
+            say, t0: float, phases: dict) -> RollbackResult:
     trec = time.monotonic()
     st.status = "rolled_back" if not problems else "failed"
     st.reason = "; ".join(problems) or None

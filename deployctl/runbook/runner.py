@@ -20,6 +20,7 @@ from deployctl.errors import DeployctlError, ExitCode
 from deployctl.runbook import actions, audit
 from deployctl.runbook.checks import Observation, Target, observe
 from deployctl.runbook.context import host_variables
+from deployctl.service import launcher
 from deployctl.runbook.model import Action, Runbook, Step
 
 MAX_STEPS_PER_HOST = 100  # a branch loop ends here
@@ -92,6 +93,10 @@ def run_runbook(rb: Runbook, cfg: DeployConfig, hosts: list[HostConfig], opts: R
         hr = HostReport(hc.name)
         report.hosts.append(hr)
         host = Host.from_config(hc)
+        try:  # the port the runtime serves on now (spare_port after a rollback there): {port} in the steps
+            launcher.load_port(host, cfg)
+        except DeployctlError:
+            pass  # unreachable: the first step says so
         t = Target(cfg, hc, host, host_variables(cfg, hc), config_path=opts.config_path)
         try:
             _run_host(rb, t, hr, report, opts)

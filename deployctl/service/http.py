@@ -41,11 +41,13 @@ def api_key(cfg: DeployConfig) -> Optional[str]:
     return settings.secret(cfg.server.api_key_env) if cfg.server.api_key_env else None
 
 
-def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, timeout: float = 10) -> HttpResult:
-    """One HTTP request (``body``: JSON-serialisable or None) to the runtime on ``host``, made on that host, within
-    ``timeout`` seconds. Connection failures are a status of 0 with ``error``. Raises RemoteError (SSH trouble)."""
+def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, timeout: float = 10,
+         port: Optional[int] = None) -> HttpResult:
+    """One HTTP request (``body``: JSON-serialisable or None) to the runtime on ``host`` (at ``port`` when given,
+    else the port it serves on), made on that host, within ``timeout`` seconds. Connection failures are a status
+    of 0 with ``error``. Raises RemoteError (SSH trouble)."""
     h = host.config
-    req = {"url": base_url(cfg, h) + path, "method": method, "timeout": timeout, "json": body,
+    req = {"url": base_url(cfg, h, port) + path, "method": method, "timeout": timeout, "json": body,
            "env_file": f"{current_link(h)}/runtime.env"}
     key = api_key(cfg)
     env = {"DEPLOYCTL_PROBE_KEY": key} if key else None

@@ -15,7 +15,8 @@ import shlex
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.config.layout import current_link, log_file, pid_file, runtime_address, service_port, shared_dir
+from deployctl.config.layout import (child_pid_file, configured_port, current_link, log_file, pid_file, runtime_address,
+                                     service_port, shared_dir, spare_pid_file)
 
 EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
 
@@ -32,9 +33,12 @@ def log_size(host) -> int:
         return 0
 
 
-def start(host, cfg: DeployConfig) -> int:
+def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
     """Start the release ``current`` points at. Returns the log size before the start (for ``liveness``).
-    Raises RemoteError."""
+    ``port`` (process launcher, a release whose launch.sh ``supports_beside``): a second supervisor serving there
+    beside the running one (``DEPLOYCTL_LAUNCH_PORT``), its pidfiles ``layout.spare_pid_file``; ``adopt`` makes it
+    the service once the old one is stopped. Without ``port``: pidfile links left dangling by a stopped
+    second-port runtime are removed first (a new supervisor must not write through them). Raises RemoteError."""
     h = host.config
     cur = current_link(h)
     if h.launcher == "systemd":
@@ -50,30 +54,92 @@ def start(host, cfg: DeployConfig) -> int:
     log = q(log_file(h))
     # one command: note the log size, then launch.sh start from the resolved release dir (a later switch of
     # ``current`` cannot change what runs), without PYTHONPATH so the installed wheel is what runs
+    links = " ".join(q(f) for f in (pid_file(h), child_pid_file(h)))
+    env = f"DEPLOYCTL_LAUNCH_PORT={int(port)}" if port else ""
     script = (f"mkdir -p {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}; "
               f"stat -c %s {log} 2>/dev/null || echo 0; "
-              f"rdir=$(readlink -f {q(cur)}) && env -u PYTHONPATH bash \"$rdir/launch.sh\" start >/dev/null")
+              + ("" if port else f"for f in {links}; do [ -L \"$f\" ] && [ ! -e \"$f\" ] && rm -f \"$f\"; done; ")
+              + f"rdir=$(readlink -f {q(cur)}) && env -u PYTHONPATH {env} bash \"$rdir/launch.sh\" start >/dev/null"
+              + ("" if port else f"; readlink {q(pid_file(h))} || true"))
     r = host.run(script, timeout=30)
+    lines = r.stdout.strip().splitlines()
+    if not port:
+        _remember(h, lines[1] if len(lines) > 1 else "")
     try:
-        return int(r.stdout.strip().splitlines()[0])
+        return int(lines[0])
     except (ValueError, IndexError):
         return 0
 
 
-def stop(host, cfg: DeployConfig, *, timeout: float | None = None) -> str:
+def supports_beside(host, cfg: DeployConfig, release_dir: str) -> bool:
+    """Whether a start on a second port is possible on ``host`` for the release in ``release_dir``: the process
+    launcher, ``spare_port`` set, and that release's launch.sh knows DEPLOYCTL_LAUNCH_PORT (releases rendered
+    for the bundled runtime by this deployctl or later). Raises RemoteError."""
+    h = host.config
+    if h.launcher != "process" or not h.spare_port:
+        return False
+    r = host.run(f"grep -qs DEPLOYCTL_LAUNCH_PORT {shlex.quote(release_dir + '/launch.sh')} && echo yes || true",
+                 timeout=15)
+    return r.stdout.strip() == "yes"
+
+
+def beside_port(cfg: DeployConfig, h) -> Optional[int]:
+    """The port a start beside the serving runtime uses: ``spare_port`` while the runtime is on its configured
+    port, else the configured one (the two alternate); None without ``spare_port``."""
+    if not h.spare_port:
+        return None
+    return h.spare_port if service_port(cfg, h) != h.spare_port else configured_port(cfg, h)
+
+
+def _remember(h, link: str) -> Optional[int]:
+    """Note on ``h`` (HostConfig) the port in a pidfile link target (``runtime.<port>.pid``; none: configured)."""
+    import re
+
+    m = re.search(r"runtime\.(\d+)\.pid$", link.strip())
+    h._active_port = int(m.group(1)) if m else None
+    return h._active_port
+
+
+def load_port(host, cfg: DeployConfig) -> int:
+    """Read which port the runtime serves on from the host (the target of the ``runtime.pid`` link after a
+    rollback onto a second port) and keep it on ``host.config`` for ``layout.service_port``. Returns the port.
+    Raises RemoteError."""
+    h = host.config
+    if h.launcher == "process" and h.spare_port:
+        _remember(h, host.run(f"readlink {shlex.quote(pid_file(h))} || true", timeout=15).stdout)
+    return service_port(cfg, h)
+
+
+def adopt(host, cfg: DeployConfig, port: int) -> None:
+    """Make the supervisor started on ``port`` the service (after the old one is stopped): ``runtime.pid`` and
+    ``runtime.child.pid`` become links to its pidfiles, atomically (new link, then rename over). Raises
+    RemoteError."""
+    h = host.config
+    q = shlex.quote
+    cmds = []
+    for link, target in ((pid_file(h), spare_pid_file(h, port)), (child_pid_file(h), spare_pid_file(h, port, True))):
+        cmds.append(f"ln -sfn {q(posixpath.basename(target))} {q(link + '.new')} && mv -T {q(link + '.new')} {q(link)}")
+    host.run(" && ".join(cmds), timeout=15)
+    h._active_port = port
+
+
+def stop(host, cfg: DeployConfig, *, timeout: float | None = None, port: Optional[int] = None,
+         beside: bool = False) -> str:
     """Stop the runtime: SIGTERM to the supervisor (the runtime drains: /readyz 503, in-flight requests finish),
     then wait for the process group to exit, up to ``server.drain_timeout_s`` + 5 s unless ``timeout``, then
     SIGKILL. Once the runtime's port stops accepting connections the drain is over (the listener closes after the
     last request) and what is left of the process group is killed rather than waited for.
+    ``port``: the port that runtime listens on (default: the one it serves on); ``beside``: the supervisor
+    started on ``port`` beside the service (``start``'s ``port``) rather than the service's own.
     Returns "stopped", "killed" or "not running". Raises RemoteError."""
     h = host.config
     wait = cfg.server.drain_timeout_s + 5 if timeout is None else timeout
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
         return "stopped"
-    pidf = shlex.quote(pid_file(h))
+    pidf = shlex.quote(spare_pid_file(h, port) if beside and port else pid_file(h))
     ticks = max(1, int(wait * 10))
-    port = service_port(cfg, h)
+    port = port or service_port(cfg, h)
     addr = runtime_address(cfg)
     script = f"""
 pidf={pidf}
@@ -142,14 +208,15 @@ def is_running(host, cfg: DeployConfig) -> bool:
     return r.exit_code == 0
 
 
-def liveness(host, cfg: DeployConfig, offset: int) -> tuple[bool, str]:
+def liveness(host, cfg: DeployConfig, offset: int, *, port: Optional[int] = None) -> tuple[bool, str]:
     """(supervisor alive, first log line since ``offset`` that shows the runtime exiting or "") in one command.
-    A runtime that exits while starting is a failed start even when the supervisor would restart it."""
+    A runtime that exits while starting is a failed start even when the supervisor would restart it. ``port``:
+    the supervisor started on that second port."""
     grep = (f"tail -c +{int(offset) + 1} {shlex.quote(log_file(host.config))} 2>/dev/null | "
             f"grep -m1 -e {' -e '.join(shlex.quote(m) for m in EXIT_MARKERS)} || true")
     if host.config.launcher == "systemd":
         return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
-    pidf = shlex.quote(pid_file(host.config))
+    pidf = shlex.quote(spare_pid_file(host.config, port) if port else pid_file(host.config))
     # the supervisor itself, not its process group: a runtime whose supervisor died is not a live service (C30)
     r = host.run(f'if [ -f {pidf} ] && kill -0 "$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
                  + grep, timeout=15)

@@ -56,42 +56,46 @@ def _check_device(host, cfg: DeployConfig, ready) -> None:
                           f"but deploy.yaml asks for engine.device {cfg.engine.device}")
 
 
-def _ready(host, cfg: DeployConfig):
+def _ready(host, cfg: DeployConfig, port: Optional[int] = None):
     """GET the readiness route: the bundled runtime's /readyz first (a host may still run a release of another
     engine, e.g. while an engine switch is restored), the configured engine's route when that route is unknown
     (404): vLLM, SGLang and transformers serve /health, which the runtime answers 200 even while loading."""
     first = adapter("deployctl-runtime").ready_route
-    r = http(host, cfg, "GET", first, timeout=3)
+    r = http(host, cfg, "GET", first, timeout=3, port=port)
     route = adapter(cfg.engine.kind).ready_route
     if r.status == 404 and route != first:
-        r = http(host, cfg, "GET", route, timeout=3)
+        r = http(host, cfg, "GET", route, timeout=3, port=port)
     return r
 
 
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
-               log_offset: Optional[int] = None) -> float:
-    """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
+               log_offset: Optional[int] = None, port: Optional[int] = None) -> float:
+    """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200, every
+    0.15 s (the supervisor's liveness every third poll). Calls ``should_stop()`` between polls (it raises to
+    interrupt). ``port``: a runtime started beside the serving one (launcher.start's ``port``). Returns the
     seconds waited. Raises HealthError on timeout, or when the runtime exits (its log since ``log_offset``
     shows an exit, or the process group is gone)."""
     t0 = time.monotonic()
     last = ""
+    polls = 0
     while True:
         if should_stop:
             should_stop()
-        r = _ready(host, cfg)
+        r = _ready(host, cfg, port)
         if r.status == 200:
             _check_device(host, cfg, r)
             return time.monotonic() - t0
         last = f"HTTP {r.status}" if r.status else (r.error or "no answer")
-        if log_offset is not None:
-            alive, crash = launcher.liveness(host, cfg, log_offset)
+        polls += 1
+        if log_offset is not None and polls % 3 == 1:
+            alive, crash = launcher.liveness(host, cfg, log_offset, port=port)
             if crash:
                 raise _fail(host, f"the runtime exited while starting ({crash[:200]})")
             if not alive:
                 raise _fail(host, f"the runtime is not running (last /readyz: {last})")
         if time.monotonic() - t0 > timeout:
             raise _fail(host, f"not ready after {timeout:.0f} s (last /readyz: {last})")
-        time.sleep(0.3)
+        time.sleep(0.15)
 
 
 def _no_chat_template(r) -> bool:
@@ -104,16 +108,17 @@ def _no_chat_template(r) -> bool:
         return False
 
 
-def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[int, Optional[str], str]:
+def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30,
+                     port: Optional[int] = None) -> tuple[int, Optional[str], str]:
     """One short chat completion; /v1/completions when the model has no chat template. Returns (completion
     tokens, release header, endpoint path). Raises HealthError."""
     body = adapter(cfg.engine.kind).sample_body(cfg.model.name)
     path = CHAT
-    r = http(host, cfg, "POST", path, body, timeout=timeout)
+    r = http(host, cfg, "POST", path, body, timeout=timeout, port=port)
     if _no_chat_template(r):
         path = COMPLETIONS
         common = {k: v for k, v in body.items() if k != "messages"}
-        r = http(host, cfg, "POST", path, {**common, "prompt": "Hello"}, timeout=timeout)
+        r = http(host, cfg, "POST", path, {**common, "prompt": "Hello"}, timeout=timeout, port=port)
     if r.status != 200:
         detail = r.body[:300] if r.body else r.error
         raise _fail(host, f"sample inference ({path}) failed: HTTP {r.status} {detail}")
@@ -132,10 +137,12 @@ def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[i
 
 
 def verify(host, cfg: DeployConfig, *, timeout: float = 120, expect_release: Optional[str] = None,
-           should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None) -> Verified:
-    """Readiness then a sample inference; with ``expect_release`` the answer's release header must match."""
-    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset)
-    tokens, release, path = sample_inference(host, cfg, timeout=min(60.0, timeout))
+           should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None,
+           port: Optional[int] = None) -> Verified:
+    """Readiness then a sample inference; with ``expect_release`` the answer's release header must match.
+    ``port``: verify a runtime started beside the serving one there."""
+    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset, port=port)
+    tokens, release, path = sample_inference(host, cfg, timeout=min(60.0, timeout), port=port)
     if expect_release and release and release != expect_release:
         raise _fail(host, f"serves release {release}, expected {expect_release}")
     return Verified(host.name, ready_s, tokens, release, endpoint=path)

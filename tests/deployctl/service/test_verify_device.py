@@ -30,7 +30,7 @@ hosts: [{{name: a, address: local, deploy_root: {tmp_path}/root, launcher: proce
 @pytest.fixture
 def readyz(monkeypatch):
     answers = {}
-    monkeypatch.setattr(verify, "http", lambda host, cfg, method, path, body=None, timeout=10: answers["r"])
+    monkeypatch.setattr(verify, "http", lambda host, cfg, method, path, body=None, timeout=10, port=None: answers["r"])
     monkeypatch.setattr(verify.launcher, "log_tail", lambda host, lines: "")
     return lambda body: answers.update(r=HttpResult(200, {}, json.dumps(body)))
 

@@ -18,6 +18,14 @@ PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.pid
 CHILD_PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.child.pid
 LOG_FILE=/opt/deployctl/chat-7b/shared/logs/runtime.log
 ENGINE_CMD=(/opt/deployctl/venv/bin/python -m deployctl_runtime serve --config /opt/deployctl/chat-7b/releases/20261130T000000Z-golden1/runtime.yaml)
+# DEPLOYCTL_LAUNCH_PORT=N: serve on port N instead of runtime.yaml's, as a second supervisor beside the serving one
+# with pidfiles of its own (runtime.N.pid, runtime.child.N.pid): a rollback starts the restored release there,
+# switches the router over, drains the old one, then links runtime.pid to these (deployctl.service.launcher)
+if [ -n "${DEPLOYCTL_LAUNCH_PORT:-}" ]; then
+  PID_FILE="${PID_FILE%.pid}.${DEPLOYCTL_LAUNCH_PORT}.pid"
+  CHILD_PID_FILE="${CHILD_PID_FILE%.pid}.${DEPLOYCTL_LAUNCH_PORT}.pid"
+  ENGINE_CMD+=(--port "$DEPLOYCTL_LAUNCH_PORT")
+fi
 BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
 MAX_BACKOFF_S=60
 MAX_FAILURES=${DEPLOYCTL_LAUNCH_MAX_FAILURES:-5}
