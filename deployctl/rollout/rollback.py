@@ -3,9 +3,12 @@
 rollback [--to ID]: make the previous release (the one the last deploy started from, or ID) current on every host,
 restart, verify, and restore the weights. It wins over a deploy in progress (C20): it first bumps the generation
 in state/control.json (the deploy stops within a second or two and releases its lock), routes all traffic to the
-hosts already on the target at once (``nginx -t`` then reload), then switches the others in parallel (two halves,
-so something always serves, when no host is on the target yet). A stale lock is broken; a live one is taken over
-after ``GRACE_S``. When every host already runs the target and traffic is split evenly, it is a no-op.
+hosts already on the target at once (``nginx -t`` then reload), then switches the others in parallel. When no
+host is on the target yet: with ``hosts[].spare_port`` on every host (and a target whose launch.sh can start on it)
+all hosts start the target beside the serving runtime at once, the router moves over, the old runtimes drain
+(``_beside``, docs/DESIGN.md "Rollback"); else two batches (a third, then the rest), so something always serves.
+A stale lock is broken; a live one is taken over after ``GRACE_S``. When every host already runs the target and
+traffic is split evenly, it is a no-op.
 """
 from __future__ import annotations
 

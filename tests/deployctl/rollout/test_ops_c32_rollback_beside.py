@@ -46,7 +46,7 @@ def test_rollback_starts_beside_switches_the_router_and_loses_no_request(rollout
     v1 = json.loads(env.cli("history", "--json").stdout)["history"][-1]["from_release"]
     assert v1 and v1 != v2 and {_served(port[n]) for n in env.names} == {v2}
 
-    traffic = Traffic(env.url, "tiny-chat", workers=2, completion_workers=2).start()
+    traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
     try:
         r = env.cli("rollback", "--json")
         assert r.returncode == 0, r.stderr
