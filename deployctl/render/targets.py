@@ -168,7 +168,12 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     if cfg.router and target in ("systemd", "container"):
         conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
-    files.append(render_alerts(cfg))
+    alerts = render_alerts(cfg)
+    if target in ("k8s", "k8s-rollout"):
+        from deployctl.render.monitoring import monitoring_files
+
+        files += monitoring_files(cfg, alerts.content)
+    files.append(alerts)
     return files
 
 
