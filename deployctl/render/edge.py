@@ -17,6 +17,7 @@ own errors (OpenAI's error shape: ``{"error": {"message", "type", "param", "code
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -93,3 +94,10 @@ def edge_context(cfg: DeployConfig, base: str, listen: str) -> dict[str, Any]:
         ctx["limited_body"] = _error_body(f"too many requests for this {who} (router.limits); retry after "
                                           f"{router.retry_after_s} s", "rate_limit_error", "rate_limit_exceeded")
     return ctx
+
+
+def probe_instance_regex(cfg: DeployConfig) -> str:
+    """The ``instance`` label regex of a blackbox_exporter probe of the router: ``https://SERVER_NAME`` with an
+    optional port and path (a wildcard server_name matches any one label). Prometheus regexes are RE2, anchored."""
+    name = re.escape(cfg.router.server_name).replace(r"\*", "[^/:.]+", 1)
+    return rf"https://{name}(:[0-9]+)?(/.*)?"
