@@ -85,8 +85,9 @@ def edge_context(cfg: DeployConfig, base: str, listen: str) -> dict[str, Any]:
         ctx["limits"] = {
             "req_zone": (f"{key} zone=deployctl_{base}_req:{lim.zone_size} rate={rate(lim.requests_per_s)}"
                          if lim.requests_per_s is not None else None),
-            "req": (f"zone=deployctl_{base}_req burst={lim.burst} nodelay" if lim.requests_per_s is not None
-                    else None),
+            # nginx refuses burst=0: without a burst every request over the rate is refused, nodelay is moot
+            "req": (f"zone=deployctl_{base}_req" + (f" burst={lim.burst} nodelay" if lim.burst else "")
+                    if lim.requests_per_s is not None else None),
             "conn_zone": f"{key} zone=deployctl_{base}_conn:{lim.zone_size}" if lim.connections is not None else None,
             "conn": f"deployctl_{base}_conn {lim.connections}" if lim.connections is not None else None,
         }
