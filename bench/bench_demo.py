@@ -3,11 +3,9 @@
 Runs ``python -m deployctl demo --workdir NEW_DIR`` ``--runs`` times (default 1) with its default pause, stamps each
 progress line as it arrives on stderr and prints how long each step took: set-up (model, host env, nginx), release 1
 (first deploy), release 2 (canary at 5% with analysis, promotion), rollback, stop. The peer is one runtime start
-in the same run (the demo's "ready in X s" lines): the ratio says how many starts' worth the demo takes. With
-``--peer DIR`` (another checkout, e.g. /work/main) the same demo from there runs first, and the ratio between the
-two is printed.
+in the same run (the demo's "ready in X s" lines): the ratio says how many starts' worth the demo takes.
 
-    python bench/bench_demo.py [--runs 1] [--peer DIR]
+    python bench/bench_demo.py [--runs 1]
 """
 from __future__ import annotations
 
@@ -28,12 +26,11 @@ STEPS = (("set-up", "demo in "), ("release 1", "release 1: first deploy"), ("rel
          ("rollback", "rollback to release 1"), ("stop", "traffic through nginx:"))
 
 
-def one_run(root: Path = ROOT) -> tuple[float, dict, list, str]:
-    """(total seconds, {step: seconds}, [runtime start seconds], the demo's summary line) of the demo run from the
-    checkout ``root`` (``python -m deployctl`` from there)."""
+def one_run() -> tuple[float, dict, list, str]:
+    """(total seconds, {step: seconds}, [runtime start seconds], the demo's summary line)."""
     work = Path(tempfile.mkdtemp(prefix="bench-demo-")) / "demo"
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "deployctl", "demo", "--workdir", str(work)], cwd=root,
+    proc = subprocess.Popen([sys.executable, "-m", "deployctl", "demo", "--workdir", str(work)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     marks, starts, lines = {}, [], []
     for line in proc.stderr:
@@ -60,13 +57,7 @@ def one_run(root: Path = ROOT) -> tuple[float, dict, list, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--peer", type=Path, help="another checkout whose demo is the peer run (e.g. /work/main)")
     args = ap.parse_args()
-    peer = []
-    for i in range(args.runs if args.peer else 0):
-        total, steps, _, _ = one_run(args.peer.resolve())
-        peer.append(total)
-        print(f"peer demo {i + 1} ({args.peer}): {total:.1f} s; " + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
     totals, starts = [], []
     for i in range(args.runs):
         total, steps, st, summary = one_run()
@@ -74,9 +65,6 @@ def main() -> None:
         starts += st
         print(f"demo {i + 1}: {total:.1f} s; " + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
         print(f"  {summary}")
-    if peer:
-        print(f"ratio this checkout / peer: {statistics.median(totals) / statistics.median(peer):.2f} "
-              f"({statistics.median(totals):.1f} s vs {statistics.median(peer):.1f} s)")
     med = statistics.median(totals)
     start = statistics.median(starts) if starts else float("nan")
     print(f"\ndeployctl demo: median {med:.1f} s over {args.runs} run(s) (min {min(totals):.1f}, max {max(totals):.1f});"

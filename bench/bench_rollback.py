@@ -4,7 +4,8 @@ a real nginx router when one is installed), with where the time goes (``deployct
 Deploys two releases, then rolls back and forth ``--runs`` times (``rollback --to``), with ``hosts[].spare_port``
 set (every host starts the restored release beside the serving one at once). Peers: each host's runtime start in
 the same rollbacks (ratio rollback / start: what the rollback adds on top of the start), and the same rollbacks on
-a fleet without spare_port (two batches one after the other; ``--no-peer`` skips it). Target (issue 21, C32):
+a fleet without spare_port (two batches one after the other), interleaved run by run so that both see the same
+load (``--no-peer`` skips it). Target (issue 21, C32):
 rollback < 15 s.
 
     python bench/bench_rollback.py [--runs 3] [--hosts 3] [--no-peer]
@@ -36,72 +37,73 @@ def _cli(path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     return r
 
 
-def _fleet(args, spare: bool) -> tuple[list, list]:
-    """Deploy two releases on a fresh fleet, then ``args.runs`` rollbacks between them; prints each one's phases.
-    Returns (rollback seconds, one runtime start's seconds per host and rollback)."""
-    from deployctl.demo.localenv import overlay_venv, tiny_model
-    from support.nginx import NginxRouter
-    from support.ports import free_port
+class _Fleet:
+    """A fresh fleet of ``hosts`` local hosts behind its own nginx, with or without spare_port, two releases
+    deployed; ``rollback(i)`` rolls back to the other release and returns the ``rollback --json`` document."""
 
-    work = Path(tempfile.mkdtemp(prefix="bench-rollback-"))
-    router = NginxRouter(work / "nginx") if shutil.which("nginx") or Path("/usr/sbin/nginx").exists() else None
-    cfg = {
-        "service": {"name": "bench-rb"},
-        "model": {"path": str(tiny_model(work / "model")), "served_name": "tiny-chat", "dtype": "float32"},
-        "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 256,
-                   "kv_cache_memory": "8MiB"},
-        "server": {"startup_timeout_s": 120, "drain_timeout_s": 5},
-        "hosts": [{"name": f"h{i}", "address": "local", "deploy_root": str(work / f"h{i}"), "launcher": "process",
-                   "python": str(overlay_venv(work / "venv")), "server_port": free_port(),
-                   **({"spare_port": free_port()} if spare else {})}
-                  for i in range(args.hosts)],
-        "rollout": {"canary_hosts": 1, "steps": [100], "pause_s": 0},
-    }
-    if router is not None:
-        cfg["router"] = router.router_config()
-    path = work / "deploy.yaml"
-    import yaml
+    def __init__(self, hosts: int, spare: bool):
+        from deployctl.demo.localenv import overlay_venv, tiny_model
+        from support.nginx import NginxRouter
+        from support.ports import free_port
 
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    env = {"DEPLOYCTL_CACHE": str(work / "cache"), "DEPLOYCTL_SKIP_PREFLIGHT": "1"}
-    mode = "spare_port: started beside the old one" if spare else "no spare_port: two batches"
-    print(f"-- {args.hosts}-host fleet{' + nginx' if router else ''}, {mode}")
-    try:
-        if router is not None:
+        self.hosts, self.spare = hosts, spare
+        self.work = work = Path(tempfile.mkdtemp(prefix="bench-rollback-"))
+        self.router = NginxRouter(work / "nginx") if shutil.which("nginx") or Path("/usr/sbin/nginx").exists() else None
+        cfg = {
+            "service": {"name": "bench-rb"},
+            "model": {"path": str(tiny_model(work / "model")), "served_name": "tiny-chat", "dtype": "float32"},
+            "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 256,
+                       "kv_cache_memory": "8MiB"},
+            "server": {"startup_timeout_s": 120, "drain_timeout_s": 5},
+            "hosts": [{"name": f"h{i}", "address": "local", "deploy_root": str(work / f"h{i}"), "launcher": "process",
+                       "python": str(overlay_venv(work / "venv")), "server_port": free_port(),
+                       **({"spare_port": free_port()} if spare else {})}
+                      for i in range(hosts)],
+            "rollout": {"canary_hosts": 1, "steps": [100], "pause_s": 0},
+        }
+        if self.router is not None:
+            cfg["router"] = self.router.router_config()
+        self.path = work / "deploy.yaml"
+        import yaml
+
+        self.path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.env = {"DEPLOYCTL_CACHE": str(work / "cache"), "DEPLOYCTL_SKIP_PREFLIGHT": "1"}
+        self.label = "spare_port (started beside the old one)" if spare else "no spare_port (two batches)"
+        self.releases: list[str] = []
+
+    def deploy_two(self) -> None:
+        if self.router is not None:
             from deployctl.config import load_config
 
-            router.start(load_config(path))
-        releases = []
+            self.router.start(load_config(self.path))
         for _ in range(2):
-            _cli(path, "deploy", "--yes", env=env)
-            releases.append(os.path.basename(os.readlink(work / "h0" / "current")))
+            _cli(self.path, "deploy", "--yes", env=self.env)
+            self.releases.append(os.path.basename(os.readlink(self.work / "h0" / "current")))
             time.sleep(1.1)  # release ids carry the second
-        totals, starts = [], []
-        for i in range(args.runs):
-            to = releases[i % 2]
-            doc = json.loads(_cli(path, "rollback", "--to", to, "--json", env=env).stdout)
-            totals.append(doc["duration_s"])
-            ph = doc["phases"]
-            for b in ph["batches"]:
-                starts += [t["ready_s"] + t.get("start_s", 0) for t in b["hosts"].values()]
-            print(f"rollback {i + 1} to {to}: {doc['duration_s']:.1f} s; prepare {ph['prepare_s']:g}, "
-                  f"lock {ph['lock_s']:g}, router {ph['router_s']:g}, drain old {ph.get('drain_s', 0):g}, "
-                  f"record {ph['record_s']:g}, batches "
-                  + "; ".join(f"{b['wall_s']:g} s [" + ", ".join(
-                      f"{h}: " + " ".join(f"{k[:-2]} {v:g}" for k, v in t.items()) for h, t in b["hosts"].items())
-                      + "]" for b in ph["batches"]))
-        return totals, starts
-    finally:
-        for i in range(args.hosts):
-            run = work / f"h{i}" / "shared" / "run"
+
+    def rollback(self, i: int) -> dict:
+        to = self.releases[i % 2]
+        doc = json.loads(_cli(self.path, "rollback", "--to", to, "--json", env=self.env).stdout)
+        ph = doc["phases"]
+        print(f"{self.label}, rollback {i + 1}: {doc['duration_s']:.1f} s; prepare {ph['prepare_s']:g}, "
+              f"lock {ph['lock_s']:g}, router {ph['router_s']:g}, drain old {ph.get('drain_s', 0):g}, "
+              f"record {ph['record_s']:g}, batches "
+              + "; ".join(f"{b['wall_s']:g} s [" + ", ".join(
+                  f"{h}: " + " ".join(f"{k[:-2]} {v:g}" for k, v in t.items()) for h, t in b["hosts"].items())
+                  + "]" for b in ph["batches"]), flush=True)
+        return doc
+
+    def close(self) -> None:
+        for i in range(self.hosts):
+            run = self.work / f"h{i}" / "shared" / "run"
             for pidfile in run.glob("runtime*.pid") if run.is_dir() else ():
                 try:
                     os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
                 except (OSError, ValueError):
                     pass
-        if router is not None:
-            router.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if self.router is not None:
+            self.router.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def main() -> None:
@@ -109,18 +111,34 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the same rollbacks without spare_port (two batches) as the peer run")
+                    help="also time the same rollbacks on a fleet without spare_port (two batches), interleaved")
     args = ap.parse_args()
-    totals, starts = _fleet(args, spare=True)
-    med, start = statistics.median(totals), statistics.median(starts)
-    print(f"\n{args.hosts}-host fleet: rollback median {med:.1f} s over {args.runs} runs (min {min(totals):.1f}, "
-          f"max {max(totals):.1f}); one runtime start (launch → /readyz 200, {args.hosts} at once) median "
-          f"{start:.1f} s; ratio rollback / start {med / start:.2f}; target < 15 s: {'met' if med < 15 else 'NOT met'}")
+    fleets = [_Fleet(args.hosts, spare=True)] + ([_Fleet(args.hosts, spare=False)] if args.peer else [])
+    try:
+        for f in fleets:
+            f.deploy_two()
+        totals: dict[bool, list] = {True: [], False: []}
+        starts = []
+        for i in range(args.runs):  # interleaved: both fleets see the same load, run by run
+            for f in fleets:
+                doc = f.rollback(i)
+                totals[f.spare].append(doc["duration_s"])
+                if f.spare:
+                    starts += [t["ready_s"] + t.get("start_s", 0) for b in doc["phases"]["batches"]
+                               for t in b["hosts"].values()]
+    finally:
+        for f in fleets:
+            f.close()
+    med, start = statistics.median(totals[True]), statistics.median(starts)
+    t = totals[True]
+    print(f"\n{args.hosts}-host fleet + nginx: rollback median {med:.1f} s over {args.runs} runs (min {min(t):.1f}, "
+          f"max {max(t):.1f}); one runtime start (launch → /readyz 200, {args.hosts} at once) median {start:.1f} s; "
+          f"ratio rollback / start {med / start:.2f}; target < 15 s: {'met' if med < 15 else 'NOT met'}")
     if args.peer:
-        peer, _ = _fleet(args, spare=False)
-        pm = statistics.median(peer)
-        print(f"peer without spare_port (two batches): median {pm:.1f} s (min {min(peer):.1f}, max {max(peer):.1f}); "
-              f"ratio spare / batches {med / pm:.2f}")
+        p = totals[False]
+        pm = statistics.median(p)
+        print(f"peer without spare_port (two batches, interleaved): median {pm:.1f} s (min {min(p):.1f}, "
+              f"max {max(p):.1f}); ratio spare / batches {med / pm:.2f}")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
