@@ -14,7 +14,8 @@ from typing import Any
 # One HTTP request to the runtime, made on its host (deployctl.service.http sends it). Arguments: url, method, json
 # (a body, or null), timeout, env_file. The API key: $DEPLOYCTL_PROBE_KEY (deployctl's server.api_key_env, passed in
 # the command's environment), else DEPLOYCTL_RUNTIME_API_KEY from env_file (the release's runtime.env, read on the
-# host; never on a command line). Prints status (0: no HTTP answer), headers, body, error, elapsed_s.
+# host; never on a command line). Prints status (0: no HTTP answer), headers, body, error (words, no exception repr),
+# error_kind (refused | timeout | reset | dns | other, when no HTTP answer), elapsed_s.
 HTTP_PROBE = r"""
 import json, os, sys, time, urllib.request, urllib.error
 a = json.loads(sys.argv[1])
@@ -40,7 +41,13 @@ try:
 except urllib.error.HTTPError as e:
     out.update(status=e.code, headers=dict(e.headers or {}), body=e.read().decode("utf-8", "replace"))
 except Exception as e:
-    out["error"] = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+    why = getattr(e, "reason", e)
+    kind = ("refused" if isinstance(why, ConnectionRefusedError) else
+            "timeout" if isinstance(why, TimeoutError) or "timed out" in str(why) else
+            "reset" if isinstance(why, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)) else
+            "dns" if isinstance(why, OSError) and type(why).__name__ == "gaierror" else "other")
+    text = getattr(why, "strerror", None) or str(why) or type(why).__name__
+    out.update(error=text, error_kind=kind)
 out["elapsed_s"] = time.monotonic() - t0
 print(json.dumps(out))
 """

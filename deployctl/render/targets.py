@@ -68,7 +68,13 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
     ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct, "adapter": a,
            "m": {role: a.metrics[role] for role in METRIC_ROLES},
            "job": cfg.slo.prometheus_job or cfg.service.name,
-           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS}
+           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS, "tls": None}
+    if cfg.router is not None and cfg.router.tls is not None:  # certificate expiry from blackbox_exporter's probe
+        from deployctl.config.router import CERT_FAIL_DAYS, CERT_WARN_DAYS
+        from deployctl.render.edge import probe_instance_regex
+
+        ctx["tls"] = {"job": cfg.router.tls.probe_job, "instance": probe_instance_regex(cfg),
+                      "server_name": cfg.router.server_name, "warn_days": CERT_WARN_DAYS, "fail_days": CERT_FAIL_DAYS}
     return RenderedFile("prometheus/alerts.rules.yaml", render_template("alerts.rules.yaml.j2", ctx))
 
 
@@ -136,9 +142,18 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
            "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
            "replicas": len(cfg.hosts), "rollout": rollout, "pod_command": pod_command, "pause_s": math.ceil(cfg.rollout.pause_s),
            "startup_failure_threshold": max(1, math.ceil(cfg.server.startup_timeout_s / 10))}
+    if rollout:
+        from deployctl.render.kubernetes import analysis_context
+
+        ctx.update(analysis_context(cfg, CLIENT_REASONS))
     env = [f for f in render_release(cfg, host, release_id, api_key=api_key) if f.path == "runtime.env"][0]
     configmap = [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx))]
-    return [*(configmap if ctx["adapter"].config_file else []),
+    extra = []
+    if rollout:
+        from deployctl.render.kubernetes import rollout_files
+
+        extra = rollout_files(cfg, ctx)
+    return [*(configmap if ctx["adapter"].config_file else []), *extra,
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
@@ -159,7 +174,12 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     if cfg.router and target in ("systemd", "container"):
         conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
-    files.append(render_alerts(cfg))
+    alerts = render_alerts(cfg)
+    if target in ("k8s", "k8s-rollout"):
+        from deployctl.render.monitoring import monitoring_files
+
+        files += monitoring_files(cfg, alerts.content)
+    files.append(alerts)
     return files
 
 

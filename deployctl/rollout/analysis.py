@@ -68,18 +68,24 @@ class Verdict:
         return d
 
     def summary(self) -> str:
-        c, s = self.canary, self.stable
-
-        def ms(v):
-            return "n/a" if v is None else f"{v * 1000:.1f} ms"
-
+        """The verdict line. Each side's two counts come from different sources and differ on purpose:
+        ``req via router`` counts the window's access-log lines for that side (every route: /v1/models too;
+        deployctl's probes not), ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes
+        (generation requests only, the probes included): ``canary 53 req via router (all routes), … over 2 TTFT samples (generations, probes incl.)``."""
         from deployctl.rollout.verdicts import probe_summary
 
-        return (f"{self.result} [{self.source}]: canary {c.requests} req, {c.errors} errors ({c.error_rate:.1%}), "
-                f"P99 TTFT {ms(c.p99_ttft_s)}, P99 TPOT {ms(c.p99_tpot_s)} (n={c.ttft_count}) | stable {s.requests} req, "
-                f"{s.errors} errors ({s.error_rate:.1%}), P99 TTFT {ms(s.p99_ttft_s)}, P99 TPOT {ms(s.p99_tpot_s)} "
-                f"(n={s.ttft_count})" + probe_summary(self.probes)
+        return (f"{self.result} [{self.source}]: {_side('canary', self.canary)} | {_side('stable', self.stable)}"
+                + probe_summary(self.probes)
                 + f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
+
+
+def _side(label: str, g: "GroupStats") -> str:
+    def ms(v):
+        return "n/a" if v is None else f"{v * 1000:.1f} ms"
+
+    return (f"{label} {g.requests} req via router (all routes), {g.errors} errors ({g.error_rate:.1%}), "
+            f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)} over {g.ttft_count} TTFT samples "
+            f"(generations, probes incl.)")
 
 
 def upstream_map(cfg: DeployConfig) -> dict[str, str]:

@@ -2,7 +2,6 @@
 progress (or the last one), and the merged history from the hosts' state/history.jsonl."""
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from deployctl.config import DeployConfig
@@ -14,21 +13,12 @@ from deployctl.service.http import http
 from deployctl.rollout.lock import describe
 
 
-def _reason(r, route: str = "/readyz") -> str:
-    """A readiness probe's failure in words: "/readyz 503", "connection refused" (not a raw URLError repr)."""
-    if r.status:
-        return f"{route} {r.status}"
-    m = re.search(r"<urlopen error (?:\[Errno -?\d+\] )?(.*)>", r.error or "")
-    text = m.group(1) if m else (r.error or "no answer")
-    return text[:1].lower() + text[1:]
-
-
 def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     snap = snapshot(h, cfg)
     kind = snap.get("engine")
     route = adapter(kind if kind in KINDS else cfg.engine.kind).ready_route
     r = http(h, cfg, "GET", route, timeout=3)
-    detail = _reason(r, route)
+    detail = r.describe(route)
     if snap["runtime_running"] and not snap["supervised"]:
         detail = (f"unsupervised: the runtime (pid {snap.get('runtime_pid')}) serves but its supervisor "
                   f"(launch.sh) is not running, so nothing restarts it when it dies; "

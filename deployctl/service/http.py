@@ -24,8 +24,16 @@ class HttpResult:
     status: int  # 0 when no HTTP answer (connection refused, timeout)
     headers: dict[str, str] = field(default_factory=dict)
     body: str = ""
-    error: str = ""
+    error: str = ""  # in words ("Connection refused"), when no HTTP answer
     elapsed_s: float = 0.0  # the request's wall time on the host
+    error_kind: str = ""  # refused | timeout | reset | dns | other (HTTP_PROBE), when no HTTP answer
+
+    def describe(self, path: str) -> str:
+        """The outcome in words for status lines: "/readyz 503", or why there was no answer ("connection refused")."""
+        if self.status:
+            return f"{path} {self.status}"
+        text = self.error or "no answer"
+        return text[:1].lower() + text[1:]
 
     def header(self, name: str) -> Optional[str]:
         for k, v in self.headers.items():
@@ -55,4 +63,4 @@ def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, t
     except (ValueError, IndexError):
         return HttpResult(0, error=f"probe printed no result: {r.stdout[-200:]} {r.stderr[-200:]}")
     return HttpResult(int(d["status"]), d.get("headers") or {}, d.get("body") or "", d.get("error") or "",
-                      float(d.get("elapsed_s") or 0.0))
+                      float(d.get("elapsed_s") or 0.0), d.get("error_kind") or "")
