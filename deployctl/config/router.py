@@ -68,6 +68,9 @@ class RouterConfig(_Frozen):
     max_conns_per_host: Optional[int] = Field(None, ge=1, le=100000)
     retry_after_s: int = Field(1, ge=1, le=3600)  # Retry-After of the router's 429s
     limits: Optional[LimitsConfig] = None
+    # nginx's upstream keepalive_timeout: idle connections to the engines are closed after this; the engine's own
+    # keep-alive is rendered longer (deployctl.render.keepalive)
+    keepalive_timeout_s: float = Field(60, gt=0, le=3600)
 
     @field_validator("listen_address")
     @classmethod
