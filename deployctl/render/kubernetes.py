@@ -3,7 +3,8 @@ and stable Services it needs, the golden-output Job's config, and the Prometheus
 (render.monitoring). Called by render.targets with the workload's template context.
 
 Files (under ``k8s/``): analysis-template.yaml (AnalysisTemplate), analysis-config.yaml (ConfigMap: the deploy.yaml
-the Job reads), track-services.yaml (canary and stable Services).
+the Job reads), track-services.yaml (canary and stable Services), and render.gateway's inference-pool.yaml and
+http-route.yaml.
 """
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def rollout_files(cfg: DeployConfig, ctx: dict) -> list[RenderedFile]:
              RenderedFile("k8s/analysis-config.yaml", render_template("k8s-analysis-config.yaml.j2",
                                                                       {**actx, "deploy_yaml": deploy_yaml(cfg)})),
              RenderedFile("k8s/track-services.yaml", render_template("k8s-track-services.yaml.j2", ctx))]
-    return files
+    from deployctl.render.gateway import gateway_files
+
+    return files + gateway_files(cfg)
 
 
 __all__ = ["PROMETHEUS_ADDRESS", "analysis_context", "deploy_yaml", "deployctl_image", "rollout_files"]
