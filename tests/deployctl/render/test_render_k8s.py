@@ -99,3 +99,19 @@ def test_container_files(tmp_path):
     copies = [line for line in docker.splitlines() if line.startswith(("COPY", "ADD"))]
     assert all("/models" not in line and "safetensors" not in line for line in copies)  # weights never baked in
     assert API_KEY not in docker and files["hosts/gpu-b/runtime.env"].mode == 0o600
+
+
+@pytest.mark.parametrize("kind,extra", [("deployctl-runtime", {}), ("vllm", {"version": "0.11.0"}),
+                                        ("sglang", {"version": "0.5.23"})])
+def test_termination_grace_covers_the_engines_drain(kind, extra):
+    """The runtime and vLLM finish in-flight requests after SIGTERM; SGLang cuts them, so its pod waits out
+    server.drain_timeout_s in preStop (endpoints no longer send it requests) before the signal. Either way the grace
+    period covers preStop plus the drain."""
+    from deployctl.engines import adapter
+
+    files = _by_path("k8s-rollout", engine={"kind": kind, **extra}, server={"drain_timeout_s": 40})
+    spec = yaml.safe_load(files["k8s/rollout.yaml"].content)["spec"]["template"]["spec"]
+    prestop = spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drains = adapter(kind).sigterm_drains
+    assert prestop == (5 if drains else 45)
+    assert spec["terminationGracePeriodSeconds"] >= prestop + 40 + 10
