@@ -4,7 +4,9 @@ Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
                (all hosts stable), ``prometheus/alerts.rules.yaml``
 - container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router and alerts
-- k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env, and alerts
+- k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env,
+               prometheus-rule.yaml, pod-monitor.yaml (render.monitoring), and alerts; k8s-rollout adds the analysis,
+               track Services and gateway objects of render.kubernetes
 
 The same inputs (deploy.yaml, API key, release id, templates) give the same bytes. The default release id is
 render.new_release_id's (as `deployctl deploy` names releases), at SOURCE_DATE_EPOCH when set.
