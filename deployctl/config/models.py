@@ -15,14 +15,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from deployctl.errors import ConfigError
 from deployctl.config.yamlsource import parse_yaml
+from deployctl.config.router import USER_PATTERN, RouterConfig  # noqa: F401 (re-exported)
 from deployctl.config.units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 # Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
 # timeouts and k8s manifests, which reject infinity and absurd values.
 MAX_SECONDS = 7 * 24 * 3600
-# A login name (POSIX portable, 32 characters): it is written after User= in units and used for SSH.
-USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
 # An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
@@ -145,31 +144,6 @@ class HostConfig(_Frozen):
     def gpu_ids(self) -> list[int]:
         """The GPU ids (NVML / PCI bus order) the engine uses on this host: ``gpus``, else ``[gpu]``."""
         return list(self.gpus) if self.gpus else [self.gpu]
-
-
-class RouterConfig(_Frozen):
-    kind: Literal["nginx"] = "nginx"
-    host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
-    user: Optional[str] = Field(None, pattern=USER_PATTERN)  # SSH settings when host is an address, not a name from hosts:
-    port: int = Field(22, ge=1, le=65535)
-    ssh_key: Optional[str] = None
-    listen: int = Field(80, ge=1, le=65535)
-    listen_address: Optional[str] = None  # e.g. 127.0.0.1; default: every address
-    upstream_conf: str
-    nginx_conf: Optional[str] = None  # main nginx.conf for `nginx -t -c`; default: nginx's own
-    nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
-    access_log: Optional[str] = None  # JSON access log read by canary analysis
-
-    @field_validator("listen_address")
-    @classmethod
-    def _ip_address(cls, v: Optional[str]) -> Optional[str]:
-        # Written into nginx's `listen ADDRESS:PORT;`: anything but an IP address could add directives.
-        if v is not None:
-            try:
-                ipaddress.ip_address(v)
-            except ValueError:
-                raise ValueError("listen_address must be an IP address such as 127.0.0.1 or ::1") from None
-        return v
 
 
 class OutputsConfig(_Frozen):

@@ -155,6 +155,10 @@ class Host:
         """Copy ``remote`` to local file ``local``."""
         self._transport.get_file(remote, Path(local), timeout=timeout)
 
+    def read_bytes(self, remote: str, *, timeout: float = 30) -> bytes:
+        """The content of ``remote``. Raises RemoteCommandError if it cannot be read."""
+        return self._transport.read_bytes(remote, timeout=timeout)
+
     def read_text(self, remote: str, *, timeout: float = 30) -> str:
         """The content of ``remote`` as UTF-8. Raises RemoteCommandError if it cannot be read."""
         return self._transport.read_bytes(remote, timeout=timeout).decode("utf-8", errors="replace")

@@ -55,8 +55,23 @@ def check_facts(cfg: DeployConfig, facts_by_host: list, environ: Optional[Mappin
 def run_preflight(cfg: DeployConfig, host_names: Optional[list[str]] = None, *, verify_weights: bool = True,
                   on_progress: Optional[ProgressFn] = None, environ: Optional[Mapping[str, str]] = None) -> PreflightReport:
     """Gather facts from the hosts in parallel, then check them. Never raises for a host's failure:
-    an unreachable host is a failed "reach" check. Raises ConfigError for an unknown host name."""
-    return check_facts(cfg, gather(cfg, host_names, verify_weights=verify_weights, on_progress=on_progress), environ)
+    an unreachable host is a failed "reach" check. Raises ConfigError for an unknown host name.
+    With ``router.tls`` (and no host filter, or one naming the router host) the router's certificate is checked
+    too (deployctl.preflight.certs): its checks join that host's report, or a report of their own."""
+    report = check_facts(cfg, gather(cfg, host_names, verify_weights=verify_weights, on_progress=on_progress), environ)
+    if cfg.router is not None and cfg.router.tls is not None:
+        from deployctl.preflight.certs import router_certificate
+
+        name = cfg.router_host().name
+        if not host_names or name in host_names:
+            name, checks, facts = router_certificate(cfg)
+            same = next((h for h in report.hosts if h.host == name), None)
+            if same is not None:
+                same.checks.extend(checks)
+                same.facts.update(facts)
+            else:
+                report.hosts.append(HostReport(name, checks, facts))
+    return report
 
 
 __all__ = ["Check", "HostReport", "PreflightReport", "run_preflight", "check_facts", "run_checks"]

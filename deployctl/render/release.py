@@ -300,6 +300,9 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
             params = " down" if h.name in drained or weight == 0 else ("" if weight == 1 else f" weight={weight}")
             servers.append({"host": h.name, "role": role + (", drained" if h.name in drained else ""),
                             "address": _upstream_address(h), "port": layout.service_port(cfg, h), "params": params})
+    from deployctl.render.edge import edge_context, with_server_limits
+
+    servers = with_server_limits(cfg, servers)  # router.max_conns_per_host (deployctl.render.edge)
     router = cfg.router
     listen_port = router.listen if router else 80
     _check_ports(cfg, stable + canary, listen_port)
@@ -315,6 +318,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
            "listen": f"{listen_addr}:{listen_port}" if listen_addr else str(listen_port), "access_log": access_log,
            "client_max_body_size": "16m",
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}
+    ctx |= edge_context(cfg, base, ctx["listen"])  # TLS and limits
     return render_template("nginx-upstream.conf.j2", ctx)
 
 

@@ -71,7 +71,13 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
     ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct, "adapter": a,
            "m": {role: a.metrics[role] for role in METRIC_ROLES},
            "job": cfg.slo.prometheus_job or cfg.service.name,
-           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS}
+           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS, "tls": None}
+    if cfg.router is not None and cfg.router.tls is not None:  # certificate expiry from blackbox_exporter's probe
+        from deployctl.config.router import CERT_FAIL_DAYS, CERT_WARN_DAYS
+        from deployctl.render.edge import probe_instance_regex
+
+        ctx["tls"] = {"job": cfg.router.tls.probe_job, "instance": probe_instance_regex(cfg),
+                      "server_name": cfg.router.server_name, "warn_days": CERT_WARN_DAYS, "fail_days": CERT_FAIL_DAYS}
     return RenderedFile("prometheus/alerts.rules.yaml", render_template("alerts.rules.yaml.j2", ctx))
 
 

@@ -1,6 +1,7 @@
 """The router: nginx on ``router.host``. ``Router.apply`` renders the upstream conf for the given split
 (deployctl.render.render_nginx), writes it, runs ``nginx -t`` and reloads (``nginx -s reload``; never a restart).
-If ``nginx -t`` fails the previous conf is put back and CheckFailed raised with nginx's message.
+If ``nginx -t`` fails the previous conf is put back and CheckFailed raised with nginx's message. ``Router.reload``
+re-applies the last split (how a renewed TLS certificate is picked up; every deploy step applies one too).
 Beside the conf, ``<upstream_conf>.state.json`` records the split (stable, canary, weight, drained, shares)
 for ``deployctl status``.
 
@@ -121,6 +122,22 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
             raise CheckFailed(f"nginx reload on {self.host.name} failed (exit {r.exit_code}): "
                               f"{(r.stderr or r.stdout).strip()[-300:]}")
         return split.shares()
+
+    def reload(self) -> Split:
+        """Re-apply the last applied split (every host stable when none was applied): render from deploy.yaml,
+        ``nginx -t``, reload. nginx re-reads its certificate files on reload, so a renewed certificate (and changed
+        router settings) take effect; open streams finish on the old workers. Returns the split applied.
+        Raises CheckFailed or RemoteError as apply does."""
+        last = self.read_split() or {}
+        names = [h.name for h in self.cfg.hosts]
+        stable = [n for n in last.get("stable", []) if n in names]
+        canary = [n for n in last.get("canary", []) if n in names]
+        if not stable and not canary:
+            stable, last = names, {}
+        drained = [n for n in last.get("drained", []) if n in stable + canary]
+        split = Split(tuple(stable), tuple(canary), int(last.get("weight", 0)), tuple(drained))
+        self.apply(split)
+        return split
 
     def read_split(self) -> Optional[dict]:
         """The last applied split (JSON) or None."""

@@ -1,0 +1,104 @@
+"""The router's edge settings as nginx template context: TLS (``router.tls``), the per-host connection limit
+(``router.max_conns_per_host``) and per-client limits (``router.limits``), and the JSON bodies of the router's
+own errors (OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``).
+
+- TLS: TLSv1.2 and TLSv1.3 with Mozilla's "intermediate" cipher list (ssl-config.mozilla.org, v5.7, without the
+  DHE suites, which nginx only offers with an ssl_dhparam file), HTTP/2, session cache without tickets, HSTS.
+  Plain HTTP on ``tls.http_listen`` answers 308 to ``https://server_name`` when ``redirect_http``, else nothing
+  listens there.
+- ``max_conns``: nginx's ``max_conns=N`` on every upstream server, counted across workers through a shared
+  ``zone`` (without one each worker counts alone). When every server is at its limit nginx finds "no live
+  upstreams" and answers 502 with ``$upstream_addr`` set to the upstream's name; that one case becomes 429 with
+  Retry-After (``router_over_capacity``); other router 502s become a JSON 502.
+- limits: ``limit_req`` (rate per client, ``burst`` with nodelay) and ``limit_conn`` (open requests per client),
+  both answered 429 with Retry-After (``rate_limit_exceeded``). The runtime's own 429s pass through untouched
+  (``proxy_intercept_errors`` stays off).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deployctl.config import DeployConfig
+
+TLS_PROTOCOLS = "TLSv1.2 TLSv1.3"
+TLS_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+               "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305")
+HSTS_MAX_AGE_S = 63072000  # two years, Mozilla's recommendation
+UPSTREAM_ZONE_SIZE = "64k"  # the upstream's shared state: a few hundred servers
+
+
+def _error_body(message: str, type_: str, code: str) -> str:
+    """A JSON error in OpenAI's shape, safe inside nginx's single-quoted ``return`` (no ', $, \\ or newline)."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    assert not set(body) & set("'$\\\n"), body
+    return body
+
+
+def rate(requests_per_s: float) -> str:
+    """nginx's rate syntax: whole requests per second as ``Nr/s``, else per minute ``Nr/m`` (at least 1r/m)."""
+    if float(requests_per_s).is_integer():
+        return f"{int(requests_per_s)}r/s"
+    return f"{max(1, round(requests_per_s * 60))}r/m"
+
+
+def with_server_limits(cfg: DeployConfig, servers: list[dict]) -> list[dict]:
+    """``servers`` (render_nginx's upstream entries) with `` max_conns=N`` appended to each one's params."""
+    n = cfg.router.max_conns_per_host if cfg.router else None
+    if n is None:
+        return servers
+    return [{**s, "params": f"{s['params']} max_conns={n}"} for s in servers]
+
+
+def edge_context(cfg: DeployConfig, base: str, listen: str) -> dict[str, Any]:
+    """Template names for the TLS and limit blocks of nginx-upstream.conf.j2. ``base`` is the service name as an
+    nginx identifier, ``listen`` the rendered ``ADDRESS:PORT`` (or ``PORT``) of the API server."""
+    router = cfg.router
+    ctx: dict[str, Any] = {"server_name": (router.server_name if router else None) or "_", "tls": None,
+                           "upstream_zone": None, "limits": None, "retry_after_s": router.retry_after_s if router else 1,
+                           "over_capacity_body": None, "bad_gateway_body": None, "limited_body": None,
+                           "edge_name": f"deployctl_{base}"}
+    if router is None:
+        return ctx
+    tls = router.tls
+    if tls is not None:
+        port = router.listen
+        http_listen = listen.rsplit(":", 1)[0] + f":{tls.http_listen}" if ":" in listen else str(tls.http_listen)
+        ctx["tls"] = {"certificate": tls.certificate, "key": tls.key, "protocols": TLS_PROTOCOLS,
+                      "ciphers": TLS_CIPHERS, "hsts_max_age_s": HSTS_MAX_AGE_S,
+                      "session_cache": f"deployctl_{base}_tls:10m",
+                      "redirect_listen": http_listen if tls.redirect_http else None,
+                      "redirect_to": f"https://{router.server_name}{'' if port == 443 else f':{port}'}"}
+    if router.max_conns_per_host is not None:
+        ctx["upstream_zone"] = f"deployctl_{base}_upstream {UPSTREAM_ZONE_SIZE}"
+        ctx["over_capacity_body"] = _error_body(
+            f"every runtime behind the router is at its limit of {router.max_conns_per_host} concurrent requests "
+            f"(router.max_conns_per_host); retry after {router.retry_after_s} s",
+            "rate_limit_error", "router_over_capacity")
+        ctx["bad_gateway_body"] = _error_body("the router could not get an answer from a runtime", "server_error",
+                                              "bad_gateway")
+    lim = router.limits
+    if lim is not None and (lim.requests_per_s is not None or lim.connections is not None):
+        key = "$binary_remote_addr" if lim.key == "remote_addr" else "$http_authorization"
+        ctx["limits"] = {
+            "req_zone": (f"{key} zone=deployctl_{base}_req:{lim.zone_size} rate={rate(lim.requests_per_s)}"
+                         if lim.requests_per_s is not None else None),
+            # nginx refuses burst=0: without a burst every request over the rate is refused, nodelay is moot
+            "req": (f"zone=deployctl_{base}_req" + (f" burst={lim.burst} nodelay" if lim.burst else "")
+                    if lim.requests_per_s is not None else None),
+            "conn_zone": f"{key} zone=deployctl_{base}_conn:{lim.zone_size}" if lim.connections is not None else None,
+            "conn": f"deployctl_{base}_conn {lim.connections}" if lim.connections is not None else None,
+        }
+        who = "client address" if lim.key == "remote_addr" else "API key"
+        ctx["limited_body"] = _error_body(f"too many requests for this {who} (router.limits); retry after "
+                                          f"{router.retry_after_s} s", "rate_limit_error", "rate_limit_exceeded")
+    return ctx
+
+
+def probe_instance_regex(cfg: DeployConfig) -> str:
+    """The ``instance`` label regex of a blackbox_exporter probe of the router: ``https://SERVER_NAME`` with an
+    optional port and path (a wildcard server_name matches any one label). Prometheus regexes are RE2, anchored."""
+    name = re.escape(cfg.router.server_name).replace(r"\*", "[^/:.]+", 1)
+    return rf"https://{name}(:[0-9]+)?(/.*)?"
