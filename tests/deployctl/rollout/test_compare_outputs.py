@@ -3,60 +3,28 @@ on CPU with the tiny model answers the golden prompts; the same release agrees w
 does not answer fails (exit 1). One server for the module."""
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
 from support.cli import run_cli
 from support.render import write_config
-from support.runbook_fleet import make_tiny_model
+from support.runtime import make_tiny_model, serve_runtime
 
-ROOT = Path(__file__).resolve().parents[3]
-PORT_LINE = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 KEY = "sk-compare-outputs-test"
 
 
+ARGS = ("--max-model-len", "128", "--kv-cache-memory", "8MiB", "--served-model-name", "tiny")
+
+
 @pytest.fixture(scope="module")
-def runtime_url(tmp_path_factory):
-    model = make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DEPLOYCTL_RUNTIME_API_KEY": KEY,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "deployctl_runtime", "serve", "--port", "0", "--model", str(model),
-                             "--max-model-len", "128", "--kv-cache-memory", "8MiB", "--served-model-name", "tiny"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    lines, port = [], []
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    return d, make_tiny_model(d)
 
-    def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            m = PORT_LINE.search(line)
-            if m:
-                port.append(int(m.group(1)))
 
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if port:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port[0]}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("runtime did not become ready:\n" + "".join(lines))
-        yield f"http://127.0.0.1:{port[0]}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
+@pytest.fixture(scope="module")
+def runtime_url(tiny):
+    with serve_runtime(tiny[1], tiny[0] / "runtime.log", *ARGS, env={"DEPLOYCTL_RUNTIME_API_KEY": KEY}) as url:
+        yield url
 
 
 @pytest.fixture
@@ -75,6 +43,19 @@ def test_the_same_release_agrees_with_itself(runtime_url, deploy_yaml):
 
     report = json.loads(r.stdout)
     assert (report["result"], report["mode"], report["compared"], report["identical"]) == ("pass", "exact", 2, 2)
+
+
+def test_a_canary_whose_answers_differ_fails(runtime_url, tiny, deploy_yaml):
+    """The same weights, but every output token replaced (the runtime's repeat_token fault): a wrong canary."""
+    import json
+
+    with serve_runtime(tiny[1], tiny[0] / "faulty.log", *ARGS,
+                       env={"DEPLOYCTL_RUNTIME_API_KEY": KEY, "DEPLOYCTL_RUNTIME_FAULT": "repeat_token=7"}) as faulty:
+        r = run_cli("compare-outputs", "-c", str(deploy_yaml), "--canary-url", faulty, "--stable-url", runtime_url,
+                    "--no-chat", "--json", env={"LLM_API_KEY": KEY})
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["result"] == "fail" and report["compared"] == 2 and report["identical"] == 0, report
 
 
 def test_a_canary_that_does_not_answer_fails(runtime_url, deploy_yaml):
