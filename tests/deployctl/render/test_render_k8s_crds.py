@@ -97,3 +97,16 @@ def test_endpoint_picker_metric_names_come_from_the_engine_adapter(kind, queued,
                                       "--total-running-requests-metric": running,
                                       "--kv-cache-usage-percentage-metric": kv}
     assert epp_metric_flags("transformers") == {}
+
+
+def test_prometheus_rule_carries_the_plain_rules_and_the_pod_monitor_scrapes_the_pods():
+    files = {f.path: f.content for f in render_files(make_config(), target="k8s", release_id="r1", api_key=API_KEY)}
+    rule = yaml.safe_load(files["k8s/prometheus-rule.yaml"])
+    assert rule["spec"]["groups"] == yaml.safe_load(files["prometheus/alerts.rules.yaml"])["groups"]
+    monitor = yaml.safe_load(files["k8s/pod-monitor.yaml"])["spec"]
+    pod = yaml.safe_load(files["k8s/deployment.yaml"])["spec"]["template"]
+    assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    endpoint = monitor["podMetricsEndpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert endpoint["path"] == "/metrics" and endpoint["interval"] == "7s"  # a quarter of the 30 s window
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"deployctl_service", "rollouts_pod_template_hash"}
