@@ -18,7 +18,6 @@ from support.cli import run_cli
 from support.nginx import NginxRouter
 from support.ports import free_port
 from support.render import make_config, write_config
-from support.runtime import make_tiny_model, serve_runtime
 
 TLS = {"certificate": "/etc/deployctl/tls/llm.pem", "key": "/etc/deployctl/tls/llm.key"}
 VARIANTS = {
@@ -70,32 +69,29 @@ def test_tls_needs_a_server_name_and_its_own_http_port():
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """The tiny runtime (20 ms per token) behind nginx with TLS for localhost, plain HTTP redirected."""
+def stack(tmp_path_factory, slow_tiny_runtime):
+    """The tiny runtime (slow_tiny_runtime) behind nginx with TLS for localhost, plain HTTP redirected."""
     base = tmp_path_factory.mktemp("tls-stack")
     ca = TestCA(base / "ca")
     cert, key = ca.issue("router", ["localhost"])
-    model = make_tiny_model(base)
-    with serve_runtime(model, base / "serve.log", "--max-num-seqs", "4",
-                       env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"}) as url:
-        router = NginxRouter(base / "nginx")
-        http_port = free_port()
-        path = write_config(base / "deploy.yaml", model={"path": str(model), "served_name": "model"},
-                            engine={"device": "cpu"},
-                            server={"bind": "127.0.0.1", "port": int(url.rsplit(":", 1)[1]), "api_key_env": None},
-                            hosts=[{"name": "local-a", "address": "local", "deploy_root": str(base / "root")}],
-                            router={**router.router_config(), "server_name": "localhost",
-                                    "tls": {"certificate": str(cert), "key": str(key), "redirect_http": True,
-                                            "http_listen": http_port}})
-        from deployctl.config import load_config
+    router = NginxRouter(base / "nginx")
+    http_port = free_port()
+    path = write_config(base / "deploy.yaml", model={"path": str(slow_tiny_runtime["model"]), "served_name": "model"},
+                        engine={"device": "cpu"},
+                        server={"bind": "127.0.0.1", "port": slow_tiny_runtime["port"], "api_key_env": None},
+                        hosts=[{"name": "local-a", "address": "local", "deploy_root": str(base / "root")}],
+                        router={**router.router_config(), "server_name": "localhost",
+                                "tls": {"certificate": str(cert), "key": str(key), "redirect_http": True,
+                                        "http_listen": http_port}})
+    from deployctl.config import load_config
 
-        cfg = load_config(path)
-        try:
-            router.start(cfg)
-            yield {"cfg": cfg, "path": path, "router": router, "ca": ca, "cert": cert, "key": key,
-                   "base": f"https://localhost:{router.port}", "http_port": http_port, "model": model}
-        finally:
-            router.stop()
+    cfg = load_config(path)
+    try:
+        router.start(cfg)
+        yield {"cfg": cfg, "path": path, "router": router, "ca": ca, "cert": cert, "key": key,
+               "base": f"https://localhost:{router.port}", "http_port": http_port}
+    finally:
+        router.stop()
 
 
 def _trust(stack) -> ssl.SSLContext:
@@ -155,6 +151,7 @@ def _handshake(port: int, ca_path, **ctx_kw) -> tuple[str, str, str]:
             return s.version(), s.cipher()[0], s.selected_alpn_protocol()
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")  # the client asks for TLS 1.0/1.1 on purpose
 def test_protocols_ciphers_and_plain_http_redirect(stack):
     port, ca = stack["router"].port, stack["ca"].path
     version, _, alpn = _handshake(port, ca)
