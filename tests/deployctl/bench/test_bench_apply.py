@@ -55,6 +55,14 @@ def test_bench_apply_on_a_real_bench_edits_the_file_and_it_loads(run_bench, slow
     assert len(comments) == 2 and all(slow_tiny_runtime["url"] in c and " UTC: " in c for c in comments), comments
     assert "(was 64)" in comments[0] and "(was None)" in comments[1]
     assert f"engine.max_num_seqs 64 -> {rec['max_num_seqs']}" in err
+    # the fragment printed for pasting holds only keys deploy.yaml knows
+    pasted = yaml.safe_load(rec["deploy_yaml"])
+    doc = yaml.safe_load(text)
+    doc["engine"].update(pasted["engine"])
+    doc["router"].update(pasted["router"])
+    from deployctl.config import parse_config
+
+    assert parse_config(yaml.safe_dump(doc)).router.max_conns_per_host == rec["router"]["max_conns_per_host"]
 
 
 def test_reapplying_replaces_its_comments_and_keeps_the_rest(tmp_path):
