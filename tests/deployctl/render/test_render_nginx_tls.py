@@ -183,22 +183,49 @@ def test_plain_http_closed_without_redirect(stack):
 
 
 def _served_serial(port: int) -> int:
-    from cryptography import x509
-
-    pem = ssl.get_server_certificate(("127.0.0.1", port))
-    return x509.load_pem_x509_certificate(pem.encode()).serial_number
+    return x509_serial(ssl.get_server_certificate(("127.0.0.1", port)).encode())
 
 
 def test_renewed_certificate_is_served_after_router_reload(stack):
-    from cryptography import x509
-
     port = stack["router"].port
     old = _served_serial(port)
     renewed, _ = stack["ca"].issue("renewed", ["localhost"], days=120, key=stack["key"])
     stack["cert"].write_bytes(renewed.read_bytes())  # what certbot's deploy hook does: new file, same path
-    new = x509.load_pem_x509_certificates(renewed.read_bytes())[0].serial_number
+    new = x509_serial(renewed.read_bytes())
     assert _served_serial(port) == old  # nginx reads certificates only at (re)load
     result = run_cli("router", "reload", "-c", str(stack["path"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "nginx reloaded on router" in result.stdout and "pass tls_certificate" in result.stdout
     assert _served_serial(port) == new
+
+
+def test_router_reload_refuses_a_renewal_gone_wrong(stack, tmp_path):
+    """Another pair's certificate: nginx -t fails, the conf and the served certificate stay (exit 1). An expired one
+    (nginx loads it): reloaded, and the certificate check fails with the file and the fix (exit 1)."""
+    port, cert = stack["router"].port, stack["cert"]
+    kept = cert.read_bytes()
+    served = _served_serial(port)
+    try:
+        other, _ = stack["ca"].issue("other-pair", ["localhost"])
+        cert.write_bytes(other.read_bytes())
+        result = run_cli("router", "reload", "-c", str(stack["path"]))
+        assert result.returncode == 1 and "nginx -t rejected" in result.stderr, result.stderr
+        assert "previous conf was restored" in result.stderr and _served_serial(port) == served
+        expired, _ = stack["ca"].issue("expired", ["localhost"], days=-1, not_before_days=30, key=stack["key"])
+        cert.write_bytes(expired.read_bytes())
+        result = run_cli("router", "reload", "-c", str(stack["path"]))
+        assert result.returncode == 1 and "router certificate:" in result.stderr, result.stderr
+        assert f"{cert} expired on" in result.stderr and "certbot renew" in result.stderr
+    finally:
+        cert.write_bytes(kept)
+        assert run_cli("router", "reload", "-c", str(stack["path"])).returncode == 0
+    assert _served_serial(port) == x509_serial(kept)
+    no_router = write_config(tmp_path / "deploy.yaml", router=None)
+    result = run_cli("router", "reload", "-c", str(no_router))
+    assert result.returncode == 3 and "no router: section" in result.stderr
+
+
+def x509_serial(pem: bytes) -> int:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificates(pem)[0].serial_number
