@@ -16,6 +16,7 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_VERIFY_TIMEOUT_S  | seconds a start may take before verification fails          | server.startup_timeout_s       |
 | DEPLOYCTL_SKIP_PREFLIGHT    | 1: deploy skips its preflight gate                          | 0                              |
 | DEPLOYCTL_RUNTIME_FAULT     | copied into a new release's runtime.env (fault injection)   | none                           |
+| DEPLOYCTL_CRD_SCHEMAS       | folder whose node_modules/ holds the CRD schema packages    | .node/ beside deployctl        |
 
 Also here: ``operator()`` (who runs deployctl: ``$SUDO_USER`` or the login name, at this machine) and
 ``secret(name)`` (the value of a variable that deploy.yaml or a flag names, e.g. ``server.api_key_env``).
@@ -83,6 +84,7 @@ class Settings:
     verify_timeout_s: Optional[float]
     skip_preflight: bool
     runtime_fault: Optional[str]
+    crd_schemas: Optional[Path] = None
 
 
 # field -> (variable, parser, default when unset or empty)
@@ -98,6 +100,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "verify_timeout_s": ("DEPLOYCTL_VERIFY_TIMEOUT_S", _seconds, None),
     "skip_preflight": ("DEPLOYCTL_SKIP_PREFLIGHT", _flag, False),
     "runtime_fault": (FAULT_VAR, _text, None),
+    "crd_schemas": ("DEPLOYCTL_CRD_SCHEMAS", _path, None),
 }
 VARIABLES = tuple(var for var, _, _ in _FIELDS.values())
 

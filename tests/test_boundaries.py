@@ -104,6 +104,7 @@ LAYERS = (
     ("deployctl.capacity", "deployctl.hosts", "deployctl.render"),
     ("deployctl.service", "deployctl.preflight", "deployctl.bench"),
     ("deployctl.rollout",),
+    ("deployctl.validate",),  # go-live validation: bench's ladder, rollout's output rules; the demo ends with it
     ("deployctl.runbook", "deployctl.demo"),
     ("deployctl.cli",),
     ("deployctl.__main__",),

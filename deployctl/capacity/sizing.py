@@ -96,6 +96,10 @@ def size_plan(
     )
     notes = [f"{engine.kind}: {semantics} memory semantics; every number is per GPU at tensor_parallel_size {tp} "
              f"({tp} GPUs per host)"] if tp > 1 or semantics != "vllm" else []
+    if tp > 1:  # what verification waits for a multi-GPU start before it calls it hung (deployctl.engines.startup)
+        from deployctl.engines.startup import describe
+
+        notes.append(f"multi-GPU start: {describe(weights, float('inf'))}, at most server.startup_timeout_s")
     return SizedPlan(plan_capacity(inputs), shape, inputs, weights_source, gpu_source, notes)
 
 

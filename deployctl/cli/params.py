@@ -44,3 +44,22 @@ def one_of(flag: str, *choices: str):
         return value
 
     return parse
+
+
+def duration(flag: str, example: str = "10m"):
+    """A typer ``parser`` for ``flag``: a duration, ``90``/``90s`` seconds, ``10m`` minutes, ``1h`` hours, above 0;
+    returns seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def parse(value: Any) -> float:
+        text = str(value).strip().lower()
+        scale = units.get(text[-1:], None)
+        try:
+            number = float(text[:-1] if scale else text) * (scale or 1.0)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise UsageError(f"{flag} {value} is not a duration", fix=f"e.g. {flag} {example} (s, m or h)")
+        return number
+
+    return parse

@@ -91,7 +91,7 @@ def plan(
     p = sized.plan
     status, message = verdict(p)
     if as_json:
-        print_json({**p.to_json(), "status": status, "message": message})
+        print_json({**p.to_json(), "status": status, "message": message, "notes": sized.notes})
     else:
         _print_plan(sized, status, message)
     if not p.fits:
@@ -126,3 +126,5 @@ def _print_plan(sized, status: str, message: str) -> None:
     out_console.print(table)
     color = {"pass": "green", "warn": "yellow", "fail": "red"}[status]
     out_console.print(f"[{color}]{'fits' if p.fits else 'does not fit'}[/]: {escape(message)}")
+    for note in sized.notes:
+        out_console.print(f"note: {escape(note)}")

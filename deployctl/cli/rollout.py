@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from deployctl.cli.params import CONFIG, JSON, YES
+from deployctl.cli.params import CONFIG, JSON, YES, one_of
 from deployctl.cli._app import app, err_console, out_console, print_json
 
 
@@ -167,3 +167,28 @@ def history(config: Path = CONFIG, as_json: bool = JSON) -> None:
         table.add_row(r.get("time", ""), r.get("user", ""), r.get("action", ""), r.get("release") or "-",
                       r.get("result", ""), (r.get("reason") or "")[:120])
     out_console.print(table)
+
+
+@app.command("compare-outputs")
+def compare_outputs(
+    canary_url: str = typer.Option(..., "--canary-url", help="Base URL of the canary (http://host:port, no /v1)."),
+    stable_url: str = typer.Option(..., "--stable-url", help="Base URL of stable (http://host:port, no /v1)."),
+    config: Path = CONFIG,
+    mode: str = typer.Option("exact", "--mode", parser=one_of("--mode", "exact", "prefix", "skip"),
+                             help="exact (same engine and dtype), prefix (either changed) or skip (degenerate checks only)."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="The model has a chat template (/v1/chat/completions)."),
+    as_json: bool = JSON,
+) -> None:
+    """Ask canary and stable the golden prompts and compare the answers (the analysis Job of --target k8s-rollout).
+    Exit 1 unless they agree (a fail or an inconclusive comparison)."""
+    from deployctl.config import load_config
+    from deployctl.errors import CheckFailed
+    from deployctl.rollout.goldencheck import compare_urls
+
+    report = compare_urls(load_config(config), canary_url.rstrip("/"), stable_url.rstrip("/"), chat=chat, mode=mode)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        out_console.print(report.summary(), markup=False, highlight=False)
+    if report.result != "pass":
+        raise CheckFailed(f"golden outputs {report.result}: {report.summary()}")

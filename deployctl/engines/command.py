@@ -150,6 +150,13 @@ def container_argv(cfg, host, *, port: int) -> list[str]:
 
 
 def image(cfg) -> str:
-    """The engine's official image at the pinned tag (``Adapter.image_tag`` with engine.version)."""
-    a = adapter(cfg.engine.kind)
-    return f"{a.image}:{a.image_tag.format(version=cfg.engine.version)}"
+    """The engine's official image at the pinned tag (``Adapter.image_tag`` with engine.version). Raises
+    ConfigError (exit 3) when engine.version gives no valid, pinned tag (validate.image_tag)."""
+    from deployctl.engines.validate import image_tag
+    from deployctl.errors import ConfigError
+
+    try:
+        tag = image_tag(cfg.engine.kind, cfg.engine.version)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return f"{adapter(cfg.engine.kind).image}:{tag}"

@@ -69,6 +69,7 @@ def check_engine_config(cfg) -> None:
     if a.distribution and not e.version:
         raise ValueError(f"engine.version is required for engine.kind {e.kind}: pin the {a.distribution} version "
                          "the hosts run (e.g. the pip version, also the image tag)")
+    check_container_image(cfg)
     if a.config_file and e.version:
         raise ValueError(f"engine.version does not apply to {e.kind} (its version is the release's wheel); "
                          "remove engine.version")
@@ -95,6 +96,38 @@ def check_engine_config(cfg) -> None:
     if a.api_key_env is None and a.api_key_flag is None and cfg.server.api_key_env:
         raise ValueError(f"server.api_key_env is set but {e.kind} cannot check API keys; unset it and bind "
                          "server.bind 127.0.0.1 behind the router, or use another engine.kind")
+
+
+# A tag in the Docker reference grammar (github.com/distribution/reference, regexp.go: ``tag = [\w][\w.-]{0,127}``).
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+MOVING_TAGS = ("latest", "nightly", "main", "stable")  # tags that move: a rollback could not restore the engine
+
+
+def image_tag(kind: str, version) -> str:
+    """The image tag engine.version gives engine ``kind``'s official image (``Adapter.image_tag``). Raises
+    ValueError (one line naming engine.version and the fix) when it is missing, a moving tag, or not a valid tag
+    in the Docker reference grammar (e.g. a pip local version such as ``0.33.0+cu128``: ``+`` is not allowed)."""
+    a = adapter(kind)
+    if not version:
+        raise ValueError(f"engine.version is required for a container target of {kind}: set it to the "
+                         f"{a.image} tag to run (its release version, e.g. 0.33.0)")
+    if str(version).lower() in MOVING_TAGS:
+        raise ValueError(f"engine.version {version!r} moves with every push of {a.image}: a rollback could not "
+                         "bring the engine back; pin a release version (e.g. 0.33.0)")
+    tag = a.image_tag.format(version=version)
+    if not _TAG.match(tag):
+        bad = "".join(sorted({c for c in tag if not (c.isalnum() or c in "_.-")}))
+        raise ValueError(f"engine.version {version!r} gives image tag {tag!r}, not a valid Docker tag ({bad!r} is "
+                         "not allowed: letters, digits, '_', '.', '-', at most 128); drop the local part (e.g. "
+                         "+cu128) or set container.image to the full image reference")
+    return tag
+
+
+def check_container_image(cfg) -> None:
+    """For deploy.yaml with a ``container:`` section and a foreign engine without ``container.image``: the engine's
+    image tag must be valid (``image_tag``). Raises ValueError."""
+    if "container" in cfg.model_fields_set and not cfg.container.image and adapter(cfg.engine.kind).image:
+        image_tag(cfg.engine.kind, cfg.engine.version)
 
 
 def check_tp_heads(tp: int, num_attention_heads: int) -> None:

@@ -142,9 +142,18 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
            "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
            "replicas": len(cfg.hosts), "rollout": rollout, "pod_command": pod_command, "pause_s": math.ceil(cfg.rollout.pause_s),
            "startup_failure_threshold": max(1, math.ceil(cfg.server.startup_timeout_s / 10))}
+    if rollout:
+        from deployctl.render.kubernetes import analysis_context
+
+        ctx.update(analysis_context(cfg, CLIENT_REASONS))
     env = [f for f in render_release(cfg, host, release_id, api_key=api_key) if f.path == "runtime.env"][0]
     configmap = [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx))]
-    return [*(configmap if ctx["adapter"].config_file else []),
+    extra = []
+    if rollout:
+        from deployctl.render.kubernetes import rollout_files
+
+        extra = rollout_files(cfg, ctx)
+    return [*(configmap if ctx["adapter"].config_file else []), *extra,
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
@@ -165,7 +174,12 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     if cfg.router and target in ("systemd", "container"):
         conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
-    files.append(render_alerts(cfg))
+    alerts = render_alerts(cfg)
+    if target in ("k8s", "k8s-rollout"):
+        from deployctl.render.monitoring import monitoring_files
+
+        files += monitoring_files(cfg, alerts.content)
+    files.append(alerts)
     return files
 
 

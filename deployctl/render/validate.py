@@ -152,26 +152,38 @@ def run_rule_tests(test_file: Path) -> ValidationResult:
 
 
 def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> ValidationResult:
-    """Schema check of every document in ``path`` with kubernetes-validate (offline, strict). An Argo Rollout has
-    no bundled schema: its pod template is checked as a Deployment's and its canary steps by shape."""
+    """Schema check of every document in ``path``: core objects with kubernetes-validate (offline, strict); custom
+    resources (Argo Rollouts, Prometheus Operator, Gateway API) against their CRD schemas (render.crdvalidate,
+    strict too). A Rollout's pod template is also checked as a Deployment's with kubernetes-validate, and its
+    canary steps by shape. A kind with neither schema (InferencePool) is left to its own test, noted."""
     import yaml
+
+    from deployctl.render import crdvalidate
 
     try:
         import kubernetes_validate as kv
     except ImportError:
         raise ToolMissing("kubernetes-validate is not installed, so manifests cannot be validated",
                           fix="pip install kubernetes-validate") from None
-    problems, notes = [], []
+    problems, notes, crds = [], [], []
     for doc in yaml.safe_load_all(path.read_text()):
         if not doc:
             continue
         kind = doc.get("kind")
+        if crdvalidate.has_schema(doc):
+            crds.append(doc)
+            notes.append(f"{kind}: checked against the {doc['apiVersion']} CRD schema (@kubernetes-models)")
         if kind == "Rollout" and doc.get("apiVersion") == "argoproj.io/v1alpha1":
             spec = doc.get("spec", {})
             problems += _rollout_step_problems(spec.get("strategy", {}))
             doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": doc.get("metadata", {}),
                    "spec": {k: spec[k] for k in ("replicas", "revisionHistoryLimit", "selector", "template") if k in spec}}
             notes.append("Rollout: pod template checked against the apps/v1 Deployment schema, steps by shape")
+        elif crdvalidate.has_schema(doc):
+            continue
+        elif "." in doc.get("apiVersion", "").split("/")[0]:
+            notes.append(f"{kind} {doc.get('apiVersion')}: no published schema here; checked by its own test")
+            continue
         try:
             kv.validate(doc, version, strict=True)
         except kv.ValidationError as exc:
@@ -179,7 +191,11 @@ def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> Validation
             problems.append(f"{kind} {path_str}: {exc.message}")
         except (kv.SchemaNotFoundError, kv.InvalidSchemaError) as exc:
             problems.append(f"{kind}: no schema in kubernetes-validate {version}: {exc}")
-    return ValidationResult("kubernetes-validate", str(path), not problems, "\n".join(problems), tuple(notes))
+    if crds:
+        for doc, found in zip(crds, crdvalidate.check_documents(crds)):
+            problems += [f"{doc['kind']} {p}" for p in found]
+    return ValidationResult("kubernetes-validate + CRD schemas", str(path), not problems, "\n".join(problems),
+                            tuple(notes))
 
 
 def _rollout_step_problems(strategy: dict) -> list[str]:
@@ -194,7 +210,7 @@ def _rollout_step_problems(strategy: dict) -> list[str]:
             problems.append(f"Rollout steps[{i}].setWeight: 0..100, got {step['setWeight']!r}")
         elif "pause" in step and not re.fullmatch(r"\d+[smh]?", str((step["pause"] or {}).get("duration", "0"))):
             problems.append(f"Rollout steps[{i}].pause.duration: like 300s, got {step['pause']!r}")
-        elif not {"setWeight", "pause"} & set(step):
+        elif not {"setWeight", "pause", "analysis"} & set(step):
             problems.append(f"Rollout steps[{i}]: unknown step {sorted(step)}")
     return problems
 

@@ -68,18 +68,24 @@ class Verdict:
         return d
 
     def summary(self) -> str:
-        c, s = self.canary, self.stable
-
-        def ms(v):
-            return "n/a" if v is None else f"{v * 1000:.1f} ms"
-
+        """The verdict line. Each side's two counts come from different sources and differ on purpose:
+        ``req via router`` counts the window's access-log lines for that side (every route: /v1/models too;
+        deployctl's probes not), ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes
+        (generation requests only, the probes included): ``canary 53 req via router (all routes), … over 2 TTFT samples (generations, probes incl.)``."""
         from deployctl.rollout.verdicts import probe_summary
 
-        return (f"{self.result} [{self.source}]: canary {c.requests} req, {c.errors} errors ({c.error_rate:.1%}), "
-                f"P99 TTFT {ms(c.p99_ttft_s)}, P99 TPOT {ms(c.p99_tpot_s)} (n={c.ttft_count}) | stable {s.requests} req, "
-                f"{s.errors} errors ({s.error_rate:.1%}), P99 TTFT {ms(s.p99_ttft_s)}, P99 TPOT {ms(s.p99_tpot_s)} "
-                f"(n={s.ttft_count})" + probe_summary(self.probes)
+        return (f"{self.result} [{self.source}]: {_side('canary', self.canary)} | {_side('stable', self.stable)}"
+                + probe_summary(self.probes)
                 + f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
+
+
+def _side(label: str, g: "GroupStats") -> str:
+    def ms(v):
+        return "n/a" if v is None else f"{v * 1000:.1f} ms"
+
+    return (f"{label} {g.requests} req via router (all routes), {g.errors} errors ({g.error_rate:.1%}), "
+            f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)} over {g.ttft_count} TTFT samples "
+            f"(generations, probes incl.)")
 
 
 def upstream_map(cfg: DeployConfig) -> dict[str, str]:
@@ -132,12 +138,13 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
     return counts
 
 
-def scrape(host, cfg: DeployConfig) -> Optional[list]:
-    """Samples of the runtime's /metrics on ``host`` (deployctl.promhist), None when it cannot be read."""
+def scrape(host, cfg: DeployConfig, kind: Optional[str] = None) -> Optional[list]:
+    """Samples of the metrics route of engine ``kind`` (default engine.kind) on ``host`` (deployctl.promhist), None
+    when it cannot be read or the engine exports none."""
     from deployctl.engines import adapter
     from deployctl.promhist import PromParseError, parse_text
 
-    route = adapter(cfg.engine.kind).metrics_route
+    route = adapter(kind or cfg.engine.kind).metrics_route
     if route is None:  # an engine without metrics (Analyzer(metrics=False) never asks)
         return None
     try:
@@ -242,33 +249,47 @@ class Window:
 
 
 class Analyzer:
-    """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host. ``metrics``: the engine
-    serves the Prometheus histograms (False: latency and liveness come from the probes only). ``chat``: the
-    model has a chat template (probes use /v1/chat/completions). ``baseline``: stable's figures from an earlier
-    step (used when stable serves nothing, e.g. at 100%)."""
+    """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host. Each side is read with its
+    own engine's adapter (a mixed fleet: stable on one engine, canary on another): the canary runs engine.kind,
+    the stable hosts ``stable_kind`` (default engine.kind). Latency comes from the Prometheus histograms when both
+    engines export them (``metrics``), else from the active probes on both sides (histograms of one engine are not
+    compared with probe timings of another); the canary's liveness from its metrics route when it has one.
+    ``chat``: the model has a chat template (probes use /v1/chat/completions). ``baseline``: stable's figures from
+    an earlier step (used when stable serves nothing, e.g. at 100%)."""
 
     def __init__(self, cfg: DeployConfig, router, hosts: dict, canary: list[str], stable: list[str], *,
-                 metrics: bool = True, chat: bool = True, baseline: Optional[GroupStats] = None):
+                 stable_kind: Optional[str] = None, chat: bool = True, baseline: Optional[GroupStats] = None):
+        from deployctl.engines import adapter
+
         self.cfg, self.router, self.hosts = cfg, router, hosts
         self.canary, self.stable = list(canary), list(stable)
         self.addr = upstream_map(cfg)
         self.baseline = baseline
-        self.metrics, self.chat = metrics, chat
+        self.kinds = {"canary": cfg.engine.kind, "stable": stable_kind or cfg.engine.kind}
+        exports = {side: adapter(k).metrics_route is not None for side, k in self.kinds.items()}
+        self.canary_metrics = exports["canary"]
+        self.metrics = exports["canary"] and exports["stable"]  # latency from the histograms of both sides
+        self.chat = chat
         self._runners: list = []
 
+    def _kind(self, name: str) -> str:
+        return self.kinds["canary" if name in self.canary else "stable"]
+
     def _scrape_all(self) -> tuple[dict, dict]:
-        """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only."""
+        """({host: samples or None}, {host: runtime pid or None}); pids for the canary hosts only. Every host when
+        both sides export metrics, the canary hosts alone when only the canary does (its liveness), else none."""
         from deployctl.hosts import run_on_hosts
         from deployctl.service.launcher import runtime_pid
 
-        if not self.metrics:
+        names = [*self.canary, *self.stable] if self.metrics else (self.canary if self.canary_metrics else [])
+        if not names:
             return {}, {}
 
         def one(h):
             pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
-            return scrape(h, self.cfg), pid
+            return scrape(h, self.cfg, self._kind(h.name)), pid
 
-        outs = run_on_hosts([self.hosts[n] for n in [*self.canary, *self.stable]], one)
+        outs = run_on_hosts([self.hosts[n] for n in names], one)
         samples = {o.host: (o.value[0] if o.value else None) for o in outs}
         pids = {o.host: (o.value[1] if o.value else None) for o in outs}
         return samples, pids
@@ -306,25 +327,26 @@ class Analyzer:
         after, pids = self._scrape_all()
         from deployctl.engines import metric
 
-        ttft, tpot = metric(self.cfg.engine.kind, "ttft"), metric(self.cfg.engine.kind, "tpot")
         groups = []
-        for names in (self.canary, self.stable):
+        for side, names in (("canary", self.canary), ("stable", self.stable)):
             g = GroupStats(hosts=names)
             g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
             g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            if ttft:
+            ttft, tpot = metric(self.kinds[side], "ttft"), metric(self.kinds[side], "tpot")  # this side's engine
+            if self.metrics and ttft:
                 g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, ttft, g)
-            if tpot:
+            if self.metrics and tpot:
                 g.p99_tpot_s, _ = _p99(w.scrapes, after, names, tpot, g)
             groups.append(g)
-        if self.metrics:
+        if self.canary_metrics:
             groups[0].down = [n for n in self.canary if after.get(n) is None]
             groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
         if stable.requests and (stable.ttft_count or not self.metrics):
             self.baseline = stable
-        return combine(v, self._probe_verdict(w, latency=low_traffic(v)))
+        # without histograms on both sides the probes judge latency in every window, not only in quiet ones
+        return combine(v, self._probe_verdict(w, latency=low_traffic(v) or not self.metrics))
 
     def _probe_verdict(self, w: Window, latency: bool):
         from deployctl.rollout.probes import summarize

@@ -83,6 +83,7 @@ class Deployment:
         self.verdicts: list[dict] = []
         self.golden = None  # deployctl.rollout.goldencheck.GoldenCheck of this deploy
         self.baseline = None  # stable's latency figures from the last window that had them
+        self.stable_engine = None  # engine.kind of the stable hosts' release (mixed fleets: analysis per side)
         self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------------------------------ control
@@ -300,6 +301,15 @@ class Deployment:
         self._save(status="running", reason=None)
         return True
 
+    def _stable_kind(self, plan: DeployPlan, old: list[str]):
+        """The engine the stable hosts run (release.json of the release the deploy started from; None: unknown,
+        taken as engine.kind), read at the first analysis."""
+        if self.stable_engine is None and old and plan.from_release:
+            from deployctl.rollout.release import engine_of
+
+            self.stable_engine = engine_of(self.fleet.hosts[old[0]], plan.from_release)[0]
+        return self.stable_engine
+
     def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:
         pause, a = plan.pause_s, self.cfg.rollout.analysis
         if pause <= 0:
@@ -308,10 +318,8 @@ class Deployment:
 
         fl = self.fleet
         chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
-        from deployctl.engines import adapter
-
-        exports = adapter(self.cfg.engine.kind).metrics_route is not None  # else judged by the active probes
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline, metrics=exports)
+        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline,
+                      stable_kind=self._stable_kind(plan, old))
         streak = InconclusiveStreak(a.inconclusive_limit)
         try:
             deadline = time.monotonic() + pause

@@ -201,3 +201,23 @@ class Job:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def compare_urls(cfg: DeployConfig, canary_url: str, stable_url: str, *, chat: bool, mode: str = "exact") -> OutputReport:
+    """The golden-output check between two base URLs (``http://host:port``, no /v1), as the analysis Job of
+    ``render --target k8s-rollout`` runs it against the canary and stable Services: both answer the golden prompts
+    (rollout.analysis.outputs), judged under agreement ``mode`` (exact, prefix, skip) with the thresholds of
+    rollout.analysis.outputs. Returns the OutputReport (result pass, fail or inconclusive)."""
+    from deployctl.service.http import api_key
+
+    o = cfg.rollout.analysis.outputs
+    prompts = load_prompts(o.prompts) if o.prompts else default_prompts()
+    rules = Rules(mode, f"--mode {mode}", min_exact_share=o.min_exact_share, min_prefix_tokens=o.min_prefix_tokens,
+                  min_prefix_share=o.min_prefix_share, max_repeats=o.max_repeats,
+                  min_length_ratio=o.min_length_ratio, max_length_ratio=o.max_length_ratio)
+    ask = dict(chat=chat, max_tokens=o.max_tokens, api_key=api_key(cfg), timeout=o.timeout_s)
+    jobs = [Job(lambda u=u: collect(u, cfg.model.name, prompts, **ask)) for u in (stable_url, canary_url)]
+    for j in jobs:
+        j.wait()
+    s_ans, c_ans = (j.value if j.error is None else [Answer(error=str(j.error))] * len(prompts) for j in jobs)
+    return compare(prompts, s_ans, c_ans, rules, canary_host=canary_url, stable_host=stable_url)

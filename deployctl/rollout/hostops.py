@@ -12,10 +12,35 @@ from deployctl.rollout import release
 from deployctl.service.verify import Verified, verify
 
 
-def verify_timeout(cfg: DeployConfig) -> float:
-    """Seconds a start may take before verification fails: DEPLOYCTL_VERIFY_TIMEOUT_S, else
-    server.startup_timeout_s."""
-    return settings.current().verify_timeout_s or cfg.server.startup_timeout_s
+def checkpoint_bytes(host, cfg: DeployConfig) -> Optional[int]:
+    """Bytes of the model directory on ``host`` (``du -sbL``: apparent size, symlinks followed as in a Hugging
+    Face cache snapshot); None when it cannot be read."""
+    import shlex
+
+    r = host.run(f"du -sbL {shlex.quote(cfg.model.path)} 2>/dev/null | cut -f1", timeout=30, check=False)
+    try:
+        return int(r.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def verify_timeout(cfg: DeployConfig, host=None) -> tuple[float, str]:
+    """(seconds a start may take before verification fails, why): DEPLOYCTL_VERIFY_TIMEOUT_S, else for a
+    multi-GPU start (tensor_parallel_size > 1) on ``host`` the deadline derived from the plan's load time
+    (deployctl.engines.startup: 2 × (120 s + checkpoint bytes / 125 MiB/s), at most server.startup_timeout_s),
+    else server.startup_timeout_s. ``why`` is "" or the deadline's derivation for the failure message."""
+    override = settings.current().verify_timeout_s
+    if override:
+        return override, ""
+    cap = cfg.server.startup_timeout_s
+    tp = cfg.engine.tensor_parallel_size
+    nbytes = checkpoint_bytes(host, cfg) if tp > 1 and host is not None else None
+    if nbytes is None:
+        return cap, ""
+    from deployctl.engines.startup import describe, start_deadline_s
+
+    return start_deadline_s(nbytes, cap), (f"a multi-GPU start (tensor_parallel_size {tp}, GPUs "
+                                           f"{','.join(map(str, host.config.gpu_ids))}): {describe(nbytes, cap)}")
 
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
@@ -32,8 +57,9 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     t.append(time.monotonic())
     offset = launcher.start(host, cfg)
     t.append(time.monotonic())
-    v = verify(host, cfg, timeout=verify_timeout(cfg), expect_release=release_id, should_stop=should_stop,
-               log_offset=offset)
+    timeout, why = verify_timeout(cfg, host)
+    v = verify(host, cfg, timeout=timeout, expect_release=release_id, should_stop=should_stop, log_offset=offset,
+               deadline_why=why)
     t.append(time.monotonic())
     from deployctl.service.startlog import start_phases
 

@@ -119,20 +119,36 @@ def diff_line(d: dict) -> str:
     return f"{d['label']}: first difference at token {d['at']}: stable {fmt(d['stable'])} | canary {fmt(d['canary'])}"
 
 
+def degenerate_signs(a: Answer, max_repeats: int) -> dict[str, str]:
+    """The signs of a degenerate answer, by check: ``empty`` (no visible text), ``repetition`` (a token or n-gram,
+    n <= 4, ``max_repeats`` times back to back: what repeats and from which token), ``invalid_utf8`` (U+FFFD or a
+    lone surrogate), ``zero_tokens`` (mostly token id 0). {} for a healthy answer. The one home of these rules:
+    the canary comparison counts the signs stable does not show; ``deployctl validate`` counts them all."""
+    out: dict[str, str] = {}
+    if not a.text.strip():
+        out["empty"] = "answered empty text"
+    run = repeated_run(a.units, max_repeats)
+    if run:
+        start, n = run
+        unit = a.tokens[start:start + n] if a.token_ids is None or len(a.tokens) == len(a.token_ids) else a.units[start:start + n]
+        out["repetition"] = f"repeats {' '.join(repr(t) for t in unit)} {max_repeats}+ times from token {start}"
+    if bad_text(a.text):
+        out["invalid_utf8"] = "text has U+FFFD or invalid UTF-8"
+    if zero_garbage(a):
+        out["zero_tokens"] = "output is mostly token id 0"
+    return out
+
+
 def _degenerate(p: Prompt, s: Answer, c: Answer, rules: Rules) -> list[str]:
+    cs, ss = degenerate_signs(c, rules.max_repeats), degenerate_signs(s, rules.max_repeats)
     out = []
-    if not c.text.strip() and s.text.strip():
+    if "empty" in cs and "empty" not in ss:
         out.append(f"{p.label()}: canary answered empty text (stable {len(s.units)} tokens)")
-    cr, sr = repeated_run(c.units, rules.max_repeats), repeated_run(s.units, rules.max_repeats)
-    if cr and not sr:
-        start, n = cr
-        unit = c.tokens[start:start + n] if c.token_ids is None or len(c.tokens) == len(c.token_ids) else c.units[start:start + n]
-        out.append(f"{p.label()}: canary repeats {' '.join(repr(t) for t in unit)} {rules.max_repeats}+ times "
-                   f"from token {start} (stable does not)")
-    if bad_text(c.text) and not bad_text(s.text):
-        out.append(f"{p.label()}: canary text has U+FFFD or invalid UTF-8")
-    if zero_garbage(c) and not zero_garbage(s):
-        out.append(f"{p.label()}: canary output is mostly token id 0")
+    if "repetition" in cs and "repetition" not in ss:
+        out.append(f"{p.label()}: canary {cs['repetition']} (stable does not)")
+    for check in ("invalid_utf8", "zero_tokens"):
+        if check in cs and check not in ss:
+            out.append(f"{p.label()}: canary {cs[check]}")
     if c.finish_reason == "length" and s.finish_reason == "stop":
         out.append(f"{p.label()}: canary ran to max_tokens (finish_reason length) where stable stopped")
     return out

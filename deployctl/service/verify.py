@@ -34,11 +34,11 @@ class Verified:
         return "" if self.endpoint == CHAT else f" via {self.endpoint} (the model has no chat template)"
 
 
-def _fail(host, what: str) -> HealthError:
+def _fail(host, what: str, fix: str = "") -> HealthError:
     tail = launcher.log_tail(host, 8)
     more = f"; last log lines: {tail[-600:]}" if tail else ""
-    return HealthError(f"{host.name}: {what}{more}",
-                       fix=f"see {log_file(host.config)} on {host.name}")
+    where = f"see {log_file(host.config)} on {host.name}"
+    return HealthError(f"{host.name}: {what}{more}", fix=f"{where}; {fix.removeprefix('see the log; ')}" if fix else where)
 
 
 def _check_device(host, cfg: DeployConfig, ready) -> None:
@@ -69,10 +69,11 @@ def _ready(host, cfg: DeployConfig):
 
 
 def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable[[], None] | None = None,
-               log_offset: Optional[int] = None) -> float:
-    """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200. Calls ``should_stop()`` between polls (it raises to interrupt). Returns the
-    seconds waited. Raises HealthError on timeout, or when the runtime exits (its log since ``log_offset``
-    shows an exit, or the process group is gone)."""
+               log_offset: Optional[int] = None, deadline_why: str = "") -> float:
+    """Poll the engine's readiness route (/readyz for the bundled runtime, deployctl.engines) until 200. Calls
+    ``should_stop()`` between polls (it raises to interrupt). Returns the seconds waited. Raises HealthError on
+    timeout (naming ``deadline_why``, the derivation of a multi-GPU start's deadline, when given), or when the
+    runtime exits (its log since ``log_offset`` shows an exit, or the process group is gone)."""
     t0 = time.monotonic()
     last = ""
     while True:
@@ -90,6 +91,11 @@ def wait_ready(host, cfg: DeployConfig, *, timeout: float, should_stop: Callable
             if not alive:
                 raise _fail(host, f"the runtime is not running (last /readyz: {last})")
         if time.monotonic() - t0 > timeout:
+            if deadline_why:  # alive, silent, never ready: what a hung NCCL rendezvous looks like
+                raise _fail(host, f"not ready after {timeout:.0f} s, {deadline_why}; the engine is still running "
+                                  f"but never became ready (a hung NCCL init?; last readiness answer: {last})",
+                            fix="see the log; run the engine with NCCL_DEBUG=INFO, check `nvidia-smi topo -m` "
+                                "and that no earlier rank holds one of the GPUs")
             raise _fail(host, f"not ready after {timeout:.0f} s (last /readyz: {last})")
         time.sleep(0.3)
 
@@ -132,9 +138,11 @@ def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30) -> tuple[i
 
 
 def verify(host, cfg: DeployConfig, *, timeout: float = 120, expect_release: Optional[str] = None,
-           should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None) -> Verified:
+           should_stop: Callable[[], None] | None = None, log_offset: Optional[int] = None,
+           deadline_why: str = "") -> Verified:
     """Readiness then a sample inference; with ``expect_release`` the answer's release header must match."""
-    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset)
+    ready_s = wait_ready(host, cfg, timeout=timeout, should_stop=should_stop, log_offset=log_offset,
+                         deadline_why=deadline_why)
     tokens, release, path = sample_inference(host, cfg, timeout=min(60.0, timeout))
     if expect_release and release and release != expect_release:
         raise _fail(host, f"serves release {release}, expected {expect_release}")

@@ -5,6 +5,9 @@
   error_rate=F       answer that share (0..1) of inference requests 500 internal_error (bad canary).
   token_delay_ms=MS  sleep MS per engine step (slow canary: TPOT and TTFT grow).
   repeat_token=ID    every output token becomes token ID (a repeated-token loop; a special token: empty text).
+  clamp_max_tokens=N generate at most N tokens whatever max_tokens says (a silent truncation: finish_reason length).
+  garble_text=1      every text delta starts with U+FFFD (a detokenizer emitting invalid UTF-8).
+  leak_kv_blocks=N   every finished request keeps its last N KV blocks forever (a block leak: KV usage climbs).
 
 Never set in production; the server logs a WARNING at start when any is active.
 """
@@ -18,7 +21,9 @@ ENV_VAR = "DEPLOYCTL_RUNTIME_FAULT"
 HELP = (
     f"Test-only fault injection: env {ENV_VAR}=key=value[,key=value...] with load_delay_s=S (slow load), "
     "fail_start=1 (exit non-zero during load), error_rate=F (share of inference requests answered 500), "
-    "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID)."
+    "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID), clamp_max_tokens=N "
+    "(at most N tokens generated), garble_text=1 (U+FFFD in every text delta), leak_kv_blocks=N (finished requests "
+    "keep N KV blocks)."
 )
 
 
@@ -29,6 +34,9 @@ class Faults:
     error_rate: float = 0.0
     token_delay_ms: float = 0.0
     repeat_token: float = -1.0
+    clamp_max_tokens: float = 0.0
+    garble_text: bool = False
+    leak_kv_blocks: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -37,6 +45,19 @@ class Faults:
     def rewrite_tokens(self, new: list[int]) -> list[int]:
         """The output tokens as the repeat_token fault makes them (unchanged without it)."""
         return [int(self.repeat_token)] * len(new) if self.repeat_token >= 0 else new
+
+    def clamp(self, max_tokens: int) -> int:
+        """max_tokens as the clamp_max_tokens fault makes it (unchanged without it)."""
+        return min(max_tokens, int(self.clamp_max_tokens)) if self.clamp_max_tokens >= 1 else max_tokens
+
+    def rewrite_text(self, delta: str) -> str:
+        """A text delta as the garble_text fault makes it: its first character replaced by U+FFFD."""
+        return "\ufffd" + delta[1:] if self.garble_text and delta else delta
+
+    def install(self, engine) -> None:
+        """Apply the faults that live inside the engine (leak_kv_blocks) to an LLMEngine, once, before serving."""
+        if self.leak_kv_blocks >= 1:
+            _leak_blocks(engine, int(self.leak_kv_blocks))
 
     def should_fail_request(self) -> bool:
         return self.error_rate > 0 and random.random() < self.error_rate
@@ -56,6 +77,25 @@ class Faults:
                 raise ValueError(f"{ENV_VAR}: {key}={val!r} is not a number") from None
         if not 0 <= values.get("error_rate", 0) <= 1:
             raise ValueError(f"{ENV_VAR}: error_rate must be within 0..1, got {values['error_rate']}")
-        if "fail_start" in values:
-            values["fail_start"] = bool(values["fail_start"])
+        for flag in ("fail_start", "garble_text"):
+            if flag in values:
+                values[flag] = bool(values[flag])
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _leak_blocks(engine, n: int) -> None:
+    """Wrap the scheduler's finish so that a finished request's last ``n`` blocks never return to the pool: they
+    leave its block table with their reference held (preemption still frees everything, as it should)."""
+    sched, kv = engine.scheduler, engine.kv
+    held: list = []
+    finish = sched.finish
+
+    def leaky_finish(req, reason):
+        blocks = kv.req_to_blocks.get(req.request_id)
+        if blocks and req.status.name != "FINISHED":
+            keep = blocks[-n:]
+            del blocks[-len(keep):]
+            held.extend(keep)
+        return finish(req, reason)
+
+    sched.finish = leaky_finish

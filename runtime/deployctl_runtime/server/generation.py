@@ -172,6 +172,9 @@ class Generation:
                     log.error("request %s: %s; the request ends with an error (finish_reason error)",
                               self.rec.request_id, out.error)
             delta = ch.feed(new, out.finished)
+            if self.ctx.faults.garble_text and delta:  # test-only fault: streamed and whole text alike
+                ch.text = ch.text[: len(ch.text) - len(delta)] + self.ctx.faults.rewrite_text(delta)
+                delta = self.ctx.faults.rewrite_text(delta)
             reason = None
             if ch.stops.stopped:
                 reason = "stop"

@@ -56,6 +56,7 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         from .chat_template import ChatTemplate
 
         engine = LLMEngine.from_engine_args(EngineArgs(**cfg.engine_args()), log=log.info)
+        faults.install(engine)
         from deployctl_runtime.tokenizer import TokenBytes
 
         ctx.tokenizer = engine.tokenizer

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "deployctl_runtime_"
@@ -58,6 +59,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_EngineStatsCollector(get_stats))
+        # the client library's standard process_* series (Linux): process_resident_memory_bytes,
+        # process_start_time_seconds (a restart shows as a new start time), as vLLM's default registry has them
+        ProcessCollector(registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
         self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish_reason.",

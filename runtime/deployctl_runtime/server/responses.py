@@ -127,8 +127,9 @@ class ResponseBuilder:
                         continue
                     if ev is None:
                         continue
-                if not ev.text and ev.finish_reason is None and not (self.want_logprobs and ev.token_ids):
-                    continue  # held-back text (partial character, stop-string prefix); its logprobs still go
+                if not ev.text and ev.finish_reason is None and not (
+                        (self.want_ids or self.want_logprobs) and ev.token_ids):
+                    continue  # held-back text (partial character, stop-string prefix); its ids and logprobs still go
                 delta = {"content": ev.text} if ev.text else {}
                 out.append(self._chunk([self._ids({"index": ev.index, "delta": delta,
                                                    "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),

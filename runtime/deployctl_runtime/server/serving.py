@@ -158,7 +158,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     serial = next(_SERIAL)  # engine ids stay unique even when clients reuse an X-Request-Id
     for i, (ids, mt) in enumerate(zip(prompts, max_tokens)):
         for j in range(k):
-            params.append(sampling.build(req, chat, mt, j, logprobs, structured))
+            params.append(sampling.build(req, chat, ctx.faults.clamp(mt), j, logprobs, structured))
             all_prompts.append(ids)
             sub_ids.append(f"{request_id}#{serial}-{i * k + j}")
     return Prepared(req, chat, all_prompts, params, sub_ids, wanted, k, tools)

@@ -61,6 +61,10 @@ def test_plan_cli_is_per_gpu_under_tp_and_refuses_tp_not_dividing_heads(tmp_path
     p1, p8 = json.loads(one.stdout), json.loads(eight.stdout)
     assert p8["kv_bytes_per_token"] * 8 == p1["kv_bytes_per_token"] == 131072
     assert p8["max_concurrency"] > 8 * p1["max_concurrency"]
+    # the multi-GPU start-up deadline from the plan's load time (engines.startup): 2 × (120 s + weights / 125 MiB/s)
+    load = 120 + p8["weights_bytes"] * 8 / (125 * 2**20)
+    assert f"start-up deadline {2 * load:.0f} s: 2 × the plan's load time {load:.0f} s" in " ".join(p8["notes"])
+    assert not any("start-up deadline" in n for n in p1["notes"])
     bad = _plan(tmp_path, 3)
     assert bad.returncode == 3 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "engine.tensor_parallel_size 3 does not divide the model's 32 attention heads" in bad.stderr

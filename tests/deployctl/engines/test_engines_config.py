@@ -61,3 +61,47 @@ def test_no_runtime_metric_name_outside_the_engine_adapters():
                     if re.search(r"deployctl_runtime_[a-z]", line):
                         offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()[:80]}")
     assert not offenders, "metric names belong in deployctl/engines/runtime.py:\n" + "\n".join(offenders)
+
+
+TAG_CASES = {  # engine.version -> what the one line says (vLLM's image tag is v<version>)
+    "0.33.0+cu128": ["engine.version '0.33.0+cu128' gives image tag 'v0.33.0+cu128', not a valid Docker tag",
+                     "'+' is not allowed", "set container.image"],
+    "latest": ["engine.version 'latest' moves with every push of vllm/vllm-openai", "pin a release version"],
+}
+
+
+@pytest.mark.parametrize("version", list(TAG_CASES))
+def test_container_targets_need_a_pinned_valid_image_tag(tmp_path, version):
+    """No registry is reachable here: the tag is checked against the Docker reference grammar and the moving tags,
+    not looked up. A pip local version (``+cu128``) is a fine pip pin for the systemd target."""
+    from deployctl.config import parse_config
+
+    engine = f"{{kind: vllm, version: '{version}', tensor_parallel_size: 2}}"
+    text = BASE.format(engine=engine)
+    if version != "latest":
+        assert parse_config(text).engine.version == version  # the systemd / process targets take it
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cfg, out = tmp_path / "deploy.yaml", tmp_path / "out"
+    runs = []
+    cfg.write_text(text)
+    runs.append(["render", "--target", "container", "--out", str(out)])  # the target chosen at render
+    with_section = tmp_path / "deploy-container.yaml"
+    with_section.write_text(text + "container: {namespace: llm}\n")  # a container deploy.yaml: refused at load
+    runs.append(["plan", "--gpu-memory", "80GiB"])
+    for argv, path in zip(runs, (cfg, with_section)):
+        p = subprocess.run([sys.executable, "-m", "deployctl", *argv, "-c", str(path)], env=env, capture_output=True,
+                           text=True, timeout=30)
+        err = p.stderr.strip()
+        assert p.returncode == 3 and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, p.returncode, err)
+        assert all(n in err for n in TAG_CASES[version]), err
+    assert not out.exists()  # nothing written
+
+
+def test_a_pinned_version_gives_the_official_image_at_its_tag():
+    from deployctl.config import parse_config
+    from deployctl.engines.command import image
+
+    for kind, version, want in (("vllm", "0.33.0", "vllm/vllm-openai:v0.33.0"),
+                                ("sglang", "0.5.23", "lmsysorg/sglang:v0.5.23")):
+        text = BASE.format(engine=f"{{kind: {kind}, version: {version}}}") + "container: {namespace: llm}\n"
+        assert image(parse_config(text)) == want

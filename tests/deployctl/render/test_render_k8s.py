@@ -63,8 +63,13 @@ def test_argo_rollout_has_canary_steps_and_a_valid_pod_template(tmp_path):
     assert result.ok and result.notes, result.output
     ro = yaml.safe_load(files["k8s/rollout.yaml"].content)
     assert ro["apiVersion"] == "argoproj.io/v1alpha1" and ro["kind"] == "Rollout"
-    assert ro["spec"]["strategy"]["canary"]["steps"] == [
-        {"setWeight": 10}, {"pause": {"duration": "120s"}}, {"setWeight": 50}, {"pause": {"duration": "120s"}}]
+    analysis = {"analysis": {"templates": [{"templateName": "chat-7b-canary"}], "args": [
+        {"name": "canary-hash", "valueFrom": {"podTemplateHashValue": "Latest"}},
+        {"name": "stable-hash", "valueFrom": {"podTemplateHashValue": "Stable"}}]}}
+    assert ro["spec"]["strategy"]["canary"]["steps"] == [{"setWeight": 10}, analysis, {"setWeight": 50}, analysis]
+    template = yaml.safe_load(files["k8s/analysis-template.yaml"].content)
+    assert {m["name"]: m["count"] for m in template["spec"]["metrics"]} == {  # 120 s pause / 30 s interval
+        "error-rate": 4, "p99-ttft-ratio": 4, "p99-tpot-ratio": 4, "golden-outputs": 1}
     broken = files["k8s/rollout.yaml"].content.replace("setWeight: 10", "setWeight: 110")
     path = tmp_path / "broken.yaml"
     path.write_text(broken)

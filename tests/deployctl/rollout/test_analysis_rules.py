@@ -157,12 +157,27 @@ def test_nan_counter_reset_and_idle_stable_are_inconclusive_with_their_reason(cf
     v = judge(cfg, busy, GroupStats(["b"]), 5.0)
     assert v.result == "inconclusive" and "stable served 0 requests" in v.reason
     assert judge(cfg, busy, GroupStats(["b"]), 5.0, baseline=busy).result == "pass"  # an earlier window's baseline
-    assert "inconclusive [metrics]" in v.summary() and "(n=30)" in v.summary()
+    assert "inconclusive [metrics]" in v.summary() and "over 30 TTFT samples" in v.summary()
     # at 100% stable's histograms hold only the probes on an idle server: the loaded canary is judged against the
     # baseline from a window where stable served users, not against that
     idle = GroupStats(["b"], requests=0, p99_ttft_s=0.02, p99_tpot_s=0.002, ttft_count=4)
     assert judge(cfg, busy, idle, 5.0, baseline=busy).result == "pass"
     assert judge(cfg, busy, idle, 5.0).result == "inconclusive"
+
+
+def test_verdict_line_says_what_each_count_counts(cfg):
+    """C33 (issue 21): the demo's line said "53 req" and "2 latency samples" side by side without saying why they
+    differ: the requests are the router's access-log lines (every route), the samples the TTFT histogram's
+    observations (generations only). Each number carries its own label, on each side."""
+    canary = GroupStats(["a"], requests=53, errors=1, p99_ttft_s=0.012, p99_tpot_s=0.003, ttft_count=2)
+    stable = GroupStats(["b"], requests=900, p99_ttft_s=0.01, p99_tpot_s=0.002, ttft_count=41)
+    v = judge(cfg, canary, stable, 5.0)
+    line = v.summary()
+    assert v.result == "inconclusive" and "2 canary latency samples < min_latency_samples" in v.reason
+    assert ("canary 53 req via router (all routes), 1 errors (1.9%), P99 TTFT 12.0 ms, P99 TPOT 3.0 ms "
+            "over 2 TTFT samples (generations, probes incl.)") in line
+    assert "stable 900 req via router (all routes), 0 errors (0.0%)" in line
+    assert "over 41 TTFT samples (generations, probes incl.)" in line
 
 
 def probes(samples, errors=0, ttft=0.02, tpot=0.005, failing=()):

@@ -1,0 +1,67 @@
+"""Custom resources checked against their projects' own schemas: Argo Rollouts (Rollout, AnalysisTemplate),
+Prometheus Operator (PrometheusRule, PodMonitor, ServiceMonitor) and Gateway API (HTTPRoute), with the validators
+the @kubernetes-models npm packages compile from each project's CRD OpenAPI schema, run by node (crdcheck.mjs).
+A field the schema does not declare fails too (strict, as kubernetes-validate is for core objects).
+
+The packages live in ``$DEPLOYCTL_CRD_SCHEMAS`` (a folder holding node_modules/; default: .node/ beside the
+deployctl package, where tests/setup.sh installs NPM_PACKAGES). Raises ToolMissing (exit 1) without node or them.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from deployctl.errors import CheckFailed
+
+# The npm packages and versions (tests/setup.sh installs these).
+NPM_PACKAGES = ("@kubernetes-models/argo-rollouts@2.0.0", "@kubernetes-models/prometheus-operator@6.0.0",
+                "@kubernetes-models/gateway-api@2.0.0")
+_ARGO = "@kubernetes-models/argo-rollouts/_schemas/ComGithubArgoprojArgoRolloutsPkgApisRolloutsV1alpha1"
+_PROM = ("@kubernetes-models/prometheus-operator/_schemas/"
+         "ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1")
+_GW = "@kubernetes-models/gateway-api/_schemas/IoK8sSigsGatewayApiApisV1"
+SCHEMAS = {("argoproj.io/v1alpha1", "Rollout"): _ARGO + "Rollout.js",
+           ("argoproj.io/v1alpha1", "AnalysisTemplate"): _ARGO + "AnalysisTemplate.js",
+           ("monitoring.coreos.com/v1", "PrometheusRule"): _PROM + "PrometheusRule.js",
+           ("monitoring.coreos.com/v1", "PodMonitor"): _PROM + "PodMonitor.js",
+           ("monitoring.coreos.com/v1", "ServiceMonitor"): _PROM + "ServiceMonitor.js",
+           ("gateway.networking.k8s.io/v1", "HTTPRoute"): _GW + "HTTPRoute.js"}
+
+
+class ToolMissing(CheckFailed):
+    """node or the schema packages are not installed (exit 1)."""
+
+
+def schemas_dir() -> Path:
+    """The folder whose node_modules/ holds the schema packages."""
+    from deployctl import settings
+
+    return settings.current().crd_schemas or Path(__file__).resolve().parents[2] / ".node"
+
+
+def has_schema(doc: dict) -> bool:
+    return (doc.get("apiVersion"), doc.get("kind")) in SCHEMAS
+
+
+def check_documents(docs: list[dict], *, timeout: float = 60) -> list[list[str]]:
+    """One list of problems per document of ``docs`` (each one with ``has_schema``), empty when it validates."""
+    node = shutil.which("node")
+    modules = schemas_dir() / "node_modules"
+    if node is None:
+        raise ToolMissing("node is not installed, so custom resources cannot be checked against their schemas",
+                          fix="apt-get install -y nodejs npm (tests/setup.sh installs them)")
+    missing = [p for p in NPM_PACKAGES if not (modules / p.rsplit("@", 1)[0] / "package.json").exists()]
+    if missing:
+        raise ToolMissing(f"{modules}: {', '.join(missing)} not installed, so custom resources cannot be checked",
+                          fix=f"npm install --prefix {modules.parent} {' '.join(NPM_PACKAGES)} (tests/setup.sh does)")
+    items = [{"module": SCHEMAS[(d["apiVersion"], d["kind"])], "doc": d} for d in docs]
+    done = subprocess.run([node, str(Path(__file__).with_name("crdcheck.mjs")), str(modules)],
+                          input=json.dumps(items), capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise CheckFailed(f"crdcheck.mjs failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)
+
+
+__all__ = ["NPM_PACKAGES", "SCHEMAS", "ToolMissing", "check_documents", "has_schema", "schemas_dir"]

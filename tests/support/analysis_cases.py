@@ -1,0 +1,18 @@
+"""The shared table of analysis windows (tests/data/analysis_cases.yaml): one case list for deployctl deploy's
+judge and for the AnalysisTemplate's PromQL under promtool (a helper module, not a test file)."""
+from __future__ import annotations
+
+import yaml
+
+from support.paths import DATA
+
+TABLE = yaml.safe_load((DATA / "analysis_cases.yaml").read_text())
+CASES = TABLE["cases"]
+IDS = [c["name"] for c in CASES]
+
+
+def config():
+    """deploy.yaml (support.render's) with the table's rollout.analysis merged in, on the bundled runtime."""
+    from support.render import make_config
+
+    return make_config(rollout={"analysis": TABLE["analysis"]}, engine={"kind": "deployctl-runtime"})
