@@ -33,7 +33,8 @@ UPSTREAM_ZONE_SIZE = "64k"  # the upstream's shared state: a few hundred servers
 def _error_body(message: str, type_: str, code: str) -> str:
     """A JSON error in OpenAI's shape, safe inside nginx's single-quoted ``return`` (no ', $, \\ or newline)."""
     body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
-    assert not set(body) & set("'$\\\n"), body
+    if set(body) & set("'$\\\n"):
+        raise ValueError(f"router error body {body!r} has a character nginx would interpret")
     return body
 
 
