@@ -142,3 +142,55 @@ def test_per_client_limits_answer_429_in_openai_shape(stack, limits, concurrent,
     finally:
         router.write_upstream(before)
         router.reload()
+
+
+class _Busy:
+    """A stand-in runtime that answers every request 429 queue_full with its own Retry-After (stdlib server)."""
+
+    BODY = b'{"error": {"message": "queue full", "type": "rate_limit_error", "param": null, "code": "queue_full"}}'
+
+    def __enter__(self):
+        import http.server
+
+        body = self.BODY
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(429)
+                for k, v in (("Content-Type", "application/json"), ("Retry-After", "7"),
+                             ("Content-Length", str(len(body)))):
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_runtimes_own_429_passes_through_unchanged(stack):
+    router, cfg = stack["router"], stack["cfg"]
+    before = router.upstream_conf.read_text()
+    with _Busy() as busy:
+        moved = cfg.model_copy(update={
+            "server": cfg.server.model_copy(update={"port": busy.port}),
+            "router": cfg.router.model_copy(update={"limits": LimitsConfig(requests_per_s=100, burst=10)})})
+        try:
+            router.write_upstream(render_nginx(moved, stable=list(moved.hosts), canary=[], canary_weight=0))
+            router.reload()
+            r = httpx.post(router.url + "/v1/completions", json={"prompt": "hi"}, timeout=10)
+            assert r.status_code == 429 and r.content == _Busy.BODY and r.headers["retry-after"] == "7"
+        finally:
+            router.write_upstream(before)
+            router.reload()
