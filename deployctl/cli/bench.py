@@ -119,8 +119,12 @@ def bench(
     if apply and len(urls) != 1:
         raise UsageError("--apply writes one server's knee; two servers were given", fix="bench one server with --apply")
     apply_to = (config or Path("deploy.yaml")) if apply else None
-    if apply_to is not None and not apply_to.is_file():
-        raise UsageError(f"--apply: {apply_to} does not exist", fix="pass -c with the deploy.yaml to change")
+    if apply_to is not None:
+        if not apply_to.is_file():
+            raise UsageError(f"--apply: {apply_to} does not exist", fix="pass -c with the deploy.yaml to change")
+        from deployctl.config import load_config
+
+        load_config(apply_to)  # an invalid file is refused (exit 3) before minutes of load, not after
     if metrics_url is not None:
         _check_url(metrics_url, "--metrics-url")
     if route not in ROUTES:

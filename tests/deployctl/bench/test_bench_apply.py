@@ -93,3 +93,15 @@ def test_no_knee_or_a_bad_file_leaves_it_unchanged(tmp_path):
     path.write_text(no_router)
     done = apply_recommendation(path, _rec(), run="r")
     assert "no router: section" in done.notes[0] and load_config(path).engine.max_num_seqs == 6
+
+
+def test_apply_refuses_before_the_bench_runs(run_bench, tmp_path):
+    """Nothing listens at the URL: the refusals come first, so no bench (and no connection) is tried."""
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("service: {name: x}\nengine: {max_num_seqs: 0}\n")
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "-c", str(bad), "--apply")
+    assert code == 3 and "deploy.yaml" in err and "Connect" not in err, err
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "-c", str(tmp_path / "missing.yaml"), "--apply")
+    assert code == 2 and "--apply:" in err and "does not exist" in err
+    code, _, err = run_bench("--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10", "-c", str(bad), "--apply")
+    assert code == 2 and "two servers were given" in err
