@@ -105,3 +105,14 @@ def test_apply_refuses_before_the_bench_runs(run_bench, tmp_path):
     assert code == 2 and "--apply:" in err and "does not exist" in err
     code, _, err = run_bench("--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10", "-c", str(bad), "--apply")
     assert code == 2 and "two servers were given" in err
+
+
+def test_router_limit_is_below_the_knee():
+    from deployctl.bench.knee import Knee
+    from deployctl.bench.recommend import router_limit
+
+    def knee(c):
+        return Knee(c, "2x_level1", None, None, 0.01, c, None, 0.8, None, "")
+
+    assert {c: router_limit(knee(c)) for c in (1, 2, 4, 5, 8, 10, 64)} == {1: 1, 2: 1, 4: 3, 5: 4, 8: 6, 10: 8, 64: 51}
+    assert router_limit(knee(None)) is None
