@@ -8,8 +8,9 @@ own errors (OpenAI's error shape: ``{"error": {"message", "type", "param", "code
   listens there.
 - ``max_conns``: nginx's ``max_conns=N`` on every upstream server, counted across workers through a shared
   ``zone`` (without one each worker counts alone). When every server is at its limit nginx finds "no live
-  upstreams" and answers 502 with ``$upstream_addr`` set to the upstream's name; that one case becomes 429 with
-  Retry-After (``router_over_capacity``); other router 502s become a JSON 502.
+  upstreams" and answers 502 with ``$upstream_addr`` set to the upstream's name; that case becomes 429 with
+  Retry-After (``router_over_capacity``; nginx says the same when every server is marked failed by max_fails, and
+  the two cannot be told apart there); other router 502s become a JSON 502.
 - limits: ``limit_req`` (rate per client, ``burst`` with nodelay) and ``limit_conn`` (open requests per client),
   both answered 429 with Retry-After (``rate_limit_exceeded``). The runtime's own 429s pass through untouched
   (``proxy_intercept_errors`` stays off).
