@@ -6,7 +6,8 @@ from deployctl.cli.validate import _targets
 from support.render import write_config
 
 
-def test_validate_targets_the_router_over_https_with_tls(tmp_path):
+def test_validate_targets_the_router_over_https_with_tls(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_API_KEY", "sk-test-0123456789")  # the key server.api_key_env names
     tls = {"server_name": "llm.example.com", "listen": 8443,
            "tls": {"certificate": "/etc/ssl/llm.pem", "key": "/etc/ssl/llm.key"}}
     base, _, _, _ = _targets(write_config(tmp_path / "tls.yaml", router=tls), None, None)
