@@ -73,6 +73,9 @@ def test_transformers_fleet_canary_promote_rollback_and_engine_switch(rollout_en
 
         # 2. a fleet on transformers: a release that changes one engine setting, canary 5% -> promote -> rollback
         env.cfg["engine"]["max_num_batched_tokens"] = 128
+        # same engine, same model: the golden-output comparison (16 prompts on both sides, checked for the engine
+        # switch above) is left out to keep the test short; readiness, the sample inference and analysis still gate
+        env.cfg["rollout"]["analysis"]["outputs"] = {"enabled": False}
         env.write()
         v3, _ = _canary_then_promote(env, "the transformers -> transformers canary")
         assert v3 != v2
