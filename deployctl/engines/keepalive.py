@@ -14,6 +14,10 @@ rendered longer than nginx's, by a margin that outlasts one request write and ng
 - An engine with a fixed timeout (``Adapter.keep_alive_fixed_s``: transformers serve runs uvicorn's 5 s): nginx is
   lowered to min(router.keepalive_timeout_s, engine / 1.25, engine − 0.25 s) (4 s for transformers).
 The runtime's own default (deployctl_runtime server config, 75 s) is the rendered default; a test checks it.
+
+One nginx upstream block serves every host behind the router, so while a mixed fleet runs (stable on one engine,
+canary on another, or a rollback to a release on another engine) nginx's value is the smallest one any of those
+engines needs: ``keepalive(cfg, also=("transformers",))``.
 """
 from __future__ import annotations
 
@@ -44,19 +48,28 @@ def engine_timeout_for(nginx_s: float) -> float:
     return max(nginx_s * RATIO, nginx_s + MARGIN_S)
 
 
-def keepalive(cfg) -> KeepAlive:
-    """The pair for ``cfg`` (a DeployConfig, duck-typed: engines sit below config) and its engine (module doc)."""
+def _nginx_for(kind: str, want: float) -> float:
+    """nginx's keepalive_timeout for engine ``kind`` when deploy.yaml asks for ``want`` seconds."""
+    from deployctl.engines import adapter
+
+    fixed = adapter(kind).keep_alive_fixed_s
+    return want if fixed is None else min(want, fixed / RATIO, fixed - MARGIN_S)
+
+
+def keepalive(cfg, also=()) -> KeepAlive:
+    """The pair for ``cfg`` (a DeployConfig, duck-typed: engines sit below config) and its engine (module doc);
+    ``also``: engine kinds of other releases behind the same router now (their needs lower ``nginx_s`` too)."""
     from deployctl.engines import adapter
 
     a = adapter(cfg.engine.kind)
     want = cfg.router.keepalive_timeout_s if cfg.router is not None else DEFAULT_NGINX_S
+    nginx = min(_nginx_for(k, want) for k in {cfg.engine.kind, *also})
     if a.keep_alive_fixed_s is not None:
-        fixed = a.keep_alive_fixed_s
-        return KeepAlive(min(want, fixed / RATIO, fixed - MARGIN_S), fixed)
+        return KeepAlive(nginx, a.keep_alive_fixed_s)
     engine = engine_timeout_for(want)
     if a.keep_alive_env:  # read as whole seconds (vLLM, SGLang)
         engine = float(math.ceil(engine))
-    return KeepAlive(want, engine)
+    return KeepAlive(nginx, engine)
 
 
 def keepalive_env(cfg) -> dict[str, str]:

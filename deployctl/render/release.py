@@ -282,9 +282,11 @@ def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -
 
 
 def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
-                 drained: set[str] = frozenset()) -> str:
+                 drained: set[str] = frozenset(), engines: frozenset[str] = frozenset()) -> str:
     """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
-    SSE-safe server. ``drained`` host names are rendered ``down``. Raises ConfigError (exit 3)."""
+    SSE-safe server. ``drained`` host names are rendered ``down``; ``engines``: kinds of other releases behind the
+    router now besides ``cfg.engine.kind`` (the upstream keepalive_timeout suits all: deployctl.engines.keepalive).
+    Raises ConfigError (exit 3)."""
     names = [h.name for h in stable] + [h.name for h in canary]
     if not names:
         raise ConfigError("the router needs at least one stable or canary host", fix="list hosts in deploy.yaml")
@@ -317,7 +319,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
     ctx = {"service": cfg.service, "server": cfg.server, "servers": servers, "stable": stable, "canary": canary,
            "canary_weight": canary_weight, "upstream_name": f"deployctl_{base}",
            "log_format_name": f"deployctl_{base}_json", "keepalive": min(max(16, cfg.engine.max_num_seqs), 128),
-           "keepalive_timeout": keepalive(cfg).nginx_directive,
+           "keepalive_timeout": keepalive(cfg, also=engines).nginx_directive,
            "listen": f"{listen_addr}:{listen_port}" if listen_addr else str(listen_port), "access_log": access_log,
            "client_max_body_size": "16m",
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}

@@ -153,3 +153,18 @@ def test_sse_keepalive_at_or_above_the_request_timeout_is_refused(tmp_path):
     err = r.stderr.strip()
     assert r.returncode == 3 and len(err.splitlines()) == 1, err
     assert "server.sse_keepalive_s 10 is not below server.request_timeout_s 10" in err and "or 0 to turn it off" in err
+
+
+def test_a_mixed_fleet_gets_the_keepalive_every_engine_behind_the_router_needs():
+    """Stable on transformers serve (uvicorn's fixed 5 s) while the canary runs the bundled runtime: one upstream
+    block serves both, so nginx's keepalive_timeout is transformers' 4 s, not the runtime's 60 s; the runtime's own
+    timeout is unchanged (still longer than nginx's)."""
+    cfg = make_config(hosts=[{"name": "a", "address": "local", "deploy_root": "/tmp/unused", "server_port": 8001},
+                             {"name": "b", "address": "local", "deploy_root": "/tmp/unused", "server_port": 8002}],
+                      router={"host": "local", "listen": 8080, "upstream_conf": "/tmp/unused/llm.conf"})
+    a, b = cfg.hosts
+    alone = render_nginx(cfg, stable=[a], canary=[b], canary_weight=5)
+    mixed = render_nginx(cfg, stable=[a], canary=[b], canary_weight=5, engines=frozenset({"transformers"}))
+    assert "keepalive_timeout 60s;" in alone and "keepalive_timeout 4s;" in mixed
+    assert keepalive(cfg, also={"transformers"}).engine_s == keepalive(cfg).engine_s == 75
+    assert keepalive(cfg, also={"vllm"}).nginx_s == 60  # an engine whose timeout deployctl sets lowers nothing
