@@ -75,6 +75,9 @@ class Adapter:
     metrics: Metrics
     ready_log: str  # a line its start-up log prints once it serves (substring)
     drain: str  # what SIGTERM does (text for docs and the unit's comment)
+    # SIGTERM lets in-flight requests finish (False: it cuts them, so a pod waits out the drain in preStop, after
+    # its endpoints stopped sending it new requests, before the signal)
+    sigterm_drains: bool = True
     stop_signal: str = "SIGTERM"
     image_tag: str = "{version}"  # the image tag for engine.version
     # The engine takes its key only as this flag: engine_main.py adds it inside the process (command.py).
@@ -89,6 +92,10 @@ class Adapter:
     model_name_is_path: bool = False
     config_file: bool = False  # settings go into runtime.yaml, not the command line (the bundled runtime)
     sample_max_tokens: int = 4
+    # Its HTTP keep-alive timeout (deployctl.render.keepalive): set by this env var (whole seconds), or fixed at
+    # keep_alive_fixed_s seconds (not settable); neither: from the config file (the bundled runtime).
+    keep_alive_env: Optional[str] = None
+    keep_alive_fixed_s: Optional[float] = None
 
     def has(self, setting: str) -> bool:
         return setting in self.flags

@@ -8,6 +8,7 @@ ADAPTER = Adapter(
     module="sglang",
     image="lmsysorg/sglang",
     image_tag="v{version}",
+    keep_alive_env="SGLANG_TIMEOUT_KEEP_ALIVE",  # sglang/srt/environ.py (EnvInt, default 5)
     argv=("{python}", "-m", "sglang.launch_server"),
     flags={
         "model": Flag("--model-path"),
@@ -48,4 +49,5 @@ ADAPTER = Adapter(
     ready_log="The server is fired up and ready to roll!",
     drain="SIGTERM: the HTTP server shuts down and the scheduler processes are killed with it; in-flight "
           "requests are cut (drain through the router first: deployctl takes a host out of nginx before stopping it)",
+    sigterm_drains=False,
 )
