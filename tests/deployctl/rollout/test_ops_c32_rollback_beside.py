@@ -2,7 +2,8 @@
 on every host at once, beside the runtime that serves, moves the router over and then drains the old runtimes: one
 start instead of two batches, and no request through nginx lost. The two ports alternate (a second rollback goes
 back to the configured port). A host whose restored release cannot start keeps serving its old release on its old
-port; the rollback says so (exit 5) and the other hosts are rolled back. Timing is bench/bench_rollback.py's job."""
+port; the rollback says so (exit 5) and the other hosts are rolled back. A deploy afterwards brings every host back
+to server_port. Timing is bench/bench_rollback.py's job."""
 from __future__ import annotations
 
 import json
@@ -75,8 +76,18 @@ def test_rollback_starts_beside_switches_the_router_and_loses_no_request(rollout
         assert _pid_link(env, b) == f"runtime.{spare[b]}.pid"
         conf = env.upstream_conf()
         assert f":{port[a]}" in conf and f":{spare[b]}" in conf
+
+        # a deploy from there finds b on its spare port, drains it there and restarts every host on server_port
+        r = env.cli("deploy", "--yes")
+        assert r.returncode == 0, r.stderr
+        v3 = env.current(a)
+        for n in env.names:
+            assert env.current(n) == v3 and _served(port[n]) == v3 and _served(spare[n]) is None
+            assert _pid_link(env, n) is None  # a plain pidfile again
+        conf = env.upstream_conf()
+        assert all(f":{port[n]}" in conf and f":{spare[n]}" not in conf for n in env.names)
     finally:
         traffic.stop()
     ok, failed = traffic.snapshot()
     print(f"traffic through nginx during both rollbacks: {dict(ok)}, failed {dict(failed)}, retried {traffic.retried}")
-    assert not failed and ok[v1] > 0 and ok[v2] > 0
+    assert not failed and ok[v1] > 0 and ok[v2] > 0 and ok[v3] > 0
