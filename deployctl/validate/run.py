@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from deployctl.bench import prepare
+from deployctl.bench import fit, workload
 from deployctl.bench.client import Target
 from deployctl.bench.ladder import LadderConfig
 from deployctl.bench.stats import Objectives
@@ -80,10 +80,22 @@ def _stability(ep: Endpoint, opts: Options, knee: Optional[int]) -> LayerResult:
     conc = max(1, int(opts.load_fraction * knee)) if knee else opts.load_concurrency
     target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key, ignore_eos=True)
     ladder = LadderConfig(target=target, concurrencies=(conc,), timeout=opts.timeout_s, seed=opts.seed)
-    work = prepare.build(64, opts.seed, target, ep.max_model_len, min(opts.timeout_s, 30.0))
+    requests = _stability_requests(target, ep.max_model_len, opts)
     cfg = StabilityConfig(duration_s=opts.duration_s, concurrency=conc, burst_s=min(opts.burst_s, opts.duration_s),
                           gap_s=opts.gap_s, max_error_rate=opts.max_error_rate, engine_kind=opts.engine_kind)
-    res = run_stability(cfg, ladder, work.requests, opts.metrics_urls or (ep.base_url + "/metrics",))
+    res = run_stability(cfg, ladder, requests, opts.metrics_urls or (ep.base_url + "/metrics",))
     res.details["concurrency_from"] = (f"{opts.load_fraction:g} x the knee {knee}" if knee
                                        else f"--load-concurrency {conc} (no knee measured)")
     return res
+
+
+def _stability_requests(target: Target, max_model_len: Optional[int], opts: Options) -> list:
+    """64 synthetic requests that fit with room to spare: a sustained load must not trip over the context limit
+    (a 400 would count as an error): max_tokens a quarter of the context (at most 128), prompts of up to half of
+    what is left, by the server's measured tokens per word (deployctl.bench.fit)."""
+    if max_model_len is None:
+        return workload.synthetic(64, "32-128", "128", opts.seed)
+    out = max(1, min(128, max_model_len // 4))
+    est = fit.probe_tokens(target, min(opts.timeout_s, 30.0))
+    words = max(2, est.words_for(0.5 * (max_model_len - out)))
+    return workload.synthetic(64, f"{max(1, words // 2)}-{words}", str(out), opts.seed)
