@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import httpx
 
@@ -23,7 +23,7 @@ from deployctl.validate.latency import run_latency
 from deployctl.validate.result import LayerResult, ValidationRun
 from deployctl.validate.stability import StabilityConfig, run_stability
 
-LAYERS = ("functional", "latency", "stability")
+LAYERS = ("functional", "latency", "stability", "failover")  # failover: opt-in, with -c (it kills a runtime)
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,14 @@ class Options:
     metrics_urls: tuple[str, ...] = ()
     engine_kind: str = "deployctl-runtime"
     seed: int = 0
+    failover_host: Optional[str] = None
+    failover_after_s: float = 15.0
 
 
-def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, LayerResult | None], None]] = None
-             ) -> ValidationRun:
-    """Run ``opts.layers`` against ``ep``; ``on_layer(name, None)`` before and ``on_layer(name, result)`` after each."""
+def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, LayerResult | None], None]] = None,
+             cfg: Any = None) -> ValidationRun:
+    """Run ``opts.layers`` against ``ep``; ``on_layer(name, None)`` before and ``on_layer(name, result)`` after each.
+    ``cfg``: the DeployConfig the failover layer needs (its hosts, launcher and router)."""
     run = ValidationRun(ep.base_url, ep.model, ep.max_model_len,
                         datetime.now(timezone.utc).isoformat(timespec="seconds"))
     t0 = time.monotonic()
@@ -65,8 +68,10 @@ def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, Laye
                                   objectives=opts.objectives, max_error_rate=opts.max_error_rate,
                                   timeout=opts.timeout_s, seed=opts.seed)
                 knee = (res.details.get("knee") or {}).get("concurrency")
-            else:
+            elif name == "stability":
                 res = _stability(ep, opts, knee)
+            else:
+                res = _failover(ep, opts, cfg)
         except httpx.HTTPError as exc:
             res = LayerResult(name, "fail", f"{name}: {ep.base_url} did not answer: {exc}", [f"{name}: {exc}"])
         run.layers.append(res)
@@ -99,3 +104,13 @@ def _stability_requests(target: Target, max_model_len: Optional[int], opts: Opti
     est = fit.probe_tokens(target, min(opts.timeout_s, 30.0))
     words = max(2, est.words_for(0.5 * (max_model_len - out)))
     return workload.synthetic(64, f"{max(1, words // 2)}-{words}", str(out), opts.seed)
+
+
+def _failover(ep: Endpoint, opts: Options, cfg: Any) -> LayerResult:
+    if cfg is None:
+        return LayerResult("failover", "skipped", "failover: needs -c deploy.yaml (its hosts and router)")
+    from deployctl.validate.failover import run_failover
+
+    return run_failover(cfg, ep.base_url, model=ep.model, api_key=ep.api_key, victim=opts.failover_host,
+                        concurrency=max(2, opts.load_concurrency), after_s=opts.failover_after_s,
+                        timeout=opts.timeout_s)
