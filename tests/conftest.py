@@ -21,6 +21,7 @@ pytest_plugins = [
     "support.sshd",  # ssh_fleet, fleet_client_key: real sshd on loopback
     "support.nginx",  # nginx_router: a real nginx under its own prefix
     "support.rollout",  # rollout_env: sshd fleet + nginx + runtime on CPU, deploy.yaml
+    "support.runtime",  # slow_tiny_runtime: one tiny-model runtime for the router and bench tests
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -11,9 +11,7 @@ need_apt=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
-[ -x /usr/bin/sudo ] || need_apt+=(sudo)
-command -v node >/dev/null 2>&1 || need_apt+=(nodejs)  # CRD schema checks of the k8s targets (crdcheck.mjs)
-command -v npm >/dev/null 2>&1 || need_apt+=(npm)  # the sshd fleet's deploy users need password-protected sudo (C18)
+[ -x /usr/bin/sudo ] || need_apt+=(sudo)  # the sshd fleet's deploy users need password-protected sudo (C18)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -32,14 +30,3 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # Triton for the paged decode kernel's tests: on CPU they run it interpreted (TRITON_INTERPRET=1); 3.9.0 installs
 # beside torch 2.13.0 CPU without pulling another torch
 "$VPY" -c "import triton" 2>/dev/null || "$VPY" -m pip install -q triton==3.9.0
-# The CRD schemas of the k8s targets (Argo Rollouts, Prometheus Operator, Gateway API) as the @kubernetes-models
-# npm packages, in .node/ (ignored); the versions are deployctl/render/crdvalidate.py's NPM_PACKAGES.
-NPM_PKGS=$("$VPY" -c "from deployctl.render.crdvalidate import NPM_PACKAGES; print(' '.join(NPM_PACKAGES))")
-for pkg in $NPM_PKGS; do
-  name=${pkg%@*}; want=${pkg##*@}
-  have=$(node -p "require('./.node/node_modules/$name/package.json').version" 2>/dev/null || true)
-  if [ "$have" != "$want" ]; then
-    npm install --prefix .node --no-save --no-package-lock --no-audit --no-fund --loglevel=error $NPM_PKGS >/dev/null
-    break
-  fi
-done

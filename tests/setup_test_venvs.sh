@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The extra virtual environments only the test suite needs (tests/run.sh runs this after tests/setup.sh; the demo
-# does not need them): .venv-engines (vLLM's and SGLang's own argument parsers) and .venv-guidellm (a field
-# benchmark client). Safe to run again: each is skipped when its marker file records the same package list.
+# What only the test suite needs (tests/run.sh runs this after tests/setup.sh; the demo does not need them):
+# .venv-engines (vLLM's and SGLang's own argument parsers), .venv-guidellm (a field benchmark client), and node/npm
+# with the CRD schema packages in .node/. Safe to run again: each part is skipped when already in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -37,3 +37,25 @@ if [ "$(cat .venv-guidellm/.deployctl-spec 2>/dev/null)" != "$GUIDELLM_SPEC" ]; 
   "$GPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
   printf '%s' "$GUIDELLM_SPEC" > .venv-guidellm/.deployctl-spec
 fi
+
+# node and npm, and the CRD schemas of the k8s targets (Argo Rollouts, Prometheus Operator, Gateway API) as the
+# @kubernetes-models npm packages in .node/ (ignored), for tests/deployctl/render's custom-resource checks
+# (crdcheck.mjs); the versions are deployctl/render/crdvalidate.py's NPM_PACKAGES.
+need_apt=()
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+VPY=.venv/bin/python
+NPM_PKGS=$("$VPY" -c "from deployctl.render.crdvalidate import NPM_PACKAGES; print(' '.join(NPM_PACKAGES))")
+for pkg in $NPM_PKGS; do
+  name=${pkg%@*}; want=${pkg##*@}
+  have=$(node -p "require('./.node/node_modules/$name/package.json').version" 2>/dev/null || true)
+  if [ "$have" != "$want" ]; then
+    npm install --prefix .node --no-save --no-package-lock --no-audit --no-fund --loglevel=error $NPM_PKGS >/dev/null
+    break
+  fi
+done

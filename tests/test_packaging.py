@@ -35,6 +35,8 @@ def test_deployctl_wheel_has_every_subpackage_and_the_data(deployctl_wheel):
         for f in (ROOT / folder).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts:
                 assert f"{pkg}/{f.relative_to(ROOT / folder)}" in names, f"{f} is not shipped in the wheel"
+    for f in (ROOT / "deployctl").rglob("*.mjs"):  # node scripts beside the modules that run them (crdcheck.mjs)
+        assert str(f.relative_to(ROOT)) in names, f"{f} is not shipped in the wheel"
 
 
 def test_installed_wheel_finds_its_templates(deployctl_wheel, tmp_path):

@@ -106,6 +106,7 @@ def bench(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: true (vLLM extension) so outputs reach max_tokens."),
     max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger error share (0-1) is past the knee."),
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),
+    apply: bool = typer.Option(False, "--apply", help="Write the knee into deploy.yaml (-c, default ./deploy.yaml): engine.max_num_seqs and router.max_conns_per_host, with a comment."),
 ) -> None:
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
     from deployctl.bench import prepare
@@ -115,6 +116,15 @@ def bench(
     from deployctl.bench.stats import Objectives
 
     names, urls, key = _sides(url, config, hosts, api_key_env)
+    if apply and len(urls) != 1:
+        raise UsageError("--apply writes one server's knee; two servers were given", fix="bench one server with --apply")
+    apply_to = (config or Path("deploy.yaml")) if apply else None
+    if apply_to is not None:
+        if not apply_to.is_file():
+            raise UsageError(f"--apply: {apply_to} does not exist", fix="pass -c with the deploy.yaml to change")
+        from deployctl.config import load_config
+
+        load_config(apply_to)  # an invalid file is refused (exit 3) before minutes of load, not after
     if metrics_url is not None:
         _check_url(metrics_url, "--metrics-url")
     if route not in ROUTES:
@@ -186,6 +196,20 @@ def bench(
     if json_out:
         print_json(doc)
     _fail_if_nothing_succeeded(reports, work.context)
+    if apply_to is not None:
+        _apply(apply_to, reports[0], f"deployctl bench of {bases[0]} (concurrency {concurrency}, {requests} requests "
+                                     f"per level, seed {seed})")
+
+
+def _apply(path: Path, report, run: str) -> None:
+    from deployctl.bench.apply import apply_recommendation
+    from deployctl.bench.recommend import recommendation
+
+    done = apply_recommendation(path, recommendation(report.knee, report.cfg.target.base_url), run=run)
+    for key, (old, new) in done.changes.items():
+        err_console.print(f"{path}: {key} {old} -> {new}")
+    for note in done.notes:
+        err_console.print(f"note: {note}")
 
 
 def _sides(url, config, hosts, api_key_env) -> tuple[list[str], list[str], Optional[str]]:

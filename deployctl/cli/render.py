@@ -18,7 +18,8 @@ def render(
     config: Path = CONFIG,
     release_id: Optional[str] = typer.Option(None, "--release-id",
                                              help="Release id (default: UTC timestamp + short content hash)."),
-    no_validate: bool = typer.Option(False, "--no-validate", help="Skip systemd-analyze, nginx -t, promtool, kubernetes-validate."),
+    no_validate: bool = typer.Option(False, "--no-validate", help="Skip systemd-analyze, nginx -t, promtool, "
+                                     "kubernetes-validate and the CRD schema checks."),
     as_json: bool = JSON,
 ) -> None:
     """Render the release (unit, runtime.yaml, 0600 env file, launcher), router, container or k8s files and alert

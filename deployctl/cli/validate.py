@@ -50,6 +50,8 @@ def _targets(config: Optional[Path], url: Optional[str], host: Optional[str]):
     if cfg.router is None:
         raise UsageError(f"{path} has no router: nothing to validate through", fix="pass --host NAME")
     r = cfg.router
+    if r.tls is not None:  # the certificate covers server_name, not the router's address
+        return f"https://{r.server_name}:{r.listen}", metrics, key, cfg
     address = "127.0.0.1" if r.host == "local" else next((h.address for h in cfg.hosts if h.name == r.host), r.host)
     address = "127.0.0.1" if address == "local" else (f"[{address}]" if ":" in address else address)
     return f"http://{address}:{r.listen}", metrics, key, cfg

@@ -42,7 +42,9 @@ class LimitsConfig(_Frozen):
     """Per-client limits at the router (nginx limit_req / limit_conn). Over a limit: 429 in OpenAI's error shape
     with Retry-After."""
 
-    key: Literal["remote_addr", "api_key"] = "remote_addr"  # a client: its address, or its Authorization header
+    # a client: its address, or its Authorization header (requests without one are not limited: nginx skips empty
+    # keys; the runtime answers them 401 when it has API keys)
+    key: Literal["remote_addr", "api_key"] = "remote_addr"
     requests_per_s: Optional[float] = Field(None, gt=0, le=100000)  # limit_req rate per client
     burst: int = Field(0, ge=0, le=100000)  # requests over the rate accepted at once before 429 (nodelay)
     connections: Optional[int] = Field(None, ge=1, le=100000)  # limit_conn: open requests per client

@@ -75,6 +75,9 @@ class Adapter:
     metrics: Metrics
     ready_log: str  # a line its start-up log prints once it serves (substring)
     drain: str  # what SIGTERM does (text for docs and the unit's comment)
+    # SIGTERM lets in-flight requests finish (False: it cuts them, so a pod waits out the drain in preStop, after
+    # its endpoints stopped sending it new requests, before the signal)
+    sigterm_drains: bool = True
     stop_signal: str = "SIGTERM"
     image_tag: str = "{version}"  # the image tag for engine.version
     # The engine takes its key only as this flag: engine_main.py adds it inside the process (command.py).

@@ -48,4 +48,5 @@ ADAPTER = Adapter(
     ready_log="The server is fired up and ready to roll!",
     drain="SIGTERM: the HTTP server shuts down and the scheduler processes are killed with it; in-flight "
           "requests are cut (drain through the router first: deployctl takes a host out of nginx before stopping it)",
+    sigterm_drains=False,
 )

@@ -115,7 +115,7 @@ def certificate_checks(cert_pem: Optional[bytes], key_pem: Optional[bytes], *, c
     from cryptography import x509
 
     try:
-        sans = [str(v) for v in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]
+        sans = [str(v.value) for v in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]
     except x509.ExtensionNotFound:
         sans = []
     facts = {"not_after": cert.not_valid_after_utc.isoformat(), "not_before": cert.not_valid_before_utc.isoformat(),

@@ -3,6 +3,9 @@
 - ``release``  the template environment, one host's release files, the nginx router config.
 - ``targets``  ``deployctl render``: every file of a target (systemd, container, k8s) under one directory.
 - ``validate`` checks of rendered files with the real tools (systemd-analyze, nginx -t, promtool, k8s schemas).
+- ``kubernetes`` the k8s-rollout objects beside the workload: ``analysis`` (the AnalysisTemplate's PromQL from
+  rollout.analysis), ``monitoring`` (PrometheusRule, PodMonitor), ``gateway`` (InferencePools, HTTPRoute).
+- ``crdvalidate`` (+ crdcheck.mjs) and ``poolschema``: custom resources against their projects' schemas.
 
 Import from this package (``from deployctl.render import render_release``); jinja2 loads on first render.
 """

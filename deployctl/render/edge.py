@@ -8,8 +8,9 @@ own errors (OpenAI's error shape: ``{"error": {"message", "type", "param", "code
   listens there.
 - ``max_conns``: nginx's ``max_conns=N`` on every upstream server, counted across workers through a shared
   ``zone`` (without one each worker counts alone). When every server is at its limit nginx finds "no live
-  upstreams" and answers 502 with ``$upstream_addr`` set to the upstream's name; that one case becomes 429 with
-  Retry-After (``router_over_capacity``); other router 502s become a JSON 502.
+  upstreams" and answers 502 with ``$upstream_addr`` set to the upstream's name; that case becomes 429 with
+  Retry-After (``router_over_capacity``; nginx says the same when every server is marked failed by max_fails, and
+  the two cannot be told apart there); other router 502s become a JSON 502.
 - limits: ``limit_req`` (rate per client, ``burst`` with nodelay) and ``limit_conn`` (open requests per client),
   both answered 429 with Retry-After (``rate_limit_exceeded``). The runtime's own 429s pass through untouched
   (``proxy_intercept_errors`` stays off).
@@ -33,7 +34,8 @@ UPSTREAM_ZONE_SIZE = "64k"  # the upstream's shared state: a few hundred servers
 def _error_body(message: str, type_: str, code: str) -> str:
     """A JSON error in OpenAI's shape, safe inside nginx's single-quoted ``return`` (no ', $, \\ or newline)."""
     body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
-    assert not set(body) & set("'$\\\n"), body
+    if set(body) & set("'$\\\n"):
+        raise ValueError(f"router error body {body!r} has a character nginx would interpret")
     return body
 
 

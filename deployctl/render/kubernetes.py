@@ -3,11 +3,13 @@ and stable Services it needs, the golden-output Job's config, and the Prometheus
 (render.monitoring). Called by render.targets with the workload's template context.
 
 Files (under ``k8s/``): analysis-template.yaml (AnalysisTemplate), analysis-config.yaml (ConfigMap: the deploy.yaml
-the Job reads), track-services.yaml (canary and stable Services).
+the Job reads), track-services.yaml (canary and stable Services), and render.gateway's inference-pool.yaml and
+http-route.yaml.
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deployctl.render.release import RenderedFile, render_template
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 # The Prometheus Operator's governing Service of a Prometheus named ``prometheus`` in namespace monitoring: the
 # AnalysisTemplate's default prometheus-address argument (override it in the Rollout's analysis args).
 PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
+CONFIG_DIR = "/etc/deployctl"  # where the Job mounts analysis-config.yaml
 
 
 def deployctl_image() -> str:
@@ -30,11 +33,25 @@ def deployctl_image() -> str:
         return "deployctl/deployctl:latest"
 
 
-def deploy_yaml(cfg: DeployConfig) -> str:
-    """deploy.yaml as the model holds it (defaults left out): what the Job's `deployctl compare-outputs` reads."""
+def analysis_config(cfg: DeployConfig) -> dict[str, str]:
+    """The ConfigMap data the Job's `deployctl compare-outputs` reads: ``deploy.yaml`` as the model holds it
+    (defaults left out) and, when rollout.analysis.outputs.prompts names a file, that file as ``prompts.jsonl``
+    (the copy's path in deploy.yaml is the mounted one). Raises ConfigError (exit 3) when it cannot be read."""
     import yaml
 
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True, by_alias=True), sort_keys=False)
+    from deployctl.errors import ConfigError
+
+    doc = cfg.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+    data = {}
+    prompts = cfg.rollout.analysis.outputs.prompts
+    if prompts:
+        try:
+            data["prompts.jsonl"] = Path(prompts).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"rollout.analysis.outputs.prompts {prompts}: {exc.strerror}; the k8s-rollout analysis "
+                              "Job needs its content", fix="render where the prompt file is readable") from None
+        doc["rollout"]["analysis"]["outputs"]["prompts"] = f"{CONFIG_DIR}/prompts.jsonl"
+    return {"deploy.yaml": yaml.safe_dump(doc, sort_keys=False), **data}
 
 
 def analysis_context(cfg: DeployConfig, client_reasons: str) -> dict:
@@ -56,9 +73,9 @@ def rollout_files(cfg: DeployConfig, ctx: dict) -> list[RenderedFile]:
     port = cfg.server.port
     ns = cfg.container.namespace
     config_name = f"{name}-analysis-config"
-    command = ["deployctl", "compare-outputs", "--config", "/etc/deployctl/deploy.yaml",
+    command = ["deployctl", "compare-outputs", "--config", f"{CONFIG_DIR}/deploy.yaml",
                "--canary-url", f"http://{name}-canary.{ns}.svc:{port}",
-               "--stable-url", f"http://{name}-stable.{ns}.svc:{port}", "--mode", "exact"]
+               "--stable-url", f"http://{name}-stable.{ns}.svc:{port}", "--mode", "{{args.outputs-mode}}"]
     actx = {**ctx, "interval": an.window(cfg), "count": an.measurements(cfg),
             "inconclusive_limit": an.inconclusive_limit(cfg), "prometheus_address": PROMETHEUS_ADDRESS,
             "deployctl_image": deployctl_image(), "job_command": command, "analysis_config_name": config_name,
@@ -66,9 +83,11 @@ def rollout_files(cfg: DeployConfig, ctx: dict) -> list[RenderedFile]:
             "outputs_deadline_s": math.ceil(o.timeout_s * 4) + 60}
     files = [RenderedFile("k8s/analysis-template.yaml", render_template("k8s-analysis.yaml.j2", actx)),
              RenderedFile("k8s/analysis-config.yaml", render_template("k8s-analysis-config.yaml.j2",
-                                                                      {**actx, "deploy_yaml": deploy_yaml(cfg)})),
+                                                                      {**actx, "data": analysis_config(cfg)})),
              RenderedFile("k8s/track-services.yaml", render_template("k8s-track-services.yaml.j2", ctx))]
-    return files
+    from deployctl.render.gateway import gateway_files
+
+    return files + gateway_files(cfg)
 
 
-__all__ = ["PROMETHEUS_ADDRESS", "analysis_context", "deploy_yaml", "deployctl_image", "rollout_files"]
+__all__ = ["CONFIG_DIR", "PROMETHEUS_ADDRESS", "analysis_config", "analysis_context", "deployctl_image", "rollout_files"]

@@ -4,7 +4,9 @@ Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
                (all hosts stable), ``prometheus/alerts.rules.yaml``
 - container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router and alerts
-- k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env, and alerts
+- k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env,
+               prometheus-rule.yaml, pod-monitor.yaml (render.monitoring), and alerts; k8s-rollout adds the analysis,
+               track Services and gateway objects of render.kubernetes
 
 The same inputs (deploy.yaml, API key, release id, templates) give the same bytes. The default release id is
 render.new_release_id's (as `deployctl deploy` names releases), at SOURCE_DATE_EPOCH when set.
@@ -32,6 +34,7 @@ TARGETS = ("systemd", "container", "k8s", "k8s-rollout")
 # request_rejected_total{reason} values that are the client's fault, and those that mean "prompt too long".
 LENGTH_REASONS = "context_length_exceeded|length|too_long"
 CLIENT_REASONS = LENGTH_REASONS + "|invalid_request|invalid_request_error|bad_request"
+ENDPOINTS_DROP_S = 5  # a pod's preStop wait for its endpoints (Service, InferencePool) to stop sending it requests
 
 
 def runtime_version() -> str:
@@ -142,6 +145,8 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
            "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
            "replicas": len(cfg.hosts), "rollout": rollout, "pod_command": pod_command, "pause_s": math.ceil(cfg.rollout.pause_s),
            "startup_failure_threshold": max(1, math.ceil(cfg.server.startup_timeout_s / 10))}
+    ctx["prestop_s"] = ENDPOINTS_DROP_S + (0 if ctx["adapter"].sigterm_drains else math.ceil(cfg.server.drain_timeout_s))
+    ctx["grace_s"] = ctx["prestop_s"] + ctx["timeout_stop_s"]
     if rollout:
         from deployctl.render.kubernetes import analysis_context
 

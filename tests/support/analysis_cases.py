@@ -11,8 +11,9 @@ CASES = TABLE["cases"]
 IDS = [c["name"] for c in CASES]
 
 
-def config():
-    """deploy.yaml (support.render's) with the table's rollout.analysis merged in, on the bundled runtime."""
+def config(engine: dict | None = None):
+    """deploy.yaml (support.render's) with the table's rollout.analysis merged in; ``engine`` (default: the bundled
+    runtime) is merged into its engine section."""
     from support.render import make_config
 
-    return make_config(rollout={"analysis": TABLE["analysis"]}, engine={"kind": "deployctl-runtime"})
+    return make_config(rollout={"analysis": TABLE["analysis"]}, engine=engine or {"kind": "deployctl-runtime"})

@@ -1,5 +1,5 @@
 """The runtime (``python -m deployctl_runtime``) on CPU for tests: the seeded tiny checkpoint and a served process
-on a free loopback port (the bench and router tests share these)."""
+on a free loopback port, and the session fixture ``slow_tiny_runtime`` (the bench and router tests share these)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import pytest
 
 from support.cli import repo_env
 from support.paths import REPO
 
-__all__ = ["make_tiny_model", "serve_runtime", "subprocess_env"]
+__all__ = ["make_tiny_model", "serve_runtime", "slow_tiny_runtime", "subprocess_env"]
 
 
 def subprocess_env() -> dict[str, str]:
@@ -70,3 +71,17 @@ def serve_runtime(model: Path, log_path: Path, *args: str, env: dict[str, str] |
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+TOKEN_DELAY_MS = 30  # per output token: streams last long enough to overlap and to show their spacing
+
+
+@pytest.fixture(scope="session")
+def slow_tiny_runtime(tmp_path_factory):
+    """One runtime for the router and bench tests: the tiny model on CPU, max_num_seqs 8, TOKEN_DELAY_MS per token,
+    served as "model". Yields {"url", "port", "model"}."""
+    base = tmp_path_factory.mktemp("slow-tiny-runtime")
+    model = make_tiny_model(base)
+    with serve_runtime(model, base / "serve.log", "--max-num-seqs", "8",
+                       env={"DEPLOYCTL_RUNTIME_FAULT": f"token_delay_ms={TOKEN_DELAY_MS}"}) as url:
+        yield {"url": url, "port": int(url.rsplit(":", 1)[1]), "model": model}

@@ -110,3 +110,30 @@ def test_router_certificate_over_ssh_reads_a_root_only_key_with_sudo(ssh_fleet, 
     assert name == h.name
     assert {c.name: c.status for c in checks} == {"tls_certificate": "warn", "tls_key": "pass", "tls_name": "pass"}
     assert json.dumps(facts)  # JSON-ready for preflight --json
+
+
+@pytest.mark.parametrize("router_host, host_filter, where", [
+    ("local", None, "router"),  # a report of its own
+    ("gpu-b", None, "gpu-b"),  # nginx on a GPU host: its checks join that host's
+    ("gpu-b", ["gpu-a"], None),  # --host naming another host: not checked
+])
+def test_run_preflight_reports_the_router_certificate(ca, monkeypatch, router_host, host_filter, where):
+    import deployctl.preflight as preflight
+
+    cert, key = ca.issue(f"pf-{router_host}", names=["llm.example.com"], days=3)
+    cfg = _cfg(cert, key, host=router_host)
+    local = [{"name": n, "address": "local", "deploy_root": f"/tmp/{n}"} for n in ("gpu-a", "gpu-b")]
+    cfg = cfg.model_validate({**cfg.model_dump(), "hosts": local})  # no SSH: the files are read on this machine
+    monkeypatch.setattr(preflight, "gather", lambda cfg, names, **kw: [
+        (h, {"error": "probe not run in this test"}) for h in cfg.hosts if not names or h.name in names])
+    report = preflight.run_preflight(cfg, host_filter)
+    hosts = {h.host: h for h in report.hosts}
+    with_tls = [h for h in report.hosts if any(c.name == "tls_certificate" for c in h.checks)]
+    if where is None:
+        assert with_tls == []
+        return
+    assert [h.host for h in with_tls] == [where] and not hosts[where].ok
+    doc = report.to_json()
+    entry = next(h for h in doc["hosts"] if h["host"] == where)
+    assert entry["facts"]["tls"]["subject_alt_names"] == ["llm.example.com"]
+    assert any(c["name"] == "tls_certificate" and c["status"] == "fail" for c in entry["checks"])

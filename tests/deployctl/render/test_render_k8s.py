@@ -99,3 +99,45 @@ def test_container_files(tmp_path):
     copies = [line for line in docker.splitlines() if line.startswith(("COPY", "ADD"))]
     assert all("/models" not in line and "safetensors" not in line for line in copies)  # weights never baked in
     assert API_KEY not in docker and files["hosts/gpu-b/runtime.env"].mode == 0o600
+
+
+@pytest.mark.parametrize("kind,extra", [("deployctl-runtime", {}), ("vllm", {"version": "0.11.0"}),
+                                        ("sglang", {"version": "0.5.23"})])
+def test_termination_grace_covers_the_engines_drain(kind, extra):
+    """The runtime and vLLM finish in-flight requests after SIGTERM; SGLang cuts them, so its pod waits out
+    server.drain_timeout_s in preStop (endpoints no longer send it requests) before the signal. Either way the grace
+    period covers preStop plus the drain."""
+    from deployctl.engines import adapter
+
+    files = _by_path("k8s-rollout", engine={"kind": kind, **extra}, server={"drain_timeout_s": 40})
+    spec = yaml.safe_load(files["k8s/rollout.yaml"].content)["spec"]["template"]["spec"]
+    prestop = spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drains = adapter(kind).sigterm_drains
+    assert prestop == (5 if drains else 45)
+    assert spec["terminationGracePeriodSeconds"] >= prestop + 40 + 10
+
+
+def test_the_analysis_job_reads_the_same_deploy_yaml_and_prompts(tmp_path):
+    """The golden-output Job's ConfigMap holds deploy.yaml as rendered (its thresholds: one home) and the prompt
+    file, at the path the Job mounts; the Job runs compare-outputs against the canary and stable Services."""
+    from deployctl.config import parse_config
+
+    prompts = tmp_path / "golden.jsonl"
+    prompts.write_text('{"prompt": "Hello"}\n')
+    files = _by_path("k8s-rollout", rollout={"analysis": {"outputs": {"prompts": str(prompts), "min_prefix_share": 0.8}}})
+    data = yaml.safe_load(files["k8s/analysis-config.yaml"].content)["data"]
+    assert data["prompts.jsonl"] == '{"prompt": "Hello"}\n'
+    cfg = parse_config(data["deploy.yaml"], "analysis-config.yaml")
+    assert cfg.rollout.analysis.outputs.prompts == "/etc/deployctl/prompts.jsonl"
+    assert cfg.rollout.analysis.outputs.min_prefix_share == 0.8 and cfg.service.name == "chat-7b"
+    template = yaml.safe_load(files["k8s/analysis-template.yaml"].content)
+    job = next(m for m in template["spec"]["metrics"] if m["name"] == "golden-outputs")["provider"]["job"]
+    pod = job["spec"]["template"]["spec"]
+    cmd = pod["containers"][0]["command"]
+    assert cmd[:4] == ["deployctl", "compare-outputs", "--config", "/etc/deployctl/deploy.yaml"]
+    assert cmd[cmd.index("--canary-url") + 1] == "http://chat-7b-canary.default.svc:8080"
+    assert pod["volumes"][0]["configMap"]["name"] == "chat-7b-analysis-config"
+    assert pod["containers"][0]["env"][0]["name"] == "LLM_API_KEY"  # what compare-outputs reads (server.api_key_env)
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(ConfigError, match="missing.jsonl"):
+        _by_path("k8s-rollout", rollout={"analysis": {"outputs": {"prompts": str(missing)}}})

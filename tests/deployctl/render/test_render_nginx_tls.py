@@ -18,7 +18,6 @@ from support.cli import run_cli
 from support.nginx import NginxRouter
 from support.ports import free_port
 from support.render import make_config, write_config
-from support.runtime import make_tiny_model, serve_runtime
 
 TLS = {"certificate": "/etc/deployctl/tls/llm.pem", "key": "/etc/deployctl/tls/llm.key"}
 VARIANTS = {
@@ -70,32 +69,29 @@ def test_tls_needs_a_server_name_and_its_own_http_port():
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """The tiny runtime (20 ms per token) behind nginx with TLS for localhost, plain HTTP redirected."""
+def stack(tmp_path_factory, slow_tiny_runtime):
+    """The tiny runtime (slow_tiny_runtime) behind nginx with TLS for localhost, plain HTTP redirected."""
     base = tmp_path_factory.mktemp("tls-stack")
     ca = TestCA(base / "ca")
     cert, key = ca.issue("router", ["localhost"])
-    model = make_tiny_model(base)
-    with serve_runtime(model, base / "serve.log", "--max-num-seqs", "4",
-                       env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"}) as url:
-        router = NginxRouter(base / "nginx")
-        http_port = free_port()
-        path = write_config(base / "deploy.yaml", model={"path": str(model), "served_name": "model"},
-                            engine={"device": "cpu"},
-                            server={"bind": "127.0.0.1", "port": int(url.rsplit(":", 1)[1]), "api_key_env": None},
-                            hosts=[{"name": "local-a", "address": "local", "deploy_root": str(base / "root")}],
-                            router={**router.router_config(), "server_name": "localhost",
-                                    "tls": {"certificate": str(cert), "key": str(key), "redirect_http": True,
-                                            "http_listen": http_port}})
-        from deployctl.config import load_config
+    router = NginxRouter(base / "nginx")
+    http_port = free_port()
+    path = write_config(base / "deploy.yaml", model={"path": str(slow_tiny_runtime["model"]), "served_name": "model"},
+                        engine={"device": "cpu"},
+                        server={"bind": "127.0.0.1", "port": slow_tiny_runtime["port"], "api_key_env": None},
+                        hosts=[{"name": "local-a", "address": "local", "deploy_root": str(base / "root")}],
+                        router={**router.router_config(), "server_name": "localhost",
+                                "tls": {"certificate": str(cert), "key": str(key), "redirect_http": True,
+                                        "http_listen": http_port}})
+    from deployctl.config import load_config
 
-        cfg = load_config(path)
-        try:
-            router.start(cfg)
-            yield {"cfg": cfg, "path": path, "router": router, "ca": ca, "cert": cert, "key": key,
-                   "base": f"https://localhost:{router.port}", "http_port": http_port, "model": model}
-        finally:
-            router.stop()
+    cfg = load_config(path)
+    try:
+        router.start(cfg)
+        yield {"cfg": cfg, "path": path, "router": router, "ca": ca, "cert": cert, "key": key,
+               "base": f"https://localhost:{router.port}", "http_port": http_port}
+    finally:
+        router.stop()
 
 
 def _trust(stack) -> ssl.SSLContext:
@@ -155,6 +151,7 @@ def _handshake(port: int, ca_path, **ctx_kw) -> tuple[str, str, str]:
             return s.version(), s.cipher()[0], s.selected_alpn_protocol()
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")  # the client asks for TLS 1.0/1.1 on purpose
 def test_protocols_ciphers_and_plain_http_redirect(stack):
     port, ca = stack["router"].port, stack["ca"].path
     version, _, alpn = _handshake(port, ca)
@@ -186,22 +183,49 @@ def test_plain_http_closed_without_redirect(stack):
 
 
 def _served_serial(port: int) -> int:
-    from cryptography import x509
-
-    pem = ssl.get_server_certificate(("127.0.0.1", port))
-    return x509.load_pem_x509_certificate(pem.encode()).serial_number
+    return x509_serial(ssl.get_server_certificate(("127.0.0.1", port)).encode())
 
 
 def test_renewed_certificate_is_served_after_router_reload(stack):
-    from cryptography import x509
-
     port = stack["router"].port
     old = _served_serial(port)
     renewed, _ = stack["ca"].issue("renewed", ["localhost"], days=120, key=stack["key"])
     stack["cert"].write_bytes(renewed.read_bytes())  # what certbot's deploy hook does: new file, same path
-    new = x509.load_pem_x509_certificates(renewed.read_bytes())[0].serial_number
+    new = x509_serial(renewed.read_bytes())
     assert _served_serial(port) == old  # nginx reads certificates only at (re)load
     result = run_cli("router", "reload", "-c", str(stack["path"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "nginx reloaded on router" in result.stdout and "pass tls_certificate" in result.stdout
     assert _served_serial(port) == new
+
+
+def test_router_reload_refuses_a_renewal_gone_wrong(stack, tmp_path):
+    """Another pair's certificate: nginx -t fails, the conf and the served certificate stay (exit 1). An expired one
+    (nginx loads it): reloaded, and the certificate check fails with the file and the fix (exit 1)."""
+    port, cert = stack["router"].port, stack["cert"]
+    kept = cert.read_bytes()
+    served = _served_serial(port)
+    try:
+        other, _ = stack["ca"].issue("other-pair", ["localhost"])
+        cert.write_bytes(other.read_bytes())
+        result = run_cli("router", "reload", "-c", str(stack["path"]))
+        assert result.returncode == 1 and "nginx -t rejected" in result.stderr, result.stderr
+        assert "previous conf was restored" in result.stderr and _served_serial(port) == served
+        expired, _ = stack["ca"].issue("expired", ["localhost"], days=-1, not_before_days=30, key=stack["key"])
+        cert.write_bytes(expired.read_bytes())
+        result = run_cli("router", "reload", "-c", str(stack["path"]))
+        assert result.returncode == 1 and "router certificate:" in result.stderr, result.stderr
+        assert f"{cert} expired on" in result.stderr and "certbot renew" in result.stderr
+    finally:
+        cert.write_bytes(kept)
+        assert run_cli("router", "reload", "-c", str(stack["path"])).returncode == 0
+    assert _served_serial(port) == x509_serial(kept)
+    no_router = write_config(tmp_path / "deploy.yaml", router=None)
+    result = run_cli("router", "reload", "-c", str(no_router))
+    assert result.returncode == 3 and "no router: section" in result.stderr
+
+
+def x509_serial(pem: bytes) -> int:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificates(pem)[0].serial_number
