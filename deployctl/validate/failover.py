@@ -13,8 +13,10 @@ tried on the victim before it was back), ``retried`` (requests nginx passed to a
 ``log_requests`` vs ``requests`` (one log line per client request: none answered twice).
 
 Verdict ``fail`` when: the victim did not come back within ``after_s`` + ``ready_timeout_s``; a request was resent
-after reaching a server; more requests failed than ``max_failed`` (default: ``concurrency``: at most the requests
-in flight on the victim when it died may fail; nginx's ``proxy_next_upstream error timeout`` moves the rest).
+after reaching a server; more requests failed than ``max_failed`` (default: 2 x ``concurrency``: the requests in
+flight on the victim when it died, and those nginx put on kept-alive connections to it before it saw the first
+failure, a POST it may not retry; ``max_fails=1`` takes the victim out at that first failure, and
+``proxy_next_upstream error timeout`` moves every later request whose connection is refused).
 A restarted runtime answers 503 while it loads; nginx neither retries such a POST (it reached the server) nor counts
 it toward ``max_fails``, so ``router.fail_timeout_s`` must outlast the load time for the bound to hold (the problem
 line says so with the measured ready time).
@@ -127,7 +129,14 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
                 break
             time.sleep(0.2)
         loader.join(before_s + after_s + timeout + 30)
-        text = fleet.router.access_log_since(offset)[0] if cfg.router.access_log else ""
+        text = ""
+        if cfg.router.access_log:  # nginx logs a request after its last byte: let the last lines land
+            settle = time.monotonic() + 5.0
+            while True:
+                text = fleet.router.access_log_since(offset)[0]
+                if access_facts(text, "", 0, 0)["log_requests"] >= len(results) or time.monotonic() > settle:
+                    break
+                time.sleep(0.2)
     finally:
         fleet.close()
     addr = f"{url_host(network_address(hc))}:{service_port(cfg, hc)}"
@@ -138,7 +147,7 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
         if not r.ok:
             failed[r.error] = failed.get(r.error, 0) + 1
     n_failed = sum(failed.values())
-    bound = concurrency if max_failed is None else max_failed
+    bound = 2 * concurrency if max_failed is None else max_failed
     details = {"victim": name, "address": addr, "killed_pid": pid, "new_pid": new_pid, "concurrency": concurrency,
                "requests": len(results), "failed": n_failed, "failed_by_reason": failed, "max_failed": bound,
                "restart_s": _r(restart_s), "ready_s": _r(ready_s), **log}

@@ -45,7 +45,7 @@ def fleet(rollout_model, tmp_path_factory):
             stop_runtime(h["deploy_root"])
 
 
-def test_a_killed_runtime_costs_at_most_its_in_flight_requests_and_comes_back(fleet):
+def test_a_killed_runtime_costs_a_bounded_few_requests_none_sent_twice_and_comes_back(fleet):
     cfg_path, hosts, nginx = fleet
     conf = nginx.upstream_conf.read_text()
     assert "max_fails=1 fail_timeout=60s" in conf and "proxy_next_upstream error timeout http_503;" in conf
@@ -58,7 +58,9 @@ def test_a_killed_runtime_costs_at_most_its_in_flight_requests_and_comes_back(fl
     assert proc.returncode == 0, (layer["problems"], proc.stderr[-2000:])
     assert layer["verdict"] == "pass"
     assert d["new_pid"] and d["new_pid"] != d["killed_pid"] and d["ready_s"] is not None  # back under its supervisor
-    assert d["requests"] > 20 and d["failed"] <= CONCURRENCY  # only what was in flight on gpu-b
+    # the requests in flight on gpu-b, and those nginx had already put on kept-alive connections to it (measured
+    # 2-5 of 200-840 at 4 in flight here); the rest moved to gpu-a
+    assert d["requests"] > 20 and d["failed"] <= d["max_failed"] == 2 * CONCURRENCY
     # in flight on gpu-b when it died: cut streams, or the router's 502 when no header had come yet
     assert set(d["failed_by_reason"]) <= {"connection_lost", "incomplete_stream", "stream_error", "http_502"}
     assert d["resent"] == 0 and d["log_requests"] == d["requests"]  # no request sent twice, one log line each
