@@ -91,6 +91,12 @@ def validate(
     if report is not None and report.exists() and not report.is_dir():
         raise UsageError(f"--report {report} is a file", fix="give a directory (created when missing)")
     base, metrics, key, cfg = _targets(config, url, host)
+    if "failover" in names and cfg is None:
+        raise UsageError("--layers failover needs -c deploy.yaml (its hosts, launcher and router)",
+                         fix="pass -c deploy.yaml instead of --url")
+    if failover_host is not None and cfg is not None and failover_host not in {h.name for h in cfg.hosts}:
+        raise UsageError(f"--failover-host {failover_host!r} is not a host in deploy.yaml",
+                         fix=f"one of: {', '.join(h.name for h in cfg.hosts)}")
     info = server_info(base, {"Authorization": f"Bearer {key}"} if key else {})
     if info.model is None:
         raise CheckFailed(f"{base}/v1/models did not answer with a model", fix="check that the service is up and the URL and API key are right")
@@ -100,12 +106,6 @@ def validate(
                    objectives=objectives_from_slo(cfg.slo if cfg else None),
                    max_error_rate=cfg.slo.max_error_rate if cfg else 0.01, metrics_urls=metrics,
                    engine_kind=cfg.engine.kind if cfg else "deployctl-runtime", failover_host=failover_host)
-    if "failover" in names and cfg is None:
-        raise UsageError("--layers failover needs -c deploy.yaml (its hosts, launcher and router)",
-                         fix="pass -c deploy.yaml instead of --url")
-    if failover_host is not None and cfg is not None and failover_host not in {h.name for h in cfg.hosts}:
-        raise UsageError(f"--failover-host {failover_host!r} is not a host in deploy.yaml",
-                         fix=f"one of: {', '.join(h.name for h in cfg.hosts)}")
 
     def on_layer(name, res) -> None:
         if res is None:
