@@ -71,3 +71,44 @@ def test_an_unexpected_status_and_a_missing_finish_fail_by_name():
     res = judge(case, Reply(200, text="abc", completion_tokens=3, stream_error="the stream ended without data: "
                             "[DONE]"), 8, lambda ids: None)
     assert res.problems[0] == "error on 'long-stream' (chat, stream): the stream ended without data: [DONE]"
+
+
+def _samples(n_bursts=6, rss_mib_per_burst=0.0, gpu_mib_per_burst=None, restart_at=None, waiting_up=False):
+    from deployctl.validate.stability import Sample
+
+    out, t, src = [], 0.0, "http://h:1/metrics"
+    for b in range(n_bursts + 1):
+        for k in range(3):
+            phase = "idle" if b == 0 else ("gap_end" if k == 2 else "load")
+            v = {"kv_usage": 0.0 if phase != "load" else 0.3, "waiting": (b if waiting_up else 0.0) if phase == "load" else 0.0,
+                 "running": 2.0, "preemptions": 0.0, "rss_bytes": (500 + b * rss_mib_per_burst) * 2 ** 20,
+                 "start_time": 1000.0 if restart_at is None or b < restart_at else 2000.0,
+                 "gpu_memory_bytes": None if gpu_mib_per_burst is None else (40000 + b * gpu_mib_per_burst) * 2 ** 20}
+            out.append(Sample(t, src, phase, b, v))
+            t += 10.0
+    return out, [(30.0 * b, 30.0 * b + 20) for b in range(1, n_bursts + 1)]
+
+
+class _Ok:
+    ok, error = True, None
+
+
+def test_stability_verdicts_on_recorded_samples():
+    """NVML facts recorded as a growing series (no GPU here): the memory slope rule, restarts and the queue trend."""
+    from deployctl.validate.stability import StabilityConfig, _judge
+
+    cfg = StabilityConfig(duration_s=200, concurrency=4)
+    samples, bursts = _samples()
+    problems, signals = _judge(cfg, samples, [_Ok()] * 50, bursts)
+    assert problems == [] and signals["http://h:1/metrics"]["kv_usage"]["after_bursts"] == [0.0] * 6
+    samples, bursts = _samples(gpu_mib_per_burst=100.0)  # +100 MiB per 30 s burst: about 12000 MiB/h
+    problems, signals = _judge(cfg, samples, [_Ok()] * 50, bursts)
+    slope = signals["http://h:1/metrics"]["gpu_memory"]["slope_mib_per_h"]
+    assert 11000 < slope < 13000
+    assert problems == [f"gpu_memory on http://h:1/metrics: slope {slope:+.0f} MiB/h > 1024 MiB/h (40100 -> 40600 MiB)"]
+    samples, bursts = _samples(rss_mib_per_burst=1.0)  # +120 MiB/h but only 5 MiB in all: noise, not a leak
+    assert _judge(cfg, samples, [_Ok()] * 50, bursts)[0] == []
+    samples, bursts = _samples(restart_at=3, waiting_up=True)
+    problems, _ = _judge(cfg, samples, [_Ok()] * 50, bursts)
+    assert any(p.startswith("restarts on http://h:1/metrics: process start time changed 1 time(s)") for p in problems)
+    assert any(p.startswith("queue_depth on http://h:1/metrics: waiting requests trend up") for p in problems)
