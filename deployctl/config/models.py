@@ -101,6 +101,17 @@ class ServerConfig(_Frozen):
     # startup probe budget and the container healthcheck's start period.
     startup_timeout_s: float = Field(600, gt=0, le=MAX_SECONDS)
     log_prompts: bool = False
+    # The runtime's SSE comment interval while a stream waits (queue, long prefill); 0: off. Below
+    # request_timeout_s, so below nginx's proxy_read_timeout (request_timeout_s + 30 s).
+    sse_keepalive_s: float = Field(15, ge=0, le=MAX_SECONDS)
+
+    @model_validator(mode="after")
+    def _keepalive_below_timeout(self) -> "ServerConfig":
+        if self.sse_keepalive_s >= self.request_timeout_s:
+            raise ValueError(f"server.sse_keepalive_s {self.sse_keepalive_s:g} is not below server.request_timeout_s "
+                             f"{self.request_timeout_s:g}: the router's read timeout would cut waiting streams; "
+                             "set it lower (default 15) or 0 to turn it off")
+        return self
 
     @property
     def is_loopback(self) -> bool:

@@ -94,7 +94,9 @@ def engine_env(cfg, api_key: Optional[str]) -> dict[str, str]:
     """The 0600 env file's variables: the adapter's fixed ones and the API key under the name the engine (or
     engine_main.py) reads."""
     a = adapter(cfg.engine.kind)
-    env: dict[str, str] = dict(a.extra_env)
+    from deployctl.engines.keepalive import keepalive_env
+
+    env: dict[str, str] = {**a.extra_env, **keepalive_env(cfg)}
     if api_key:
         env[a.api_key_env or KEYED_ENV] = api_key
     return env

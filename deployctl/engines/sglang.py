@@ -8,6 +8,7 @@ ADAPTER = Adapter(
     module="sglang",
     image="lmsysorg/sglang",
     image_tag="v{version}",
+    keep_alive_env="SGLANG_TIMEOUT_KEEP_ALIVE",  # sglang/srt/environ.py (EnvInt, default 5)
     argv=("{python}", "-m", "sglang.launch_server"),
     flags={
         "model": Flag("--model-path"),

@@ -37,4 +37,5 @@ ADAPTER = Adapter(
     sse_done=False,
     explicit_cache=True,
     model_name_is_path=True,
+    keep_alive_fixed_s=5.0,  # transformers/cli/serve.py: uvicorn.Config without timeout_keep_alive (uvicorn's 5 s)
 )

@@ -8,6 +8,7 @@ ADAPTER = Adapter(
     module="vllm",
     image="vllm/vllm-openai",
     image_tag="v{version}",
+    keep_alive_env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE",  # vllm/envs.py (int seconds, default 5)
     # the `vllm` console script's module (a release venv with system site packages has no scripts of its own)
     argv=("{python}", "-m", "vllm.entrypoints.cli.main", "serve"),
     flags={

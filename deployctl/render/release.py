@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from deployctl import settings
 from deployctl.config import layout
 from deployctl.errors import ConfigError
+from deployctl.engines.keepalive import keepalive
 
 if TYPE_CHECKING:  # pydantic models are imported lazily by callers
     from deployctl.config import DeployConfig, HostConfig
@@ -142,7 +143,8 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
         "gpu_memory_utilization": e.gpu_memory_utilization, "enable_prefix_caching": e.enable_prefix_caching,
         "enable_chunked_prefill": e.enable_chunked_prefill, "max_queued_requests": cfg.server.max_queued_requests,
         "request_timeout_s": cfg.server.request_timeout_s, "drain_timeout_s": cfg.server.drain_timeout_s,
-        "log_requests": cfg.server.log_prompts,
+        "log_requests": cfg.server.log_prompts, "sse_keepalive_s": cfg.server.sse_keepalive_s,
+        "keep_alive_timeout_s": keepalive(cfg).engine_s,  # longer than nginx's upstream keepalive_timeout
     }
     if e.num_gpu_blocks_override is not None:
         args["num_gpu_blocks_override"] = e.num_gpu_blocks_override
@@ -280,9 +282,11 @@ def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -
 
 
 def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
-                 drained: set[str] = frozenset()) -> str:
+                 drained: set[str] = frozenset(), engines: frozenset[str] = frozenset()) -> str:
     """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
-    SSE-safe server. ``drained`` host names are rendered ``down``. Raises ConfigError (exit 3)."""
+    SSE-safe server. ``drained`` host names are rendered ``down``; ``engines``: kinds of other releases behind the
+    router now besides ``cfg.engine.kind`` (the upstream keepalive_timeout suits all: deployctl.engines.keepalive).
+    Raises ConfigError (exit 3)."""
     names = [h.name for h in stable] + [h.name for h in canary]
     if not names:
         raise ConfigError("the router needs at least one stable or canary host", fix="list hosts in deploy.yaml")
@@ -318,6 +322,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
     ctx = {"service": cfg.service, "server": cfg.server, "servers": servers, "stable": stable, "canary": canary,
            "canary_weight": canary_weight, "upstream_name": f"deployctl_{base}",
            "log_format_name": f"deployctl_{base}_json", "keepalive": min(max(16, cfg.engine.max_num_seqs), 128),
+           "keepalive_timeout": keepalive(cfg, also=engines).nginx_directive,
            "listen": f"{listen_addr}:{listen_port}" if listen_addr else str(listen_port), "access_log": access_log,
            "client_max_body_size": "16m",
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}

@@ -233,6 +233,9 @@ class Deployment:
     def _canary(self, plan: DeployPlan) -> None:
         new, old = list(plan.canary), list(plan.stable)
         self.check()
+        stable_kind = self._stable_kind(plan, old)
+        if stable_kind and stable_kind != self.cfg.engine.kind:  # both engines behind one nginx upstream
+            self.fleet.router.engines_behind = frozenset({stable_kind})
         self._route(split_for([], old, 0))  # drain the canary hosts
         self._activate(new, plan.release.id)
         if self.canary_check is not None:
@@ -255,6 +258,7 @@ class Deployment:
             self._activate(batch, plan.release.id)
             new += batch
             self._route(split_for(new, old, 100))
+        self.fleet.router.engines_behind = frozenset()  # only the new release's engine from here on
         self._route(Split(tuple(new), (), 0))
 
     def _record(self, vj: dict) -> None:

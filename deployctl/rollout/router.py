@@ -67,6 +67,9 @@ class Router:
         self.cfg = cfg
         self.host = host
         self.conf = cfg.router.upstream_conf
+        # engine kinds of other releases behind the router now (a mixed fleet during a canary or a rollback to a
+        # release on another engine): nginx's upstream keepalive_timeout must suit them too
+        self.engines_behind: frozenset[str] = frozenset()
 
     def _nginx(self, *args: str) -> str:
         r = self.cfg.router
@@ -84,7 +87,7 @@ class Router:
         by_name = {h.name: h for h in self.cfg.hosts}
         text = render_nginx(self.cfg, stable=[by_name[n] for n in split.stable],
                             canary=[by_name[n] for n in split.canary], canary_weight=split.weight,
-                            drained=frozenset(split.drained))
+                            drained=frozenset(split.drained), engines=self.engines_behind)
         q = shlex.quote
         conf, prev, new = self.conf, self.conf + ".prev", self.conf + ".new"
         self.host.put_text(text, new, mode=0o644)

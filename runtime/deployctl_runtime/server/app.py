@@ -200,4 +200,4 @@ def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuild
             ctx.http_finished()
 
     prep_usage = builder.prep.request.include_usage
-    return SSEResponse(body(), on_close=on_close)
+    return SSEResponse(body(), on_close=on_close, keepalive_s=ctx.cfg.sse_keepalive_s)

@@ -50,6 +50,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--max-queued-requests", type=int, help="waiting requests beyond this get 429 + Retry-After (default 256)")
     a("--request-timeout-s", type=float, help="end a request with an error finish after this (default 600)")
     a("--drain-timeout-s", type=float, help="on SIGTERM, wait this long for in-flight requests (default 30)")
+    a("--sse-keepalive-s", type=float, help="SSE comment after this many idle seconds in a stream (default 15; 0 off)")
+    a("--keep-alive-timeout-s", type=float, help="close idle HTTP connections after this (default 75)")
     a("--api-key-file", help="file with API keys, one per line")
     a("--metrics-public", action=argparse.BooleanOptionalAction, help="serve /metrics without a key")
     a("--release-id", help="release id: header X-Deployctl-Release on every response, and in /readyz")

@@ -178,7 +178,8 @@ def serve(ctx: ServerContext, api_keys: list[str]) -> int:
 
     app = create_app(ctx, api_keys, lifespan=lifespan)
     config = uvicorn.Config(app, host=ctx.cfg.host, port=ctx.cfg.port, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=3, lifespan="on", timeout_keep_alive=5)
+                            timeout_graceful_shutdown=3, lifespan="on",
+                            timeout_keep_alive=ctx.cfg.keep_alive_timeout_s)
     server = DrainingServer(config, ctx)
     server.run()
     if not server.started and ctx.exit_code == 0:

@@ -4,23 +4,57 @@ Starlette's StreamingResponse only notices a gone client on the next failed writ
 always listens for `http.disconnect` beside the writer and cancels the writer when it comes, then closes the body
 iterator and calls `on_close` (always, even when the body never started) so the abort runs at once rather than
 whenever the generator is garbage-collected.
+
+Keep-alive: with ``keepalive_s`` > 0, a comment line ``: keep-alive`` goes out whenever that many seconds pass
+without an event (a request waiting in the queue or in a long prefill), so a proxy's read timeout (nginx
+``proxy_read_timeout``) does not cut a live stream. SSE clients ignore lines starting with ``:`` (WHATWG HTML,
+"Server-sent events", event stream interpretation; the openai client's SSE decoder does the same).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator, Awaitable, Callable
 
 import anyio
 from starlette.responses import Response
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keep-alive\n\n"
+
+
+async def with_keepalive(body: AsyncIterator[bytes], interval_s: float) -> AsyncIterator[bytes]:
+    """``body``'s chunks, with KEEPALIVE yielded after every ``interval_s`` seconds without one. The next chunk is
+    awaited in one task across keep-alives (never cancelled by the wait), and that task is cancelled when the
+    consumer stops early (client gone)."""
+    it = body.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield KEEPALIVE
+                continue
+            nxt, pending = pending, None
+            try:
+                chunk = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 class SSEResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str] | None = None,
-                 on_close: Callable[[], Awaitable[None]] | None = None):
-        self.body_iterator = body
+                 on_close: Callable[[], Awaitable[None]] | None = None, keepalive_s: float = 0.0):
+        self.source = body  # closed at the end (the keep-alive wrapper does not own it)
+        self.body_iterator = with_keepalive(body, keepalive_s) if keepalive_s > 0 else body
         self.on_close = on_close
         self.status_code = 200
         self.background = None
@@ -51,8 +85,9 @@ class SSEResponse(Response):
                 await listen(tg.cancel_scope)
         finally:
             with anyio.CancelScope(shield=True):
-                aclose = getattr(self.body_iterator, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                for it in {id(x): x for x in (self.body_iterator, self.source)}.values():
+                    aclose = getattr(it, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
                 if self.on_close is not None:
                     await self.on_close()

@@ -78,6 +78,7 @@ def test_runtime_yaml_carries_serve_flags_and_release_id():
                     "max_num_batched_tokens": 8192, "block_size": 16, "gpu_memory_utilization": 0.9,
                     "enable_prefix_caching": True, "enable_chunked_prefill": False, "max_queued_requests": 256,
                     "request_timeout_s": 120, "drain_timeout_s": 30, "log_requests": False,
+                    "sse_keepalive_s": 15, "keep_alive_timeout_s": 75.0,
                     "num_gpu_blocks_override": 512, "release_id": "r20261130-abc"}
     manifest = files["manifest.sha256"].content
     assert "runtime.env" not in manifest and f"{files['runtime.yaml'].sha256}  runtime.yaml" in manifest
