@@ -112,3 +112,12 @@ def test_stability_verdicts_on_recorded_samples():
     problems, _ = _judge(cfg, samples, [_Ok()] * 50, bursts)
     assert any(p.startswith("restarts on http://h:1/metrics: process start time changed 1 time(s)") for p in problems)
     assert any(p.startswith("queue_depth on http://h:1/metrics: waiting requests trend up") for p in problems)
+
+
+def test_metrics_that_never_answer_are_named_not_taken_for_a_restart():
+    from deployctl.validate.stability import Sample, StabilityConfig, _judge
+
+    samples = [Sample(float(t), "http://h:1/metrics", "load", 1, {}, error="ConnectError: refused") for t in range(5)]
+    problems, _ = _judge(StabilityConfig(duration_s=5, concurrency=2), samples, [_Ok()] * 10, [(0.0, 5.0)])
+    assert problems == ["metrics on http://h:1/metrics: never answered from here (ConnectError: refused); "
+                        "nothing to judge"]
