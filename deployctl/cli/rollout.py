@@ -44,6 +44,7 @@ def deploy(
     canary: Optional[int] = typer.Option(None, "--canary", help="First canary weight in percent (then rollout.steps above it)."),
     yes: bool = YES,
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove another deploy's lock first (stale or not)."),
+    validate: Optional[str] = typer.Option(None, "--validate", help="functional: run deployctl validate's functional layer against each canary host before the first weight step (a failure aborts, exit 6)."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
     from deployctl.config import load_config
@@ -53,8 +54,22 @@ def deploy(
 
     cfg = load_config(config)
     steps_for(cfg, canary)  # a bad --canary is a usage error before any host is probed
+    check = None
+    if validate is not None:
+        from deployctl.errors import UsageError
+
+        if validate != "functional":
+            raise UsageError(f"--validate {validate!r}: only the functional layer runs on a canary",
+                             fix="--validate functional")
+        from functools import partial
+
+        from deployctl.service.http import api_key
+        from deployctl.validate.canary import check_hosts
+
+        check = partial(check_hosts, cfg, api_key=api_key(cfg), say=lambda m: err_console.print(m, markup=False,
+                                                                                                 soft_wrap=True))
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
-                        confirm=_confirm(yes)).run()
+                        confirm=_confirm(yes), canary_check=check).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 

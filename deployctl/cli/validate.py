@@ -17,8 +17,7 @@ def _layers(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     bad = [n for n in names if n not in LAYERS]
     if bad or not names:
-        extra = " (failover is not built yet)" if "failover" in bad else ""
-        raise UsageError(f"--layers {text!r}: unknown layer {', '.join(bad) or '(none)'}{extra}",
+        raise UsageError(f"--layers {text!r}: unknown layer {', '.join(bad) or '(none)'}",
                          fix=f"choose from {','.join(LAYERS)}")
     return tuple(n for n in LAYERS if n in names)  # always in order: the knee feeds the stability load
 
@@ -63,7 +62,8 @@ def validate(
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="deploy.yaml: the router's URL (or --host), the SLOs, the hosts' /metrics."),
     url: Optional[str] = typer.Option(None, "--url", help="Validate this server instead (base URL, e.g. http://127.0.0.1:8000)."),
     host: Optional[str] = typer.Option(None, "--host", help="With -c: validate this host directly, not the router."),
-    layers: str = typer.Option("functional,latency,stability", "--layers", help="Comma-separated: functional, latency, stability."),
+    layers: str = typer.Option("functional,latency,stability", "--layers", help="Comma-separated: functional, latency, stability, failover (with -c: kills one runtime)."),
+    failover_host: Optional[str] = typer.Option(None, "--failover-host", help="Failover: the host whose runtime is killed (default: the last one)."),
     duration_s: float = typer.Option("10m", "--duration", parser=duration("--duration"), help="Stability: how long to hold the load (90s, 10m, 1h)."),
     json_out: bool = typer.Option(False, "--json", help="Print the JSON document on stdout and nothing else."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write DIR/report.html (self-contained, with plots) and DIR/validate.json."),
@@ -91,6 +91,12 @@ def validate(
     if report is not None and report.exists() and not report.is_dir():
         raise UsageError(f"--report {report} is a file", fix="give a directory (created when missing)")
     base, metrics, key, cfg = _targets(config, url, host)
+    if "failover" in names and cfg is None:
+        raise UsageError("--layers failover needs -c deploy.yaml (its hosts, launcher and router)",
+                         fix="pass -c deploy.yaml instead of --url")
+    if failover_host is not None and cfg is not None and failover_host not in {h.name for h in cfg.hosts}:
+        raise UsageError(f"--failover-host {failover_host!r} is not a host in deploy.yaml",
+                         fix=f"one of: {', '.join(h.name for h in cfg.hosts)}")
     info = server_info(base, {"Authorization": f"Bearer {key}"} if key else {})
     if info.model is None:
         raise CheckFailed(f"{base}/v1/models did not answer with a model", fix="check that the service is up and the URL and API key are right")
@@ -99,7 +105,7 @@ def validate(
                    load_fraction=load_fraction, load_concurrency=load_concurrency, burst_s=burst, timeout_s=timeout,
                    objectives=objectives_from_slo(cfg.slo if cfg else None),
                    max_error_rate=cfg.slo.max_error_rate if cfg else 0.01, metrics_urls=metrics,
-                   engine_kind=cfg.engine.kind if cfg else "deployctl-runtime")
+                   engine_kind=cfg.engine.kind if cfg else "deployctl-runtime", failover_host=failover_host)
 
     def on_layer(name, res) -> None:
         if res is None:
@@ -110,7 +116,7 @@ def validate(
             for p in res.problems[1:]:
                 out_console.print(f"  {p}", markup=False, soft_wrap=True)
 
-    run = run_validate(ep, opts, on_layer)
+    run = run_validate(ep, opts, on_layer, cfg)
     if report is not None:
         from deployctl.validate.report import write_report
 

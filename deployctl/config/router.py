@@ -70,6 +70,10 @@ class RouterConfig(_Frozen):
     max_conns_per_host: Optional[int] = Field(None, ge=1, le=100000)
     retry_after_s: int = Field(1, ge=1, le=3600)  # Retry-After of the router's 429s
     limits: Optional[LimitsConfig] = None
+    # failover (deployctl.render.failover): a server that fails max_fails connects within fail_timeout_s is left
+    # out for fail_timeout_s; 0 never marks it down
+    max_fails: int = Field(1, ge=0, le=100)
+    fail_timeout_s: int = Field(10, ge=1, le=3600)
     # nginx's upstream keepalive_timeout: idle connections to the engines are closed after this; the engine's own
     # keep-alive is rendered longer (deployctl.render.keepalive)
     keepalive_timeout_s: float = Field(60, gt=0, le=3600)

@@ -4,8 +4,8 @@ Creates the tiny model and its manifest, an overlay venv standing in for the hos
 two local hosts (``address: local``, ``launcher: process``, device cpu) behind a local nginx started under its own
 prefix and port; deploys release 1; deploys release 2 with ``--canary 5`` and a short analysis pause while a
 traffic thread sends requests through nginx (counting which release answered, by the X-Deployctl-Release
-header); promotes; then rolls back. Progress goes to ``progress`` (the CLI prints it). Stops the runtimes and
-nginx at the end unless ``keep``.
+header); promotes; then rolls back; ends with deployctl validate's functional layer through nginx. Progress goes
+to ``progress`` (the CLI prints it). Stops the runtimes and nginx at the end unless ``keep``.
 """
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ class DemoResult:
     failures: dict = field(default_factory=dict)
     rollback_s: float = 0.0
     nginx_url: str = ""
+    validate: str = ""  # the functional layer's summary at the end
 
 
 def write_config(work: Path, *, python: str, model: Path, nginx_port: int, pause_s: float) -> Path:
@@ -185,6 +186,19 @@ def stop_runtimes(cfg) -> None:
             launcher.stop(h, cfg, timeout=10)
 
 
+def _validate(res, cfg, say) -> None:
+    """The go-live check that ends the demo: `deployctl validate`'s functional layer through nginx (a few seconds)."""
+    from deployctl.validate.client import Endpoint
+    from deployctl.validate.functional import run_functional
+
+    say("step", "validate: the functional layer through nginx (deployctl validate --layers functional)")
+    v = run_functional(Endpoint(res.nginx_url, cfg.model.name, cfg.engine.max_model_len))
+    res.validate = v.summary
+    say("info", v.summary)
+    if v.verdict == "fail":
+        raise CheckFailed(v.summary, fix=f"deployctl validate -c {res.workdir}/deploy.yaml --layers functional")
+
+
 def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = False, pause_s: float = 10) -> DemoResult:
     """The demo (module doc). Raises DeployctlError subclasses like deploy and rollback do."""
     from deployctl.config import load_config
@@ -233,6 +247,7 @@ def run_demo(work: Path, *, progress: Optional[Progress] = None, keep: bool = Fa
         rb = rollback(cfg, progress=progress)
         res.rollback_s = rb.duration_s
         time.sleep(1)
+        _validate(res, cfg, say)
     finally:
         traffic.stop()
         ok, bad = traffic.snapshot()

@@ -307,6 +307,9 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
     from deployctl.render.edge import edge_context, with_server_limits
 
     servers = with_server_limits(cfg, servers)  # router.max_conns_per_host (deployctl.render.edge)
+    from deployctl.render.failover import failover_context, with_failover
+
+    servers = with_failover(cfg, servers)  # router.max_fails / fail_timeout_s (deployctl.render.failover)
     router = cfg.router
     listen_port = router.listen if router else 80
     _check_ports(cfg, stable + canary, listen_port)
@@ -324,6 +327,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
            "client_max_body_size": "16m",
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}
     ctx |= edge_context(cfg, base, ctx["listen"])  # TLS and limits
+    ctx |= failover_context()  # proxy_next_upstream
     return render_template("nginx-upstream.conf.j2", ctx)
 
 

@@ -69,8 +69,12 @@ class Deployment:
 
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
-                 skip_preflight: Optional[bool] = None):
+                 skip_preflight: Optional[bool] = None,
+                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
+        # deploy --validate: called with the canary host names once they serve the new release, before the first
+        # weight step; a returned reason aborts the rollout (exit 6), None goes on
+        self.canary_check = canary_check
         self.say = emitter(progress)
         self.confirm = confirm
         # DEPLOYCTL_SKIP_PREFLIGHT=1: tests that exercise other parts skip the gate's few seconds per deploy
@@ -234,6 +238,11 @@ class Deployment:
             self.fleet.router.engines_behind = frozenset({stable_kind})
         self._route(split_for([], old, 0))  # drain the canary hosts
         self._activate(new, plan.release.id)
+        if self.canary_check is not None:
+            self.say("step", f"validating the canary {', '.join(new)} before the first weight step")
+            why = self.canary_check(new)
+            if why:
+                raise _Abort(f"canary validation failed: {why}")
         for i, weight in enumerate(plan.steps):
             self.check()
             self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)

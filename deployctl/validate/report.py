@@ -4,7 +4,7 @@
 The page: the overall verdict and a table of the verdict per layer; then per layer that ran its section
 (``<section id="LAYER">``): functional — the case table (case, route, stream, status, prompt tokens, max_tokens,
 output tokens, finish_reason, checks, problems); latency — the ladder plot (P99 TTFT and TPOT against concurrency)
-and its table with the knee; stability — time series plots of KV usage, RSS and queue depth, and the signals.
+and its table with the knee; stability — time series plots of KV usage, RSS and queue depth, and the signals; failover — its facts (failed requests, detection and restart times).
 """
 from __future__ import annotations
 
@@ -85,7 +85,11 @@ def _stability(d: dict[str, Any]) -> str:
     return html
 
 
-SECTIONS = {"functional": _functional, "latency": _latency, "stability": _stability}
+def _failover(d: dict[str, Any]) -> str:
+    return _table(["fact", "value"], [[escape(k), escape(json.dumps(v))] for k, v in d.items()], "failover")
+
+
+SECTIONS = {"functional": _functional, "latency": _latency, "stability": _stability, "failover": _failover}
 
 
 def render_html(run: ValidationRun) -> str:

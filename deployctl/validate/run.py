@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import httpx
 
-from deployctl.bench import prepare
+from deployctl.bench import fit, workload
 from deployctl.bench.client import Target
 from deployctl.bench.ladder import LadderConfig
 from deployctl.bench.stats import Objectives
@@ -23,7 +23,7 @@ from deployctl.validate.latency import run_latency
 from deployctl.validate.result import LayerResult, ValidationRun
 from deployctl.validate.stability import StabilityConfig, run_stability
 
-LAYERS = ("functional", "latency", "stability")
+LAYERS = ("functional", "latency", "stability", "failover")  # failover: opt-in, with -c (it kills a runtime)
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,14 @@ class Options:
     metrics_urls: tuple[str, ...] = ()
     engine_kind: str = "deployctl-runtime"
     seed: int = 0
+    failover_host: Optional[str] = None
+    failover_after_s: float = 15.0
 
 
-def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, LayerResult | None], None]] = None
-             ) -> ValidationRun:
-    """Run ``opts.layers`` against ``ep``; ``on_layer(name, None)`` before and ``on_layer(name, result)`` after each."""
+def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, LayerResult | None], None]] = None,
+             cfg: Any = None) -> ValidationRun:
+    """Run ``opts.layers`` against ``ep``; ``on_layer(name, None)`` before and ``on_layer(name, result)`` after each.
+    ``cfg``: the DeployConfig the failover layer needs (its hosts, launcher and router)."""
     run = ValidationRun(ep.base_url, ep.model, ep.max_model_len,
                         datetime.now(timezone.utc).isoformat(timespec="seconds"))
     t0 = time.monotonic()
@@ -65,8 +68,10 @@ def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, Laye
                                   objectives=opts.objectives, max_error_rate=opts.max_error_rate,
                                   timeout=opts.timeout_s, seed=opts.seed)
                 knee = (res.details.get("knee") or {}).get("concurrency")
-            else:
+            elif name == "stability":
                 res = _stability(ep, opts, knee)
+            else:
+                res = _failover(ep, opts, cfg)
         except httpx.HTTPError as exc:
             res = LayerResult(name, "fail", f"{name}: {ep.base_url} did not answer: {exc}", [f"{name}: {exc}"])
         run.layers.append(res)
@@ -80,10 +85,32 @@ def _stability(ep: Endpoint, opts: Options, knee: Optional[int]) -> LayerResult:
     conc = max(1, int(opts.load_fraction * knee)) if knee else opts.load_concurrency
     target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key, ignore_eos=True)
     ladder = LadderConfig(target=target, concurrencies=(conc,), timeout=opts.timeout_s, seed=opts.seed)
-    work = prepare.build(64, opts.seed, target, ep.max_model_len, min(opts.timeout_s, 30.0))
+    requests = _stability_requests(target, ep.max_model_len, opts)
     cfg = StabilityConfig(duration_s=opts.duration_s, concurrency=conc, burst_s=min(opts.burst_s, opts.duration_s),
                           gap_s=opts.gap_s, max_error_rate=opts.max_error_rate, engine_kind=opts.engine_kind)
-    res = run_stability(cfg, ladder, work.requests, opts.metrics_urls or (ep.base_url + "/metrics",))
+    res = run_stability(cfg, ladder, requests, opts.metrics_urls or (ep.base_url + "/metrics",))
     res.details["concurrency_from"] = (f"{opts.load_fraction:g} x the knee {knee}" if knee
                                        else f"--load-concurrency {conc} (no knee measured)")
     return res
+
+
+def _stability_requests(target: Target, max_model_len: Optional[int], opts: Options) -> list:
+    """64 synthetic requests that fit with room to spare: a sustained load must not trip over the context limit
+    (a 400 would count as an error): max_tokens a quarter of the context (at most 128), prompts of up to half of
+    what is left, by the server's measured tokens per word (deployctl.bench.fit)."""
+    if max_model_len is None:
+        return workload.synthetic(64, "32-128", "128", opts.seed)
+    out = max(1, min(128, max_model_len // 4))
+    est = fit.probe_tokens(target, min(opts.timeout_s, 30.0))
+    words = max(2, est.words_for(0.5 * (max_model_len - out)))
+    return workload.synthetic(64, f"{max(1, words // 2)}-{words}", str(out), opts.seed)
+
+
+def _failover(ep: Endpoint, opts: Options, cfg: Any) -> LayerResult:
+    if cfg is None:
+        return LayerResult("failover", "skipped", "failover: needs -c deploy.yaml (its hosts and router)")
+    from deployctl.validate.failover import run_failover
+
+    return run_failover(cfg, ep.base_url, model=ep.model, api_key=ep.api_key, victim=opts.failover_host,
+                        concurrency=max(2, opts.load_concurrency), after_s=opts.failover_after_s,
+                        timeout=opts.timeout_s)

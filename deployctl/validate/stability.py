@@ -7,7 +7,7 @@ is scraped (the engine adapter's names: KV usage, waiting, running, preemptions;
 machine has it; at the end of each gap one more sample is taken (the KV baseline check).
 
 Verdicts (each failure names the signal, where and the slope; slopes are least squares, deployctl.validate.series):
-- ``restarts``: the process start time changed, or /metrics stopped answering;
+- ``restarts``: the process start time changed, or /metrics stopped answering (``metrics``: it never did);
 - ``kv_usage``: at the end of each quiet gap KV usage is back within ``kv_tolerance`` of its value before the load
   (blocks held after their requests finished are a leak);
 - ``rss`` / ``gpu_memory``: the slope after the first burst (warm-up allocations excluded) is within
@@ -158,6 +158,10 @@ def _judge(cfg: StabilityConfig, samples: list[Sample], results: list, bursts) -
         failed = [s for s in mine if s.error]
         starts = sorted({s.values["start_time"] for s in mine if s.values.get("start_time") is not None})
         sig: dict[str, Any] = {"scrape_failures": len(failed), "start_times": starts}
+        if failed and len(failed) == len(mine):
+            problems.append(f"metrics on {src}: never answered from here ({failed[0].error}); nothing to judge")
+            signals[src] = sig
+            continue
         if len(starts) > 1 or failed:
             why = (f"process start time changed {len(starts) - 1} time(s)" if len(starts) > 1 else
                    f"/metrics did not answer {len(failed)} time(s) (first at t={failed[0].t:g} s: {failed[0].error})")

@@ -374,7 +374,7 @@ def test_local_hosts_on_distinct_ports_render_and_pass_nginx(tmp_path):
                            "--release-id", "r1"], env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     conf = (tmp_path / "o/router/chat-7b.conf").read_text()
-    assert "server 127.0.0.1:8080;" in conf and "server 127.0.0.1:8081;" in conf
+    assert "server 127.0.0.1:8080 max_fails=1 fail_timeout=10s;" in conf and "server 127.0.0.1:8081 max_fails=1" in conf
 
 
 @pytest.mark.parametrize("release_id,target", [("r1-", "k8s"), ("r1_", "k8s-rollout"), ("a" * 64, "k8s"),

@@ -28,7 +28,8 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path, rollout_cache):
     share, total, failed = float(m.group(1)), int(m.group(2)), int(m.group(4))
     assert total > 50 and 1.0 <= share <= 10.0 and failed == 0
     for word in ("analysis at 5%: pass", "step 2/2: canary weight 100%", "rolling back to", "stopped the runtimes",
-                 "at 5%: outputs: 16/16 prompts identical", "at 100%: outputs: 16/16 prompts identical"):
+                 "at 5%: outputs: 16/16 prompts identical", "at 100%: outputs: 16/16 prompts identical",
+                 "functional: 12/12 cases pass (chat)"):  # the closing validate run
         assert word in r.stderr
     # both hosts ended on release 1, their history tells the story, and nothing is left running
     hosts = work / "hosts"

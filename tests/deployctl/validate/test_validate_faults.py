@@ -3,6 +3,7 @@ layer, naming the check and the case (the prompt). One runtime per fault, shared
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import pytest
 
@@ -71,3 +72,21 @@ def test_the_command_exits_1_naming_the_failed_layer_and_check(faulty):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "FAIL functional:" in proc.stdout and "truncation on 'short'" in proc.stdout
     assert "validate: functional failed against" in proc.stderr
+
+
+def test_deploy_validate_runs_the_functional_layer_on_each_canary_host(faulty, tmp_path, rollout_model):
+    """What `deploy --validate functional` calls before the first weight step: the failing host, check and case."""
+    from deployctl.config import load_config
+    from deployctl.validate.canary import check_hosts
+    from support.runbook_fleet import write_deploy_yaml
+
+    port = int(faulty["truncate"].rsplit(":", 1)[1])
+    hosts = [{"name": "canary-a", "address": "local", "deploy_root": str(tmp_path / "a"), "python": sys.executable,
+              "server_port": port}]
+    cfg = load_config(write_deploy_yaml(tmp_path / "deploy.yaml", hosts, port=port, model_path=str(rollout_model)))
+    said = []
+    why = check_hosts(cfg, ["canary-a"], say=said.append)
+    assert why is not None and why.startswith("canary-a: truncation on 'short'"), why
+    assert said and "FAIL" in said[0]
+    proc = deployctl("deploy", "-c", str(tmp_path / "deploy.yaml"), "--yes", "--validate", "latency", timeout=60)
+    assert proc.returncode == 2 and "--validate 'latency'" in proc.stderr

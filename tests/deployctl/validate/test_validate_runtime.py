@@ -91,4 +91,6 @@ def test_bad_flags_exit_2_naming_the_flag(healthy):
     proc = deployctl("validate", "--url", healthy, "--layers", "functional", "--duration", "x", timeout=60)
     assert proc.returncode == 2 and "--duration x is not a duration" in proc.stderr
     proc = deployctl("validate", "--url", healthy, "--layers", "failover", timeout=60)
-    assert proc.returncode == 2 and "failover" in proc.stderr
+    assert proc.returncode == 2 and "--layers failover needs -c deploy.yaml" in proc.stderr
+    proc = deployctl("validate", "--url", healthy, "--layers", "functional,soak", timeout=60)
+    assert proc.returncode == 2 and "unknown layer soak" in proc.stderr

@@ -163,3 +163,22 @@ def test_queue_time_is_arrival_to_scheduling_not_ttft(api_server):
     ttft = m["deployctl_runtime_time_to_first_token_seconds_sum"] - before.get(
         "deployctl_runtime_time_to_first_token_seconds_sum", 0)
     assert 0 <= q < ttft  # an idle api_server schedules at once; the first token also needs the prefill
+
+
+def test_chat_stream_with_return_token_ids_carries_every_token_id(api_server):
+    """A chunk whose text is held back (a partial UTF-8 character: the tiny model emits raw bytes) still carries its
+    token ids: the streamed ids add up to usage.completion_tokens, and to the non-streamed answer's ids."""
+    body = {"messages": [{"role": "user", "content": "Emoji: 😊 🚀 — describe them."}], "max_tokens": 48,
+            "seed": 3, "temperature": 0.7, "return_token_ids": True}
+    whole = post(api_server, "/v1/chat/completions", body).json()
+    ids, usage = [], None
+    with httpx.stream("POST", api_server.url + "/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                obj = json.loads(line[6:])
+                for ch in obj.get("choices") or []:
+                    ids += ch.get("token_ids") or []
+                usage = obj.get("usage") or usage
+    assert len(ids) == usage["completion_tokens"] == 48
+    assert ids == whole["choices"][0]["token_ids"]

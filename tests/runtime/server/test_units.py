@@ -61,6 +61,34 @@ def test_fault_env_parsing():
         Faults.from_env({"DEPLOYCTL_RUNTIME_FAULT": "error_rate=2"})
 
 
+def test_validate_faults_clamp_garble_and_leak_kv_blocks():
+    f = Faults.from_env({"DEPLOYCTL_RUNTIME_FAULT": "clamp_max_tokens=4,garble_text=1,leak_kv_blocks=2"})
+    assert f.active and f.clamp(16) == 4 and f.clamp(3) == 3 and Faults().clamp(16) == 16
+    assert f.rewrite_text("hello") == "\ufffdello" and f.rewrite_text("") == "" and Faults().rewrite_text("a") == "a"
+
+    class Req:  # the scheduler's view of a finished request
+        def __init__(self, rid):
+            self.request_id, self.status = rid, type("S", (), {"name": "RUNNING"})()
+
+    class Kv:
+        def __init__(self):
+            self.req_to_blocks, self.freed = {"r": ["b1", "b2", "b3"]}, []
+
+    class Sched:
+        def __init__(self, kv):
+            self.kv = kv
+
+        def finish(self, req, reason):
+            self.kv.freed.extend(self.kv.req_to_blocks.pop(req.request_id, []))
+
+    kv = Kv()
+    engine = type("E", (), {})()
+    engine.kv, engine.scheduler = kv, Sched(kv)
+    f.install(engine)
+    engine.scheduler.finish(Req("r"), "length")
+    assert kv.freed == ["b1"]  # the last two blocks never go back to the pool
+
+
 def test_serve_help_lists_contract_flags_and_fault_injection():
     import os
 
