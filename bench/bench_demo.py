@@ -2,7 +2,8 @@
 
 Runs ``python -m deployctl demo --workdir NEW_DIR`` ``--runs`` times (default 1) with its default pause, stamps each
 progress line as it arrives on stderr and prints how long each step took: set-up (model, host env, nginx), release 1
-(first deploy), release 2 (canary at 5% with analysis, promotion), rollback, stop. The peer is one runtime start
+(first deploy), release 2 (canary at 5% with analysis, promotion), rollback, validate (its functional layer
+through nginx), stop. The peer is one runtime start
 in the same run (the demo's "ready in X s" lines): the ratio says how many starts' worth the demo takes.
 
     python bench/bench_demo.py [--runs 1]
@@ -23,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # (step name, the progress text that starts it); the demo's own lines (deployctl.demo.run)
 STEPS = (("set-up", "demo in "), ("release 1", "release 1: first deploy"), ("release 2", "release 2: canary"),
-         ("rollback", "rollback to release 1"), ("stop", "traffic through nginx:"))
+         ("rollback", "rollback to release 1"), ("validate", "validate: the functional layer"),
+         ("stop", "traffic through nginx:"))
 
 
 def one_run() -> tuple[float, dict, list, str]:
