@@ -57,6 +57,19 @@ def _target(fleet: Fleet, st: Optional[RolloutState], to: Optional[str]) -> str:
     raise CheckFailed("nothing to roll back to: no earlier release recorded", fix="pass --to RELEASE_ID")
 
 
+def _engines(fleet: Fleet, releases: dict, kind: str) -> frozenset:
+    """Engine kinds of ``releases`` ({host: release id}; key "": the target, read on any host that has it) other
+    than ``kind``: one release.json read per distinct release."""
+    kinds, seen = set(), set()
+    for name, rid in releases.items():
+        if not rid or rid in seen:
+            continue
+        seen.add(rid)
+        h = fleet.hosts.get(name) or next(iter(fleet.hosts.values()))
+        kinds.add(release.engine_of(h, rid)[0] or kind)
+    return frozenset(kinds - {kind})
+
+
 def _wait_for_lock(fleet: Fleet, say, grace: float) -> None:
     end = time.monotonic() + grace
     while time.monotonic() < end:
@@ -98,6 +111,8 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
+        if fleet.router:  # the engines behind nginx while it runs (keep-alive: deployctl.engines.keepalive)
+            fleet.router.engines_behind = _engines(fleet, {**current, "": target}, cfg.engine.kind)
         phases = {"prepare_s": 0.0, "lock_s": 0.0, "router_s": 0.0, "batches": [], "record_s": 0.0}
         phases["prepare_s"] = time.monotonic() - t0
         gen = fleet.store.send("rollback", reason=target).generation
