@@ -4,7 +4,7 @@ the @kubernetes-models npm packages compile from each project's CRD OpenAPI sche
 A field the schema does not declare fails too (strict, as kubernetes-validate is for core objects).
 
 The packages live in ``$DEPLOYCTL_CRD_SCHEMAS`` (a folder holding node_modules/; default: .node/ beside the
-deployctl package, where tests/setup.sh installs NPM_PACKAGES). Raises ToolMissing (exit 1) without node or them.
+deployctl package, where tests/setup_test_venvs.sh installs NPM_PACKAGES). Raises ToolMissing (exit 1) without node or them.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deployctl.errors import CheckFailed
 
-# The npm packages and versions (tests/setup.sh installs these).
+# The npm packages and versions (tests/setup_test_venvs.sh installs these).
 NPM_PACKAGES = ("@kubernetes-models/argo-rollouts@2.0.0", "@kubernetes-models/prometheus-operator@6.0.0",
                 "@kubernetes-models/gateway-api@2.0.0")
 _ARGO = "@kubernetes-models/argo-rollouts/_schemas/ComGithubArgoprojArgoRolloutsPkgApisRolloutsV1alpha1"
@@ -51,11 +51,11 @@ def check_documents(docs: list[dict], *, timeout: float = 60) -> list[list[str]]
     modules = schemas_dir() / "node_modules"
     if node is None:
         raise ToolMissing("node is not installed, so custom resources cannot be checked against their schemas",
-                          fix="apt-get install -y nodejs npm (tests/setup.sh installs them)")
+                          fix="apt-get install -y nodejs npm (bash tests/setup_test_venvs.sh installs them)")
     missing = [p for p in NPM_PACKAGES if not (modules / p.rsplit("@", 1)[0] / "package.json").exists()]
     if missing:
         raise ToolMissing(f"{modules}: {', '.join(missing)} not installed, so custom resources cannot be checked",
-                          fix=f"npm install --prefix {modules.parent} {' '.join(NPM_PACKAGES)} (tests/setup.sh does)")
+                          fix=f"npm install --prefix {modules.parent} {' '.join(NPM_PACKAGES)} (bash tests/setup_test_venvs.sh does)")
     items = [{"module": SCHEMAS[(d["apiVersion"], d["kind"])], "doc": d} for d in docs]
     done = subprocess.run([node, str(Path(__file__).with_name("crdcheck.mjs")), str(modules)],
                           input=json.dumps(items), capture_output=True, text=True, timeout=timeout)

@@ -1,6 +1,6 @@
 """Every object of the k8s targets against its own project's schema: core objects with kubernetes-validate (strict),
 Argo Rollouts, Prometheus Operator and Gateway API objects with the CRD schemas of the @kubernetes-models packages
-(run by node; tests/setup.sh installs them into .node/), strict too: a misspelt field fails."""
+(run by node; tests/setup_test_venvs.sh installs them into .node/), strict too: a misspelt field fails."""
 from __future__ import annotations
 
 from pathlib import Path
