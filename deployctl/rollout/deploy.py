@@ -27,7 +27,7 @@ from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
 from deployctl.rollout.plan import DeployPlan, make_plan
-from deployctl.rollout.router import Split
+from deployctl.rollout.router import Split, split_for
 from deployctl.rollout.state import Control, RolloutState
 
 
@@ -52,16 +52,6 @@ class DeployResult:
     mode: str
     verdicts: list[dict] = field(default_factory=list)
     duration_s: float = 0.0
-
-
-def split_for(new: list[str], old: list[str], weight: int) -> Split:
-    """The split with ``new`` hosts as canary at ``weight`` over ``old``; collapses to one side when the
-    other is empty (nginx weights need both sides)."""
-    if not old:
-        return Split(tuple(new), (), 0)
-    if not new or weight <= 0:
-        return Split(tuple(old), (), 0)
-    return Split(tuple(old), tuple(new), weight)
 
 
 class Deployment:
@@ -318,9 +308,7 @@ class Deployment:
         """The engine the stable hosts run (release.json of the release the deploy started from; None: unknown,
         taken as engine.kind), read at the first analysis."""
         if self.stable_engine is None and old and plan.from_release:
-            from deployctl.rollout.release import engine_of
-
-            self.stable_engine = engine_of(self.fleet.hosts[old[0]], plan.from_release)[0]
+            self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0]
         return self.stable_engine
 
     def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:

@@ -51,6 +51,16 @@ class Split:
                 "drained": list(self.drained), "shares": self.shares(), "time": time.time()}
 
 
+def split_for(new: list[str], old: list[str], weight: int) -> Split:
+    """The split with ``new`` hosts as canary at ``weight`` over ``old``; collapses to one side when the
+    other is empty (nginx weights need both sides)."""
+    if not old:
+        return Split(tuple(new), (), 0)
+    if not new or weight <= 0:
+        return Split(tuple(old), (), 0)
+    return Split(tuple(old), tuple(new), weight)
+
+
 def router_host_config(cfg: DeployConfig) -> HostConfig:
     if cfg.router is None:
         raise ConfigError("deploy.yaml has no router: section", fix="add router: (kind nginx, host, listen, upstream_conf)")

@@ -101,3 +101,13 @@ def loopback_fleet(n: int, **rollout: Any):
                       "server_port": 8001 + i} for i in range(n)],
            "rollout": rollout}
     return parse_config(yaml.safe_dump(doc, sort_keys=False), "test-deploy.yaml")
+
+
+def promtool_rule_tests(test_file, rules_path, tests: list[dict]):
+    """Write ``tests`` (promtool unit-test groups over ``rules_path``, evaluated every minute) to ``test_file`` and
+    run the real ``promtool test rules`` on it (deployctl.render.validate.run_rule_tests)."""
+    from deployctl.render.validate import run_rule_tests
+
+    test_file.write_text(yaml.safe_dump({"rule_files": [str(rules_path)], "evaluation_interval": "1m",
+                                         "tests": tests}, sort_keys=False))
+    return run_rule_tests(test_file)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import yaml
 
 from deployctl.render.targets import render_alerts
-from deployctl.render.validate import check_alert_rules, run_rule_tests
-from support.render import make_config
+from deployctl.render.validate import check_alert_rules
+from support.render import make_config, promtool_rule_tests
 
 JOB = 'job="chat-7b"'
 
@@ -90,10 +90,7 @@ def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
                  "exp_alerts": [_expected(rules, "DeployctlQueueGrowing", job="chat-7b", instance="a")]}],
         },
     ]
-    test_file = tmp_path / "alerts.test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": [str(rules_path)], "evaluation_interval": "1m",
-                                         "tests": tests}, sort_keys=False))
-    result = run_rule_tests(test_file)
+    result = promtool_rule_tests(tmp_path / "alerts.test.yaml", rules_path, tests)
     assert result.ok, result.output
 
 

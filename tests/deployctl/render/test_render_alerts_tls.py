@@ -6,8 +6,8 @@ from __future__ import annotations
 import yaml
 
 from deployctl.render.targets import render_alerts
-from deployctl.render.validate import check_alert_rules, run_rule_tests
-from support.render import make_config
+from deployctl.render.validate import check_alert_rules
+from support.render import make_config, promtool_rule_tests
 
 DAY = 86400
 TLS = {"certificate": "/etc/ssl/llm.pem", "key": "/etc/ssl/llm.key", "probe_job": "blackbox-https"}
@@ -63,10 +63,7 @@ def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
                                        instance="https://llm.example.com:8443")]}],
         },
     ]
-    test_file = tmp_path / "alerts_tls.test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": [str(rules_path)], "evaluation_interval": "1m",
-                                         "tests": tests}, sort_keys=False))
-    result = run_rule_tests(test_file)
+    result = promtool_rule_tests(tmp_path / "alerts_tls.test.yaml", rules_path, tests)
     assert result.ok, result.output
 
 

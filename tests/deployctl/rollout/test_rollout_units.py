@@ -11,7 +11,7 @@ import pytest
 from deployctl.config import parse_config
 from deployctl.errors import UsageError
 from deployctl.rollout.analysis import GroupStats, count_access_log, judge, upstream_map
-from deployctl.rollout.deploy import split_for
+from deployctl.rollout.router import split_for
 from deployctl.rollout.lock import judge as judge_lock
 from deployctl.rollout.plan import make_plan, steps_for
 from deployctl.render import new_release_id
