@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from deployctl.config import DeployConfig, HostConfig
+from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import CheckFailed, ConfigError
 
 
@@ -101,7 +101,8 @@ class Router:
         q = shlex.quote
         conf, prev, new = self.conf, self.conf + ".prev", self.conf + ".new"
         self.host.put_text(text, new, mode=0o644)
-        state = json.dumps(split.to_json(), sort_keys=True)
+        ports = {h.name: layout.service_port(self.cfg, h) for h in self.cfg.hosts if h.name in split.shares()}
+        state = json.dumps({**split.to_json(), "ports": ports}, sort_keys=True)
         # one command: keep the old conf, move the new one in, nginx -t; on failure put the old one back
         script = f"""
 if [ -f {q(conf)} ]; then cp -p {q(conf)} {q(prev)}; else rm -f {q(prev)}; fi
@@ -153,12 +154,20 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
         return split
 
     def read_split(self) -> Optional[dict]:
-        """The last applied split (JSON) or None."""
+        """The last applied split (JSON: stable, canary, weight, drained, shares, ports) or None. A host with a
+        ``spare_port`` whose active port this process has not read from the host (launcher.load_port) takes the
+        port the last split routed it to, so a re-render (``router reload``, a runbook's drain) keeps pointing
+        nginx where the runtime serves after a rollback onto the spare port."""
         r = self.host.run(f"cat {shlex.quote(self.conf + '.state.json')} 2>/dev/null || true", timeout=15)
         try:
-            return json.loads(r.stdout) if r.stdout.strip() else None
+            last = json.loads(r.stdout) if r.stdout.strip() else None
         except ValueError:
             return None
+        ports = (last or {}).get("ports") or {}
+        for h in self.cfg.hosts:
+            if h.spare_port and getattr(h, "_active_port", None) is None and ports.get(h.name):
+                h._active_port = int(ports[h.name])
+        return last
 
     def access_log_size(self) -> int:
         """Bytes in the access log now (the start offset of an analysis window); 0 when there is none."""

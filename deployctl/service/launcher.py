@@ -92,12 +92,13 @@ def beside_port(cfg: DeployConfig, h) -> Optional[int]:
 
 
 def _remember(h, link: str) -> Optional[int]:
-    """Note on ``h`` (HostConfig) the port in a pidfile link target (``runtime.<port>.pid``; none: configured)."""
+    """Note on ``h`` (HostConfig) the port in a pidfile link target (``runtime.<port>.pid``; none: 0, the
+    configured port — read, unlike None, which means not read from the host in this process)."""
     import re
 
     m = re.search(r"runtime\.(\d+)\.pid$", link.strip())
-    h._active_port = int(m.group(1)) if m else None
-    return h._active_port
+    h._active_port = int(m.group(1)) if m else 0
+    return h._active_port or None
 
 
 def load_port(host, cfg: DeployConfig) -> int:

@@ -16,7 +16,8 @@ from deployctl.service import launcher
 def _cfg(**host):
     doc = {"service": {"name": "svc"}, "model": {"path": "/m"},
            "hosts": [{"name": "a", "address": "127.0.0.1", "deploy_root": "/d/a", "launcher": "process",
-                      "server_port": 8001, **host}]}
+                      "server_port": 8001, **host}],
+           "router": {"host": "local", "listen": 8080, "upstream_conf": "/tmp/unused/llm.conf"}}
     return parse_config(yaml.safe_dump(doc, sort_keys=False), "test-deploy.yaml")
 
 
@@ -47,3 +48,35 @@ def test_spare_port_equal_to_server_port_is_refused():
     with pytest.raises(ConfigError) as exc:
         _cfg(spare_port=8001)
     assert "spare_port 8001 is the host's server_port" in str(exc.value)
+
+
+
+def test_a_process_that_never_read_the_host_renders_the_port_the_last_split_routed(tmp_path):
+    """`router reload` and a runbook's drain re-render every host without reading each one's pidfile link: the
+    router's state file (written by Router.apply) carries each host's port, so nginx keeps pointing at the spare
+    port a rollback left the runtime on; a host whose port was read in this process keeps what was read."""
+    import json
+
+    from deployctl.hosts import Host
+    from deployctl.rollout.router import Router, router_host_config
+
+    conf = tmp_path / "llm.conf"
+    (tmp_path / "llm.conf.state.json").write_text(json.dumps(
+        {"stable": ["a"], "canary": [], "weight": 0, "drained": [], "ports": {"a": 9001}}))
+
+    def router(cfg):
+        cfg = cfg.model_copy(update={"router": cfg.router.model_copy(update={"upstream_conf": str(conf)})})
+        return Router(cfg, Host.from_config(router_host_config(cfg)))
+
+    cfg = _cfg(spare_port=9001)
+    r = router(cfg)
+    h = r.cfg.hosts[0]
+    assert service_port(r.cfg, h) == 8001  # nothing read yet
+    assert r.read_split()["ports"] == {"a": 9001} and service_port(r.cfg, h) == 9001
+    text = render_nginx(r.cfg, stable=[h], canary=[], canary_weight=0)
+    assert "127.0.0.1:9001" in text and "127.0.0.1:8001" not in text
+
+    r = router(_cfg(spare_port=9001))
+    launcher._remember(r.cfg.hosts[0], "")  # read from the host this time: a plain pidfile, the configured port
+    r.read_split()
+    assert service_port(r.cfg, r.cfg.hosts[0]) == 8001
