@@ -22,30 +22,49 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keep-alive\n\n"
 
 
+class _Failed:
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+
+_END = object()
+
+
 async def with_keepalive(body: AsyncIterator[bytes], interval_s: float) -> AsyncIterator[bytes]:
-    """``body``'s chunks, with KEEPALIVE yielded after every ``interval_s`` seconds without one. The next chunk is
-    awaited in one task across keep-alives (never cancelled by the wait), and that task is cancelled when the
-    consumer stops early (client gone)."""
-    it = body.__aiter__()
-    pending: asyncio.Future | None = None
+    """``body``'s chunks, with KEEPALIVE yielded after every ``interval_s`` seconds without one. One pump task per
+    stream reads ``body`` into a one-slot queue (no read-ahead beyond a chunk); each wait for the next chunk is an
+    ``asyncio.timeout`` around the queue (no task per chunk: ~3 us a chunk rather than ~25 us for a task and
+    ``asyncio.wait`` each). The pump is cancelled when the consumer stops early (client gone); an exception from
+    ``body`` is raised here."""
+    q: asyncio.Queue = asyncio.Queue(maxsize=1)
+
+    async def pump() -> None:
+        try:
+            async for chunk in body:
+                await q.put(chunk)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
+            await q.put(_Failed(e))
+            return
+        await q.put(_END)
+
+    task = asyncio.ensure_future(pump())
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
+            try:
+                async with asyncio.timeout(interval_s):
+                    item = await q.get()  # cancel-safe: an item that arrives as the timeout fires stays queued
+            except TimeoutError:
                 yield KEEPALIVE
                 continue
-            nxt, pending = pending, None
-            try:
-                chunk = nxt.result()
-            except StopAsyncIteration:
+            if item is _END:
                 return
-            yield chunk
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 class SSEResponse(Response):
