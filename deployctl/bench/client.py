@@ -136,7 +136,7 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
         if resp.status_code != 200:
             raw = await resp.aread()
             res.error, res.detail = f"http_{resp.status_code}", raw[:300].decode("utf-8", "replace")
-            res.error_code, message = _error_fields(raw)
+            res.error_code, message = error_fields(raw)
             if message:
                 res.detail = message[:300]
             return
@@ -180,7 +180,7 @@ async def _stream(client: httpx.AsyncClient, target: Target, req: BenchRequest, 
         res.output_tokens = chunks
 
 
-def _error_fields(raw: bytes) -> tuple[str | None, str]:
+def error_fields(raw: bytes) -> tuple[str | None, str]:
     """(code or type, message) of an OpenAI error body ``{"error": {...}}`` (FastAPI's ``{"detail": ...}`` too)."""
     try:
         obj = json.loads(raw)

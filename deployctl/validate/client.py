@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import httpx
 
+from deployctl.bench.client import error_fields
+
 ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -48,13 +50,15 @@ class Reply:
 
 
 def _error_fields(raw: bytes) -> tuple[Optional[str], str]:
-    try:
-        err = json.loads(raw).get("error")
-    except (ValueError, AttributeError):
-        return None, raw[:200].decode("utf-8", "replace")
-    if isinstance(err, dict):
-        return (str(err.get("code") or err.get("type") or "") or None), str(err.get("message") or "")[:300]
-    return None, str(err)[:300]
+    """bench's reading of an error body (deployctl.bench.client.error_fields), with the body's start when it is not
+    JSON at all; the message cut at 300 characters."""
+    code, msg = error_fields(raw)
+    if code is None and not msg:
+        try:
+            json.loads(raw)
+        except ValueError:
+            return None, raw[:200].decode("utf-8", "replace")
+    return code, msg[:300]
 
 
 def _choice_text(ch: dict, route: str, stream: bool) -> str:
