@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from deployctl.render.monitoring import object_meta
 from deployctl.render.release import RenderedFile
 
 if TYPE_CHECKING:
@@ -41,14 +42,9 @@ def epp_metric_flags(kind: str) -> dict[str, str]:
     return {flag: metric(kind, role) for role, flag in EPP_FLAGS.items() if metric(kind, role)}
 
 
-def _meta(cfg: DeployConfig, name: str) -> dict:
-    return {"name": name, "namespace": cfg.container.namespace,
-            "labels": {"app.kubernetes.io/name": cfg.service.name, "app.kubernetes.io/managed-by": "deployctl"}}
-
-
 def inference_pools(cfg: DeployConfig) -> list[dict]:
     name = cfg.service.name
-    return [{"apiVersion": POOL_API, "kind": "InferencePool", "metadata": _meta(cfg, f"{name}-{track}"),
+    return [{"apiVersion": POOL_API, "kind": "InferencePool", "metadata": object_meta(cfg, f"{name}-{track}"),
              "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": name, TRACK_LABEL: track}},
                       "targetPorts": [{"number": cfg.server.port}],
                       "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": EPP_PORT},
@@ -61,7 +57,7 @@ def http_route(cfg: DeployConfig, canary_weight: int = 0) -> dict:
     name = cfg.service.name
     backends = [{"group": POOL_API.split("/")[0], "kind": "InferencePool", "name": f"{name}-{track}", "weight": w}
                 for track, w in (("stable", 100 - canary_weight), ("canary", canary_weight))]
-    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(cfg, name),
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": object_meta(cfg, name),
             "spec": {"parentRefs": [{"name": GATEWAY}],
                      "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
                                 "backendRefs": backends,

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 HEADER = "# {name} {kind}. Rendered by deployctl; do not edit.\n"
 
 
-def _meta(cfg: DeployConfig, name: str) -> dict:
+def object_meta(cfg: DeployConfig, name: str) -> dict:
+    """metadata for a rendered Kubernetes object: name, the container target's namespace, deployctl's labels."""
     return {"name": name, "namespace": cfg.container.namespace,
             "labels": {"app.kubernetes.io/name": cfg.service.name, "app.kubernetes.io/managed-by": "deployctl"}}
 
@@ -43,10 +44,10 @@ def monitoring_files(cfg: DeployConfig, alerts_text: str) -> list[RenderedFile]:
         return []
     name = cfg.service.name
     groups = yaml.safe_load(alerts_text)["groups"]
-    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": _meta(cfg, name),
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": object_meta(cfg, name),
             "spec": {"groups": groups}}
     pod_label = "__meta_kubernetes_pod_label_"
-    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(cfg, name),
+    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": object_meta(cfg, name),
                "spec": {"jobLabel": "app.kubernetes.io/name",
                         "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
                         "namespaceSelector": {"matchNames": [cfg.container.namespace]},
