@@ -75,7 +75,7 @@ class RouterConfig(_Frozen):
     max_fails: int = Field(1, ge=0, le=100)
     fail_timeout_s: int = Field(10, ge=1, le=3600)
     # nginx's upstream keepalive_timeout: idle connections to the engines are closed after this; the engine's own
-    # keep-alive is rendered longer (deployctl.render.keepalive)
+    # keep-alive is rendered longer (deployctl.engines.keepalive)
     keepalive_timeout_s: float = Field(60, gt=0, le=3600)
 
     @field_validator("listen_address")

@@ -92,7 +92,7 @@ class Adapter:
     model_name_is_path: bool = False
     config_file: bool = False  # settings go into runtime.yaml, not the command line (the bundled runtime)
     sample_max_tokens: int = 4
-    # Its HTTP keep-alive timeout (deployctl.render.keepalive): set by this env var (whole seconds), or fixed at
+    # Its HTTP keep-alive timeout (deployctl.engines.keepalive): set by this env var (whole seconds), or fixed at
     # keep_alive_fixed_s seconds (not settable); neither: from the config file (the bundled runtime).
     keep_alive_env: Optional[str] = None
     keep_alive_fixed_s: Optional[float] = None

@@ -307,9 +307,9 @@ class Deployment:
     def _stable_kind(self, plan: DeployPlan, old: list[str]):
         """The engine the stable hosts run (release.json of the release the deploy started from; None: unknown,
         taken as engine.kind), read at the first analysis."""
-        if self.stable_engine is None and old and plan.from_release:
-            self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0]
-        return self.stable_engine
+        if self.stable_engine is None and old and plan.from_release:  # "" once read and unreadable: read once
+            self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0] or ""
+        return self.stable_engine or None
 
     def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:
         pause, a = plan.pause_s, self.cfg.rollout.analysis

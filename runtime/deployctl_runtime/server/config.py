@@ -31,7 +31,7 @@ class _ServeSettings(BaseModel):
     # a long prefill, so a proxy's read timeout (nginx proxy_read_timeout) never fires on a live stream; 0: off.
     sse_keepalive_s: float = Field(15.0, ge=0)
     # uvicorn's timeout_keep_alive: an idle client connection is closed after this. Longer than the router's upstream
-    # keepalive_timeout (deployctl renders 75 s against nginx's 60 s: deployctl/render/keepalive.py), so the router
+    # keepalive_timeout (deployctl renders 75 s against nginx's 60 s: deployctl/engines/keepalive.py), so the router
     # never reuses a connection the runtime is closing.
     keep_alive_timeout_s: float = Field(75.0, gt=0)
     api_key_file: str | None = None

@@ -173,8 +173,8 @@ class Generation:
                               self.rec.request_id, out.error)
             delta = ch.feed(new, out.finished)
             if self.ctx.faults.garble_text and delta:  # test-only fault: streamed and whole text alike
-                ch.text = ch.text[: len(ch.text) - len(delta)] + self.ctx.faults.rewrite_text(delta)
-                delta = self.ctx.faults.rewrite_text(delta)
+                garbled = self.ctx.faults.rewrite_text(delta)
+                ch.text, delta = ch.text[: len(ch.text) - len(delta)] + garbled, garbled
             reason = None
             if ch.stops.stopped:
                 reason = "stop"
