@@ -45,16 +45,16 @@ def _targets(config: Optional[Path], url: Optional[str], host: Optional[str]):
     hosts, key = resolve_hosts(path, ",".join(h.name for h in cfg.hosts))
     metrics = tuple(u + "/metrics" for _, u in hosts)
     if host is not None:
-        base = resolve_hosts(path, host)[0][0][1]
+        base = dict(hosts).get(host) or resolve_hosts(path, host)[0][0][1]  # a name, or canary/stable
         return base, (base + "/metrics",), key, cfg
     if cfg.router is None:
         raise UsageError(f"{path} has no router: nothing to validate through", fix="pass --host NAME")
     r = cfg.router
     if r.tls is not None:  # the certificate covers server_name, not the router's address
         return f"https://{r.server_name}:{r.listen}", metrics, key, cfg
-    address = "127.0.0.1" if r.host == "local" else next((h.address for h in cfg.hosts if h.name == r.host), r.host)
-    address = "127.0.0.1" if address == "local" else (f"[{address}]" if ":" in address else address)
-    return f"http://{address}:{r.listen}", metrics, key, cfg
+    from deployctl.config.layout import network_address, url_host
+
+    return f"http://{url_host(network_address(cfg.router_host()))}:{r.listen}", metrics, key, cfg
 
 
 @app.command("validate")
