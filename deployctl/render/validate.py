@@ -152,7 +152,13 @@ def run_rule_tests(test_file: Path) -> ValidationResult:
 
 
 def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> ValidationResult:
-    """Schema check of every document in ``path``: core objects with kubernetes-validate (offline, strict); custom
+    """``check_k8s_manifests([path])`` for one file."""
+    return check_k8s_manifests([path], version=version)[0]
+
+
+def check_k8s_manifests(paths: list[Path], *, version: str = _K8S_VERSION) -> list[ValidationResult]:
+    """One result per file of ``paths``; the custom resources of all of them go to node in one run. Schema check
+    of every document: core objects with kubernetes-validate (offline, strict); custom
     resources (Argo Rollouts, Prometheus Operator, Gateway API) against their CRD schemas (render.crdvalidate,
     strict too). A Rollout's pod template is also checked as a Deployment's with kubernetes-validate, and its
     canary steps by shape. An InferencePool, which has no published schema, is checked against the fields of the
@@ -166,12 +172,24 @@ def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> Validation
     except ImportError:
         raise ToolMissing("kubernetes-validate is not installed, so manifests cannot be validated",
                           fix="pip install kubernetes-validate") from None
+    per_file = [_k8s_file(path, version, kv, crdvalidate, yaml) for path in paths]
+    crds = [(i, doc) for i, (_, _, docs) in enumerate(per_file) for doc in docs]
+    found = crdvalidate.check_documents([doc for _, doc in crds]) if crds else []
+    for (i, doc), problems in zip(crds, found):
+        per_file[i][0].extend(f"{doc['kind']} {p}" for p in problems)
+    return [ValidationResult("kubernetes-validate + CRD schemas", str(path), not problems, "\n".join(problems),
+                             tuple(notes)) for path, (problems, notes, _) in zip(paths, per_file)]
+
+
+def _k8s_file(path: Path, version: str, kv, crdvalidate, yaml) -> tuple[list[str], list[str], list[dict]]:
+    """(problems, notes, custom resources left for node) of one manifest file (check_k8s_manifests)."""
     problems, notes, crds = [], [], []
     for doc in yaml.safe_load_all(path.read_text()):
         if not doc:
             continue
         kind = doc.get("kind")
-        if crdvalidate.has_schema(doc):
+        custom = crdvalidate.has_schema(doc)
+        if custom:
             crds.append(doc)
             notes.append(f"{kind}: checked against the {doc['apiVersion']} CRD schema (@kubernetes-models)")
         if kind == "Rollout" and doc.get("apiVersion") == "argoproj.io/v1alpha1":
@@ -180,7 +198,7 @@ def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> Validation
             doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": doc.get("metadata", {}),
                    "spec": {k: spec[k] for k in ("replicas", "revisionHistoryLimit", "selector", "template") if k in spec}}
             notes.append("Rollout: pod template checked against the apps/v1 Deployment schema, steps by shape")
-        elif crdvalidate.has_schema(doc):
+        elif custom:
             continue
         elif kind == "InferencePool" and doc.get("apiVersion") == "inference.networking.k8s.io/v1":
             from deployctl.render.poolschema import pool_problems
@@ -199,11 +217,7 @@ def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> Validation
             problems.append(f"{kind} {path_str}: {exc.message}")
         except (kv.SchemaNotFoundError, kv.InvalidSchemaError) as exc:
             problems.append(f"{kind}: no schema in kubernetes-validate {version}: {exc}")
-    if crds:
-        for doc, found in zip(crds, crdvalidate.check_documents(crds)):
-            problems += [f"{doc['kind']} {p}" for p in found]
-    return ValidationResult("kubernetes-validate + CRD schemas", str(path), not problems, "\n".join(problems),
-                            tuple(notes))
+    return problems, notes, crds
 
 
 def _rollout_step_problems(strategy: dict) -> list[str]:
@@ -242,7 +256,7 @@ def check_compose(path: Path, ready_route: str = "/readyz") -> ValidationResult:
 
 def validate_tree(cfg: DeployConfig, out_dir: Path) -> list[ValidationResult]:
     """Every check that applies to the files under ``out_dir`` (as written by render_all)."""
-    results = []
+    results, manifests = [], []
     for path in sorted(out_dir.rglob("*")):
         if path.suffix == ".service":
             results.append(verify_systemd(path))
@@ -251,9 +265,13 @@ def validate_tree(cfg: DeployConfig, out_dir: Path) -> list[ValidationResult]:
         elif path.name == "alerts.rules.yaml":
             results.append(check_alert_rules(path))
         elif path.parent.name == "k8s" and path.suffix == ".yaml":
-            results.append(check_k8s_manifest(path))
+            manifests.append((len(results), path))
+            results.append(None)  # filled below, in this place: one node run for every file's custom resources
         elif path.name == "compose.yaml":
             from deployctl.engines import adapter
 
             results.append(check_compose(path, adapter(cfg.engine.kind).ready_route))
+    if manifests:
+        for (i, _), result in zip(manifests, check_k8s_manifests([p for _, p in manifests])):
+            results[i] = result
     return results
