@@ -32,7 +32,9 @@ def _consistent_on(env, release):
 
 
 def test_rollback_abort_ctrl_c_and_kill_9_during_canary_pause(rollout_env):
-    env = rollout_env(2, steps=[10, 100], pause_s=600, analysis={"interval_s": 2, "min_requests": 5})
+    # latency counts only past 0.5 s: this test is about rollback, abort and Ctrl-C, not the analysis, which a loaded
+    # 2-core machine can push past 2x P99 TTFT at a few requests (cf. the canary split test)
+    env = rollout_env(2, steps=[10, 100], pause_s=600, analysis={"interval_s": 2, "min_requests": 5, "min_p99_delta_s": 0.5})
     r = env.cli("deploy", "--yes")
     assert r.returncode == 0, r.stderr
     v1 = env.current(env.names[0])
