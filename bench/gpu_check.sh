@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared device check (issue 18): on a machine with an NVIDIA GPU, in under 8 minutes (each step has a
-# timeout: tests 120 s, each bench 160 s; a step that runs out is recorded as rc 124 and the script goes on),
+# The prepared device check (issue 18): on a machine with an NVIDIA GPU, in under 10 minutes (each step has a
+# timeout: tests 120 s, each bench 160 s, sleep/wake 150 s; a step that runs out is recorded as rc 124 and the script goes on),
 #   1. the gpu-marked runtime tests (CUDA == CPU greedy tokens, CUDA graphs == eager, bf16 default, the Triton
 #      paged decode kernel == the torch reference over random block tables, GQA ratios, head sizes 64/128,
 #      contexts 1-4096);
@@ -8,6 +8,9 @@
 #      in/out uniform 100-1024) at max_num_seqs 64 and 256, against transformers' continuous batching (the
 #      generate_batch manager) on the same GPU: output tok/s, the ratio, decode step time at batch 1 and 256 and
 #      its HBM floor ((weights + KV bytes read) / 4.8 TB/s);
+#   3. bench/bench_sleep.py on Qwen3-0.6B's shape in bf16 (issue 25): POST /sleep's and /wake_up's engine work
+#      (LLMEngine.sleep / wake_up) in seconds, greedy outputs equal after the wake, and the sleeper's GPU residue
+#      (torch.cuda.mem_get_info against the baseline: the figure deployctl.engines.runtime's Sleep estimates);
 # and writes every figure to one JSON file ($OUT/gpu_check.json, else bench/out/gpu_check.json).
 # Needs python3 with torch, Triton, transformers and pytest (no FastAPI/uvicorn: it measures the engine).
 #
@@ -52,10 +55,19 @@ for s in "${SEQS[@]}"; do
   RCS+=("${PIPESTATUS[0]}")
 done
 
-# 3. one JSON with everything
-"$PY" - "$DEST" "$TESTS_RC" "$(( $(date +%s) - START ))" "${SEQS[*]}" "${RCS[*]}" <<'EOF'
+# 3. sleep/wake of the engine (weights to pinned host memory and back, KV pool freed and re-allocated)
+if [ $DRY = 1 ]; then
+  SLEEP=(--device cpu --shape qwen3-tiny --rounds 1)
+else
+  SLEEP=(--device cuda --dtype bfloat16 --shape qwen3-0.6b --gpu-memory-utilization 0.4 --rounds 3)
+fi
+timeout 150 "$PY" bench/bench_sleep.py "${SLEEP[@]}" --json-out "$DEST/bench_sleep.json" 2>&1 | tee "$DEST/bench_sleep.log"
+SLEEP_RC=${PIPESTATUS[0]}
+
+# 4. one JSON with everything
+"$PY" - "$DEST" "$TESTS_RC" "$(( $(date +%s) - START ))" "${SEQS[*]}" "${RCS[*]}" "$SLEEP_RC" <<'EOF'
 import json, pathlib, sys
-dest, tests_rc, elapsed, seqs, rcs = sys.argv[1:]
+dest, tests_rc, elapsed, seqs, rcs, sleep_rc = sys.argv[1:]
 dest = pathlib.Path(dest)
 out = {"tests_rc": int(tests_rc), "elapsed_s": int(elapsed), "bench": {}}
 gpu = dest / "gpu.txt"
@@ -66,9 +78,11 @@ out["tests_summary"] = log[-1] if log else ""
 for s, rc in zip(seqs.split(), rcs.split()):
     f = dest / f"bench_seqs{s}.json"
     out["bench"][f"max_num_seqs_{s}"] = dict(json.loads(f.read_text()) if f.exists() else {}, rc=int(rc))
+f = dest / "bench_sleep.json"
+out["sleep"] = {"results": json.loads(f.read_text()) if f.exists() else [], "rc": int(sleep_rc)}
 (dest / "gpu_check.json").write_text(json.dumps(out, indent=1) + "\n")
 print(json.dumps(out, indent=1))
 EOF
 RC=$TESTS_RC
-for r in "${RCS[@]}"; do [ "$r" = 0 ] || RC=1; done
+for r in "${RCS[@]}" "$SLEEP_RC"; do [ "$r" = 0 ] || RC=1; done
 exit "$RC"

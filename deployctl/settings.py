@@ -10,13 +10,16 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_TEMPLATES         | folder whose templates override the shipped ones            | none                           |
 | DEPLOYCTL_RUNBOOKS_PATH     | ``:``-separated folders of the operator's own runbooks      | none                           |
 | DEPLOYCTL_CACHE             | cache folder (built runtime wheels)                         | ~/.cache/deployctl             |
+| DEPLOYCTL_STATE             | control-machine state: rollout journals, detached runners' logs | ~/.local/state/deployctl   |
 | DEPLOYCTL_RUNTIME_SRC       | the runtime's source tree to build the wheel from           | runtime/ beside deployctl      |
 | DEPLOYCTL_RUNTIME_WHEEL     | a built runtime wheel to ship instead                       | none                           |
 | DEPLOYCTL_LOCK_MAX_AGE_S    | seconds after which another deploy's lock counts as stale   | 21600 (6 h)                    |
 | DEPLOYCTL_VERIFY_TIMEOUT_S  | seconds a start may take before verification fails          | server.startup_timeout_s       |
 | DEPLOYCTL_SKIP_PREFLIGHT    | 1: deploy skips its preflight gate                          | 0                              |
 | DEPLOYCTL_RUNTIME_FAULT     | copied into a new release's runtime.env (fault injection)   | none                           |
-| DEPLOYCTL_CRD_SCHEMAS       | folder whose node_modules/ holds the CRD schema packages    | .node/ beside deployctl        |
+| DEPLOYCTL_CRD_SCHEMAS       | folder whose node_modules/ holds the CRD schema packages    | the copy inside deployctl      |
+| DEPLOYCTL_FAKE_GPU_MEMORY   | test-only stand-in GPU ledger: copied into a new release's runtime.env, read by the host probe | none |
+| DEPLOYCTL_TEST_KILL_AT      | test-only: SIGKILL this process right after writing a rollout journal record: its N-th, or the first named ``KIND[:STEP]`` (crash tests) | none |
 
 Also here: ``operator()`` (who runs deployctl: ``$SUDO_USER`` or the login name, at this machine) and
 ``secret(name)`` (the value of a variable that deploy.yaml or a flag names, e.g. ``server.api_key_env``).
@@ -34,6 +37,7 @@ from deployctl.errors import UsageError
 
 PREFIX = "DEPLOYCTL_"
 FAULT_VAR = "DEPLOYCTL_RUNTIME_FAULT"
+FAKE_GPU_VAR = "DEPLOYCTL_FAKE_GPU_MEMORY"  # runtime/deployctl_runtime/gpu_ledger.py
 RUNBOOKS_PATH_VAR = "DEPLOYCTL_RUNBOOKS_PATH"
 
 
@@ -85,6 +89,9 @@ class Settings:
     skip_preflight: bool
     runtime_fault: Optional[str]
     crd_schemas: Optional[Path] = None
+    fake_gpu_memory: Optional[str] = None
+    state_dir: Path = Path("~/.local/state/deployctl").expanduser()
+    test_kill_at: Optional[str] = None
 
 
 # field -> (variable, parser, default when unset or empty)
@@ -101,6 +108,9 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "skip_preflight": ("DEPLOYCTL_SKIP_PREFLIGHT", _flag, False),
     "runtime_fault": (FAULT_VAR, _text, None),
     "crd_schemas": ("DEPLOYCTL_CRD_SCHEMAS", _path, None),
+    "fake_gpu_memory": (FAKE_GPU_VAR, _text, None),
+    "state_dir": ("DEPLOYCTL_STATE", _path, Path("~/.local/state/deployctl").expanduser()),
+    "test_kill_at": ("DEPLOYCTL_TEST_KILL_AT", _text, None),
 }
 VARIABLES = tuple(var for var, _, _ in _FIELDS.values())
 

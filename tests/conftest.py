@@ -16,6 +16,12 @@ import pytest
 # intra-op thread each avoids OpenMP oversubscription (TPOT 30-60 ms with default threads, ~1.3 ms
 # with one, measured here). Subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Rollout journals and detached runners' files (deployctl.rollout.journal) go to a folder of this session, never the
+# developer's ~/.local/state/deployctl (rollout_env gives each test its own).
+if not os.environ.get("DEPLOYCTL_STATE"):
+    import tempfile
+
+    os.environ["DEPLOYCTL_STATE"] = tempfile.mkdtemp(prefix="deployctl-test-state-")
 
 pytest_plugins = [
     "support.sshd",  # ssh_fleet, fleet_client_key: real sshd on loopback

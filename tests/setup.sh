@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything deployctl and its test suite need on a fresh Debian machine:
-# the Debian packages (openssh-server, nginx, prometheus for promtool) and a virtual
+# the Debian packages (openssh-server, nginx, prometheus for promtool, mtail) and a virtual
 # environment in .venv with torch 2.13.0 (CPU build), both distributions and the test tools.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -10,6 +10,7 @@ need_apt=()
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v mtail >/dev/null 2>&1 || need_apt+=(mtail)  # the router's exporter over nginx's access log (render.watch)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 [ -x /usr/bin/sudo ] || need_apt+=(sudo)  # the sshd fleet's deploy users need password-protected sudo (C18)
 if [ ${#need_apt[@]} -gt 0 ]; then

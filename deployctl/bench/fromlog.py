@@ -84,12 +84,13 @@ def sample_lengths(shape: LogShape, num: int, seed: int) -> list[tuple[int, int]
 
 
 def requests_from_log(shape: LogShape, num: int, seed: int, words_for) -> list[BenchRequest]:
-    """``num`` synthetic requests shaped like the log: prompts of ``words_for(prompt_tokens)`` words (the caller's
-    token estimate) and max_tokens the logged output tokens."""
+    """``num`` synthetic requests shaped like the log: prompts of ``words_for(prompt_tokens, output_tokens)`` words
+    (the caller's token estimate, fitted to the context) and max_tokens the logged output tokens."""
     rng = random.Random(seed ^ 0x5EED)
     out = []
     for prompt_tokens, output_tokens in sample_lengths(shape, num, seed):
-        out.append(BenchRequest(prompt=prompt_words(rng, words_for(prompt_tokens)), messages=None, max_tokens=output_tokens))
+        words = words_for(prompt_tokens, output_tokens)
+        out.append(BenchRequest(prompt=prompt_words(rng, words), messages=None, max_tokens=output_tokens))
     return out
 
 

@@ -35,7 +35,10 @@ class LadderConfig:
     """How to run the ladder. ``requests_per_level`` is raised to the level's concurrency when lower
     (every slot gets a request); times in seconds; ``rate`` in requests/s (None: closed loop); with
     ``arrival_gaps`` (a log's inter-arrival gaps, s) the open loop resamples those gaps, scaled to ``rate``,
-    instead of Poisson gaps."""
+    instead of Poisson gaps; with ``metrics_url``, /metrics is also scraped every ``vram_every_s`` during a level
+    for the GPU memory peak (server_metrics.VramSampler). ``warmup``: requests sent one at a time before level 1
+    and counted in no level (``warm_up``), so that a cold server's first request (kernels compiled, memory
+    allocated: 6.9 s on transformers serve here) does not set level 1's P99 and with it the knee's limits."""
 
     target: Target
     concurrencies: tuple[int, ...] = (1, 4, 8, 16, 32)
@@ -48,6 +51,8 @@ class LadderConfig:
     metrics_url: str | None = None
     metrics_prefix: str = RUNTIME_PREFIX
     arrival_gaps: tuple[float, ...] | None = None
+    vram_every_s: float = server_metrics.VRAM_EVERY_S
+    warmup: int = 0
 
     def level_requests(self, concurrency: int) -> int:
         return max(self.requests_per_level, concurrency)
@@ -174,12 +179,45 @@ async def _run_one_level(client: httpx.AsyncClient, cfg: LadderConfig, requests:
     emit()
     await warm_connections(client, cfg.target, conc, timeout=min(5.0, cfg.timeout))
     before = await _try_scrape(client, cfg, metrics_headers)
-    results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
+    vram = server_metrics.VramSampler(cfg.metrics_prefix, cfg.vram_every_s)
+    vram.add(before)
+    sampler = (asyncio.create_task(vram.run(client, cfg.metrics_url, metrics_headers))
+               if cfg.metrics_url and not isinstance(before, str) else None)
+    try:
+        results, duration = await run_level(client, cfg, itertools.cycle(requests), conc, on_done, count=total)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
     stats = level_stats(conc, cfg.rate, results, duration, cfg.objectives)
     if cfg.metrics_url:
-        stats.server = await _server_window(client, cfg, metrics_headers, before, stats)
+        stats.server = await _server_window(client, cfg, metrics_headers, before, stats, vram)
     emit(stats)
     return stats
+
+
+def warm_up(cfg: LadderConfig, requests: Sequence[BenchRequest]) -> dict:
+    """Send ``cfg.warmup`` of ``requests`` (in order, cycling) one after another to ``cfg.target`` before the
+    ladder. Returns {"requests": N, "ok": N ok, "e2e_s": [seconds each, None for a failure], "errors": [reasons]};
+    {"requests": 0, ...} when ``cfg.warmup`` is 0. Failures are reported, never raised: the levels will show
+    whether the server answers at all."""
+    out: dict = {"requests": 0, "ok": 0, "e2e_s": [], "errors": []}
+    if cfg.warmup <= 0 or not requests:
+        return out
+
+    async def go() -> list[RequestResult]:
+        client = make_client(2, cfg.timeout)
+        try:
+            return [await send(client, cfg.target, req, cfg.timeout)
+                    for req in itertools.islice(itertools.cycle(requests), cfg.warmup)]
+        finally:
+            await client.aclose()
+
+    results = asyncio.run(go())
+    out.update(requests=len(results), ok=sum(r.ok for r in results),
+               e2e_s=[round(r.e2e, 3) if r.ok and r.e2e is not None else None for r in results],
+               errors=[f"{r.error}: {r.detail}" if r.detail else str(r.error) for r in results if not r.ok])
+    return out
 
 
 async def warm_connections(client: httpx.AsyncClient, target: Target, num: int, timeout: float = 5.0) -> None:
@@ -204,17 +242,21 @@ async def _try_scrape(client: httpx.AsyncClient, cfg: LadderConfig, headers: dic
         return f"{type(err).__name__}: {err}"
 
 
-async def _server_window(client, cfg: LadderConfig, headers, before, stats: LevelStats) -> dict:
+async def _server_window(client, cfg: LadderConfig, headers, before, stats: LevelStats,
+                         vram: server_metrics.VramSampler) -> dict:
+    """The level's server histograms (server_metrics.window) and ``vram``: the GPU memory peak of the level
+    (VramSampler.result), or {"error": why} when /metrics cannot be read."""
     if before is None or isinstance(before, str):
         return {"error": f"cannot scrape {cfg.metrics_url}: {before}"}
     try:
         after = await server_metrics.scrape_after(client, cfg.metrics_url, headers, before, cfg.metrics_prefix,
                                                   stats.num_ok)
+        vram.add(after)
         mine = {"ttft_ms": stats.raw_ttft_s, "tpot_ms": stats.raw_tpot_s, "e2e_ms": stats.raw_e2e_s}
         window = server_metrics.window(before, after, cfg.metrics_prefix, mine)
         if not window:
             return {"error": f"no {cfg.metrics_prefix}* latency histograms at {cfg.metrics_url}; check --metrics-prefix"}
-        return window
+        return {**window, "vram": vram.result()}
     except (httpx.HTTPError, ValueError) as err:
         return {"error": f"cannot scrape {cfg.metrics_url}: {type(err).__name__}: {err}"}
 

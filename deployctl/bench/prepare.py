@@ -79,14 +79,19 @@ def build(need: int, seed: int, target: Target, max_model_len: int | None, timeo
         est = probe(target, timeout)
         check_explicit(input_len, output_len, max_model_len, est)
     if shape is not None:
-        reqs = fromlog.requests_from_log(shape, need, seed, est.words_for)
+        shortened = []
+        reqs = fromlog.requests_from_log(shape, need, seed, _log_words(est, max_model_len, shortened))
         info = {"kind": "from_log", "path": str(from_log), "log_requests": len(shape.entries),
                 "log_rate": round(shape.rate, 3) if shape.rate else None,
-                "tokens_per_word": est.per_word if est.measured else None}
+                "tokens_per_word": est.per_word if est.measured else None, "shortened": len(shortened)}
+        notes = [f"replaying the shape of {len(shape.entries)} logged requests "
+                 f"({shape.rate or 0:.2f} req/s over {shape.span_s:.0f} s)"]
+        if shortened:
+            notes.append(f"{len(shortened)} of {need} replayed prompts shortened to fit max_model_len {max_model_len} "
+                         f"(synthetic words tokenize unevenly: a logged prompt within {1 - fit.SAFETY:.0%} of the "
+                         f"context would be refused 400)")
         return Workload(reqs, rate=shape.rate, arrival_gaps=tuple(shape.gaps) if shape.rate else None, info=info,
-                        context=_context_of(reqs, max_model_len),
-                        notes=[f"replaying the shape of {len(shape.entries)} logged requests "
-                               f"({shape.rate or 0:.2f} req/s over {shape.span_s:.0f} s)"])
+                        context=_context_of(reqs, max_model_len), notes=notes)
     in_spec, out_spec = _fitted(input_len, output_len, max_model_len, est)
     notes = []
     if max_model_len is not None and (in_spec, out_spec) != (input_len or str(fit.DEFAULT_INPUT_WORDS),
@@ -97,6 +102,19 @@ def build(need: int, seed: int, target: Target, max_model_len: int | None, timeo
     info = {"kind": "synthetic", "input_len": in_spec, "output_len": out_spec,
             "tokens_per_word": est.per_word if est.measured else None}
     return Workload(reqs, info=info, notes=notes, context=_context_of(reqs, max_model_len, est))
+
+
+def _log_words(est: fit.TokenEstimate, max_model_len: int | None, shortened: list) -> Callable[[int, int], int]:
+    """words_for(prompt_tokens, max_tokens) for a logged request: the estimate's words for its prompt tokens, capped
+    at fit.SAFETY of what its max_tokens leave of ``max_model_len`` (each capped request is appended to
+    ``shortened``)."""
+    def words_for(prompt_tokens: int, max_tokens: int) -> int:
+        room = fit.SAFETY * (max_model_len - max_tokens) if max_model_len is not None else prompt_tokens
+        if prompt_tokens > room:
+            shortened.append(prompt_tokens)
+            return est.words_for(max(1.0, room))
+        return est.words_for(prompt_tokens)
+    return words_for
 
 
 def _context_of(reqs: list[workload.BenchRequest], max_model_len: int | None,

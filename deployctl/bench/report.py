@@ -2,7 +2,7 @@
 
 JSON keys (stable; more may be added): ``url``, ``route``, ``model``, ``config``, ``objectives``,
 ``loadgen_overhead``, ``levels`` (one per concurrency: LevelStats plus vLLM's result keys, see vllm_format),
-``knee`` (Knee), ``warnings``, ``notes``, ``loop`` ("open" or "closed"), ``max_model_len``, ``workload``,
+``knee`` (Knee), ``warnings``, ``notes``, ``loop`` ("open" or "closed"), ``max_model_len``, ``workload``, ``warmup``,
 ``recommendation`` (deployctl.bench.recommend).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx
 
 from deployctl.bench import diagnose
 from deployctl.bench.knee import Knee, find_knee
-from deployctl.bench.ladder import LadderConfig, ProgressFn, run_ladders
+from deployctl.bench.ladder import LadderConfig, ProgressFn, run_ladders, warm_up
 from deployctl.bench.overhead import Overhead, measure_overhead
 from deployctl.bench.recommend import recommendation
 from deployctl.bench.stats import LevelStats
@@ -38,6 +38,7 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)
     max_model_len: int | None = None
     workload: dict = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)  # ladder.warm_up's result: the requests sent before level 1
 
     @property
     def num_ok(self) -> int:
@@ -68,6 +69,7 @@ class BenchReport:
             "recommendation": recommendation(self.knee, cfg.target.base_url),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
+            "warmup": dict(self.warmup),
         }
 
 
@@ -102,8 +104,16 @@ def run_side_by_side(
     """As run_bench for each config, the ladders interleaved level by level on the same requests (ladder.run_ladders);
     the generator's overhead is measured once. One BenchReport per config."""
     overhead = measure_overhead(max(cfgs[0].concurrencies)) if measure_loadgen else None
+    warm = [warm_up(cfg, requests) for cfg in cfgs]
     sides = run_ladders(cfgs, requests, on_progress)
-    return [_report(cfg, levels, overhead, max_error_rate) for cfg, levels in zip(cfgs, sides)]
+    reports = [_report(cfg, levels, overhead, max_error_rate) for cfg, levels in zip(cfgs, sides)]
+    for rep, w in zip(reports, warm):
+        rep.warmup = w
+        if w["requests"]:
+            took = ", ".join("failed" if t is None else f"{t:g} s" for t in w["e2e_s"])
+            rep.notes.insert(0, f"warm-up: {w['requests']} request(s) before level 1, counted in no level ({took})"
+                             + (f"; errors: {'; '.join(w['errors'])[:300]}" if w["errors"] else ""))
+    return reports
 
 
 def _report(cfg: LadderConfig, levels: list[LevelStats], overhead: Overhead | None, max_error_rate: float) -> BenchReport:

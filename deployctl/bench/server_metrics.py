@@ -1,4 +1,5 @@
-"""The server's own view of a level: its Prometheus latency histograms, scraped before and after, subtracted.
+"""The server's own view of a level: its Prometheus latency histograms, scraped before and after, subtracted;
+and its GPU memory peak, sampled through the level (``VramSampler``).
 
 Metric names are ``<prefix><name>``; the default prefix is the bundled runtime's (deployctl.engines.runtime, see
 CONTRACTS.md); ``vllm:`` gives vLLM's. Quantiles as Prometheus' histogram_quantile (deployctl.promhist).
@@ -78,3 +79,49 @@ async def scrape_after(
         if not h.buckets or h.count - base >= expected or loop.time() >= deadline:
             return after
         await asyncio.sleep(0.05)
+
+
+# The bundled runtime's NVML gauge (runtime/deployctl_runtime/server/gpu_metrics.py): bytes in use on the device,
+# every process, per ``gpu`` label. Engines without it (vLLM, SGLang export no GPU memory series) get "not measured".
+VRAM_GAUGE = "gpu_memory_used_bytes"
+VRAM_EVERY_S = 0.5  # a sample every half second: the KV pool is allocated at start, activations peak per step
+
+
+def vram_by_gpu(samples: list[promhist.Sample], prefix: str) -> dict[str, float]:
+    """``{gpu label: bytes}`` of ``<prefix>gpu_memory_used_bytes`` in one scrape (empty when not exported)."""
+    return {s.label("gpu", ""): s.value for s in samples if s.name == prefix + VRAM_GAUGE}
+
+
+class VramSampler:
+    """The highest ``gpu_memory_used_bytes`` per GPU seen in the scrapes given to ``add`` and in its own scrapes
+    every ``every_s`` while ``run`` is awaited (cancel it at the level's end). ``result()``: {"peak_bytes": {gpu:
+    bytes}, "samples": n} or {"not_measured": why}. Sampled, so a spike between two scrapes is missed: a lower
+    bound of the true peak."""
+
+    def __init__(self, prefix: str, every_s: float = VRAM_EVERY_S):
+        self.prefix, self.every_s = prefix, every_s
+        self.peak: dict[str, float] = {}
+        self.samples = 0
+
+    def add(self, samples: list[promhist.Sample] | None) -> None:
+        if not isinstance(samples, list):
+            return
+        seen = vram_by_gpu(samples, self.prefix)
+        if seen:
+            self.samples += 1
+        for gpu, used in seen.items():
+            self.peak[gpu] = max(used, self.peak.get(gpu, 0.0))
+
+    async def run(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            try:
+                self.add(await scrape(client, url, headers))
+            except (httpx.HTTPError, ValueError):
+                pass  # the level's scrapes before and after say whether the server can be scraped
+
+    def result(self) -> dict:
+        if not self.peak:
+            return {"not_measured": f"the server exports no {self.prefix}{VRAM_GAUGE} (the bundled runtime's NVML "
+                                    "gauge; none on cpu or without NVML)"}
+        return {"peak_bytes": {gpu: int(v) for gpu, v in sorted(self.peak.items())}, "samples": self.samples}

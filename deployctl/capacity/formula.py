@@ -47,6 +47,9 @@ class CapacityInputs:
     kv_cache_memory: Optional[int] = None  # CPU: the KV pool budget
     num_gpu_blocks_override: Optional[int] = None
     max_position_embeddings: Optional[int] = None
+    # the engine's own KV budget rule (deployctl.engines.reserve.kv_budget), when it is not this module's
+    kv_budget_bytes: Optional[int] = None
+    kv_budget_formula: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ def plan_capacity(inp: CapacityInputs) -> CapacityPlan:
         budget, source = inp.num_gpu_blocks_override * inp.block_size * per_token, "num_gpu_blocks_override"
     elif inp.kv_cache_memory is not None:
         budget, source = inp.kv_cache_memory, "kv_cache_memory"
+    elif inp.gpu_memory_bytes is not None and inp.kv_budget_bytes is not None:
+        budget, source = inp.kv_budget_bytes, inp.kv_budget_formula or "the engine's rule"
     elif inp.gpu_memory_bytes is not None:
         budget = int(inp.gpu_memory_bytes * inp.gpu_memory_utilization) - inp.weights_bytes - inp.runtime_overhead_bytes
         source = "gpu_memory × utilization − weights − overhead"

@@ -46,8 +46,8 @@ hosts:                               # `address: local` runs on this machine wit
 
 rollout:
   canary_hosts: 1
-  steps: [5, 25, 50, 100]            # canary weight in percent
-  pause_s: 300                       # per step, while analysis runs
+  steps: [5, 25, 50, 100]            # canary weight in percent; or per step {{weight: 5, pause: 24h}}
+  pause_s: 300                       # per step without its own pause, while analysis runs (300, 5m, 24h)
   analysis:
     interval_s: 30
     min_requests: 20                 # fewer canary requests than this: inconclusive
@@ -55,6 +55,8 @@ rollout:
     max_p99_ttft_ratio: 2.0          # canary P99 TTFT / stable P99 TTFT
     max_p99_tpot_ratio: 2.0
   keep_releases: 5
+  standby_s: 86400                   # the previous release stays asleep this long after a promotion: a rollback
+                                     # wakes it in seconds (engines with a sleep mode); 0: off, a cold start
 """
 
 

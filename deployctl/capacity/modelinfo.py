@@ -17,8 +17,12 @@ from deployctl.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "float8_e4m3fn": 1}
 # safetensors dtype tags -> bytes per element
-_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                   "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# (the safetensors format's dtype list, safetensors/src/tensor.rs ``Dtype``; AWQ/GPTQ pack 4-bit weights in I32)
+_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
+                   "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8}
+# engine.kv_cache_dtype -> bytes per KV element (None: the serving dtype); vLLM's --kv-cache-dtype choices
+# (vllm/config/cache.py ``CacheDType``): fp8 is fp8_e4m3 on CUDA.
+KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
 @dataclass(frozen=True)
@@ -38,21 +42,58 @@ class ModelShape:
     tie_word_embeddings: bool
     num_experts: int = 0
     moe_intermediate_size: int = 0
+    num_experts_per_tok: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, DeepSeek's n_shared_experts × moe width
+    num_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: layers with a dense MLP of intermediate_size
+    quant_method: Optional[str] = None  # quantization_config.quant_method: awq, gptq, fp8, ...
+    quant_bits: int = 16  # bits of a quantized linear weight (AWQ/GPTQ bits; 8 for FP8)
+    quant_group_size: int = 0  # AWQ/GPTQ group_size (-1 or 0: per output channel)
 
-    def estimated_num_params(self) -> int:
-        """Parameter count from the shape: embeddings, attention, MLP (or experts), norms, lm_head."""
+    def _linear_params(self) -> tuple[int, int]:
+        """(parameters of the quantizable linear layers, of the rest: embeddings, lm_head, norms, routers)."""
         h, layers = self.hidden_size, self.num_hidden_layers
-        q = h * self.num_attention_heads * self.head_dim
-        kv = 2 * h * self.num_key_value_heads * self.head_dim
-        o = self.num_attention_heads * self.head_dim * h
+        attn = (2 * h * self.num_attention_heads * self.head_dim + 2 * h * self.num_key_value_heads * self.head_dim)
+        dense_mlp = 3 * h * self.intermediate_size
         if self.num_experts:
-            mlp = self.num_experts * 3 * h * self.moe_intermediate_size + h * self.num_experts
+            moe_mlp = self.num_experts * 3 * h * self.moe_intermediate_size + 3 * h * self.shared_expert_intermediate_size
+            moe_layers = layers - self.num_dense_layers
+            linear = layers * attn + moe_layers * moe_mlp + self.num_dense_layers * dense_mlp
+            router = moe_layers * h * self.num_experts
         else:
-            mlp = 3 * h * self.intermediate_size
-        per_layer = q + kv + o + mlp + 2 * h
+            linear, router = layers * (attn + dense_mlp), 0
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else embed
-        return embed + layers * per_layer + h + lm_head
+        return linear, embed + lm_head + router + layers * 2 * h + h
+
+    def estimated_num_params(self) -> int:
+        """Parameter count from the shape: embeddings, attention, MLP or every expert (routed + shared, dense
+        layers first for DeepSeek), routers, norms, lm_head (none when tie_word_embeddings)."""
+        linear, rest = self._linear_params()
+        return linear + rest
+
+    def estimated_weights_bytes(self, dtype_bytes: int) -> int:
+        """Weights bytes from the config. Unquantized: parameters × dtype bytes. AWQ/GPTQ (vLLM's awq.py /
+        gptq.py layouts): each linear weight packed at ``quant_bits``, plus per group of ``quant_group_size``
+        inputs an fp16 scale and a packed zero point per output channel; FP8 (fp8.py): 1 byte per linear weight
+        plus an fp32 scale per output channel. Embeddings, lm_head and norms stay at ``dtype_bytes``."""
+        linear, rest = self._linear_params()
+        if self.quant_method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors") and self.quant_bits < 16:
+            h = self.hidden_size
+            group = self.quant_group_size if self.quant_group_size > 0 else h
+            packed = linear * self.quant_bits // 8
+            groups = linear // group  # one (scale, zero) per group of inputs per output channel
+            return packed + groups * 2 + groups * self.quant_bits // 8 + rest * dtype_bytes
+        if self.quant_method in ("fp8", "fbgemm_fp8") or self.quant_bits == 8:
+            return linear + (linear // self.hidden_size) * 4 + rest * dtype_bytes
+        return (linear + rest) * dtype_bytes
+
+    def mlp_width(self) -> int:
+        """Per-token MLP intermediate width at the peak layer (for the activation estimate): intermediate_size,
+        or num_experts_per_tok × moe_intermediate_size + the shared experts' width for MoE."""
+        if self.num_experts:
+            return max(self.intermediate_size if self.num_dense_layers else 0,
+                       (self.num_experts_per_tok or 2) * self.moe_intermediate_size + self.shared_expert_intermediate_size)
+        return self.intermediate_size
 
 
 def _require_int(cfg: dict, key: str, source: str, alt: Optional[str] = None) -> int:
@@ -79,6 +120,16 @@ def parse_model_config(cfg: dict, source: str = "config.json") -> ModelShape:
         raise ConfigError(f"{source}: head_dim must be a positive integer, got {head_dim!r}")
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     max_pos = cfg.get("max_position_embeddings")
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    moe_width = int(cfg.get("moe_intermediate_size") or 0)
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or int(cfg.get("n_shared_experts") or 0) * moe_width
+    q = cfg.get("quantization_config") or {}
+    if not isinstance(q, dict):
+        raise ConfigError(f"{source}: quantization_config must be an object, got {q!r}")
+    method = str(q.get("quant_method") or "").lower()
+    bits = int(q.get("bits") or q.get("w_bit") or (8 if "fp8" in method else 16))
+    if method and bits not in (2, 3, 4, 8, 16):
+        raise ConfigError(f"{source}: quantization_config.bits {bits} is not 2, 3, 4 or 8")
     return ModelShape(
         model_type=str(cfg.get("model_type", "llama")),
         num_hidden_layers=layers,
@@ -91,8 +142,15 @@ def parse_model_config(cfg: dict, source: str = "config.json") -> ModelShape:
         max_position_embeddings=int(max_pos) if max_pos else None,
         torch_dtype=dtype,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        num_experts=experts,
+        # Mixtral's experts are full-width MLPs (intermediate_size); Qwen-MoE and DeepSeek give moe_intermediate_size
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 4 * hidden) if experts else 0,
+        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+        shared_expert_intermediate_size=shared,
+        num_dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts else 0,
+        quant_method=str(q["quant_method"]).lower() if q.get("quant_method") else None,
+        quant_bits=bits,
+        quant_group_size=int(q.get("group_size") or q.get("q_group_size") or 0),
     )
 
 
@@ -129,16 +187,29 @@ def safetensors_data_bytes(path: Path) -> int:
         count = 1
         for dim in info["shape"]:
             count *= dim
-        total += count * _ST_DTYPE_BYTES.get(info["dtype"], 2)
+        if info["dtype"] not in _ST_DTYPE_BYTES:
+            raise ConfigError(f"{path}: tensor {name!r} has dtype {info['dtype']!r}, not one deployctl can size",
+                              fix=f"one of {', '.join(_ST_DTYPE_BYTES)}; or plan from config.json alone (--model-config FILE)")
+        total += count * _ST_DTYPE_BYTES[info["dtype"]]
     return total
 
 
 def weights_bytes(model_dir: Optional[Path], shape: ModelShape, dtype_bytes: int) -> tuple[int, str]:
-    """Weights size in bytes and where it came from ("safetensors headers" or "parameter estimate")."""
+    """Weights size in bytes and where it came from ("safetensors headers": exact data bytes of every tensor, any
+    dtype, quantized ones included; or "config estimate": ModelShape.estimated_weights_bytes). A Mistral-style
+    ``consolidated.safetensors`` beside the HF shards is the same weights again and is not counted."""
     files = sorted(model_dir.glob("*.safetensors")) if model_dir and model_dir.is_dir() else []
+    if len(files) > 1:
+        files = [f for f in files if not f.name.startswith("consolidated")] or files
     if files:
         return sum(safetensors_data_bytes(f) for f in files), "safetensors headers"
-    return shape.estimated_num_params() * dtype_bytes, "parameter estimate"
+    how = f"config estimate ({shape.quant_method} {shape.quant_bits}-bit)" if shape.quant_method else "config estimate"
+    return shape.estimated_weights_bytes(dtype_bytes), how
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, serving_dtype_bytes: int) -> int:
+    """Bytes per K/V element for engine.kv_cache_dtype ("auto": the serving dtype's)."""
+    return KV_CACHE_DTYPE_BYTES.get(kv_cache_dtype) or serving_dtype_bytes
 
 
 def dtype_bytes(dtype: str, shape: ModelShape, device: str = "cuda") -> int:

@@ -106,6 +106,7 @@ def bench(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: true (vLLM extension) so outputs reach max_tokens."),
     max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="A level with a larger error share (0-1) is past the knee."),
     loadgen_check: bool = typer.Option(True, "--loadgen-check/--no-loadgen-check", help="Measure the generator's own overhead first."),
+    warmup: int = typer.Option(1, "--warmup", help="Requests sent one at a time before level 1 and counted in no level (a cold server's first request would set level 1's P99); 0 sends none."),
     apply: bool = typer.Option(False, "--apply", help="Write the knee into deploy.yaml (-c, default ./deploy.yaml): engine.max_num_seqs and router.max_conns_per_host, with a comment."),
 ) -> None:
     """Load ladder: TTFT, TPOT, ITL and E2E percentiles per concurrency, errors per reason, and the knee."""
@@ -131,6 +132,8 @@ def bench(
         raise UsageError(f"--route {route!r} is not a route", fix="use --route chat or --route completions")
     if requests < 1:
         raise UsageError(f"--requests {requests} must be at least 1", fix="e.g. --requests 64")
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup} is negative", fix="e.g. --warmup 1, or --warmup 0 to send none")
     for name, value in (("--rate", rate), ("--timeout", timeout), ("--ttft-slo-ms", ttft_slo_ms),
                         ("--tpot-slo-ms", tpot_slo_ms), ("--e2e-slo-ms", e2e_slo_ms),
                         ("--max-level-seconds", max_level_seconds)):
@@ -166,7 +169,7 @@ def bench(
     base_cfg = LadderConfig(target=targets[0], concurrencies=levels, requests_per_level=requests, timeout=timeout,
                             rate=rate, seed=seed, max_level_s=max_level_seconds,
                             objectives=Objectives(ttft_slo_ms, tpot_slo_ms, e2e_slo_ms), metrics_url=metrics_url,
-                            metrics_prefix=metrics_prefix)
+                            metrics_prefix=metrics_prefix, warmup=warmup)
     need = min(max(base_cfg.level_requests(c) for c in levels), POOL_MAX)  # the ladder cycles through the pool
     work = prepare.build(need, seed, targets[0], max_model_len, min(timeout, 30.0), input_len=input_len,
                          output_len=output_len, dataset=dataset, from_log=from_log)

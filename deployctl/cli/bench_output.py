@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deployctl.bench import diagnose
 from deployctl.cli._app import err_console
+from deployctl.config.units import format_bytes
 
 
 def fmt(d: dict, q: str) -> str:
@@ -52,6 +53,13 @@ def table(report, name: str = "", context: str = "") -> None:
                 if h:
                     parts.append(f"{label} P50/P99 {fmt(h, 'p50')}/{fmt(h, 'p99')} ms (n={h['count']})")
             err_console.print(f"server histograms at concurrency {s.concurrency}: " + ", ".join(parts))
+            vram = s.server.get("vram") or {}
+            if vram.get("peak_bytes"):
+                err_console.print(f"VRAM peak at concurrency {s.concurrency}: " + ", ".join(
+                    f"GPU {gpu} {format_bytes(n)}" for gpu, n in vram["peak_bytes"].items())
+                    + f" (highest of {vram['samples']} scrapes)")
+            elif vram:
+                err_console.print(f"VRAM peak at concurrency {s.concurrency}: not measured: {vram['not_measured']}")
         if s.loop == "open" and s.schedule_lag_ms is not None and s.schedule_lag_ms["p50"] is not None:
             lag = s.schedule_lag_ms
             err_console.print(f"open loop at concurrency {s.concurrency}: target {s.rate:.3g} req/s, achieved "

@@ -58,10 +58,17 @@ def plan(
     num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="auto or fp8 (engine.kv_cache_dtype)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Traffic: prompt=MEAN[/P90],output=MEAN[/P90],concurrency=N (or a JSON object / @file)."),
+    from_log: Optional[Path] = typer.Option(None, "--from-log", help="Traffic from the runtime's access log (needs --concurrency)."),
+    bench: Optional[Path] = typer.Option(None, "--bench", help="A `deployctl bench --json` result: its knee caps the sessions."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Peak concurrent requests (with --from-log or --bench)."),
+    margin: Optional[float] = typer.Option(None, "--margin", help="Share of sessions kept free (capacity.margin, default 0.25)."),
     as_json: bool = JSON,
 ) -> None:
-    """Capacity plan: weights, KV bytes/token, KV pool, max concurrency; fits or not. Exit 1 when not."""
-    from deployctl.capacity import verdict
+    """Capacity plan: weights, KV bytes/token, KV pool, max concurrency; fits or not. Exit 1 when not.
+    With --profile / --from-log / --bench: sessions at the traffic profile, replicas and GPUs needed after the margin."""
+    from deployctl.capacity.sizing import plan_json, plan_verdict
     from deployctl.config import EngineConfig, ModelConfig, load_config
     from deployctl.errors import ConfigError
     from deployctl.capacity.sizing import override_engine, size_plan
@@ -75,7 +82,8 @@ def plan(
     engine = cfg.engine if cfg else EngineConfig()
     engine = override_engine(engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                             num_gpu_blocks_override=num_gpu_blocks_override, device=device)
+                             num_gpu_blocks_override=num_gpu_blocks_override, device=device,
+                             kv_cache_dtype=kv_cache_dtype)
     try:
         gpu_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
     except ValueError as exc:
@@ -86,16 +94,115 @@ def plan(
         model_dir = model_config if model_config.is_dir() else model_config.parent
     else:
         model_dir = Path(cfg.model.path)
+    from deployctl.engines import adapter, standby_residue_bytes
+
+    residue = standby_residue_bytes(cfg.model_copy(update={"engine": engine})) if cfg else 0
     sized = size_plan(engine, model_dir, model_config=model_config, dtype=dtype or (cfg.model.dtype if cfg else "auto"),
-                      gpu_memory=gpu_bytes)
+                      gpu_memory=gpu_bytes, standby_residue=residue,
+                      standby_source=adapter(engine.kind).sleep.residue_source if residue else "")
     p = sized.plan
-    status, message = verdict(p)
+    status, message = plan_verdict(sized)
+    traffic = _traffic(sized, cfg, profile, from_log, bench, concurrency, margin)
+    if cfg and (cfg.server.max_prompt_tokens or cfg.server.max_completion_tokens):
+        n = engine.max_model_len
+        worst = min(n, (cfg.server.max_prompt_tokens or n - 1) + (cfg.server.max_completion_tokens or n))
+        sized.notes.append(f"server caps: one request holds at most {worst} tokens of KV (max_prompt_tokens "
+                           f"{cfg.server.max_prompt_tokens or '-'} + max_completion_tokens "
+                           f"{cfg.server.max_completion_tokens or '-'}, at most max_model_len {n}): "
+                           f"{p.kv_pool_tokens // worst if worst else 0} such requests fit at once")
+    if traffic is not None and traffic.replicas_configured == 1:
+        sized.notes.append("one host: a canary or a host failure takes the only replica; for production plan "
+                           f"{(traffic.replicas_needed or 1) + 1} hosts (the replicas needed + 1 spare)")
     if as_json:
-        print_json({**p.to_json(), "status": status, "message": message, "notes": sized.notes})
+        doc = plan_json(sized, status, message)
+        if traffic is not None:
+            doc["traffic"] = traffic.to_json()
+        print_json(doc)
     else:
         _print_plan(sized, status, message)
-    if not p.fits:
+        if traffic is not None:
+            _print_traffic(traffic)
+        if cfg is not None and len(cfg.hosts) > 1 and cfg.router is not None:
+            from deployctl.rollout.plan import config_schedule
+
+            out_console.print("canary steps if deployed now: " + escape("; ".join(config_schedule(cfg))))
+    if sized.weights_problem or not p.fits_one or (traffic is None and not p.fits) or (traffic is not None and not traffic.fits):
         raise typer.Exit(1)
+
+
+def _traffic(sized, cfg, profile, from_log, bench, concurrency, margin):
+    """The traffic plan from --profile / --from-log / --bench, or None when none is given."""
+    import json
+
+    from deployctl.capacity.traffic import knee_from_bench, parse_profile, plan_traffic, profile_from_log
+    from deployctl.errors import ConfigError, UsageError
+
+    if profile is None and from_log is None and bench is None:
+        if concurrency is not None or margin is not None:
+            raise UsageError("--concurrency/--margin need a traffic profile", fix="add --profile, --from-log or --bench")
+        return None
+    if profile is not None and from_log is not None:
+        raise UsageError("--profile and --from-log both give the traffic", fix="pass one of them")
+    if concurrency is not None and concurrency <= 0:
+        raise ConfigError(f"--concurrency must be a positive number of requests, got {concurrency}", fix="pass --concurrency N, N >= 1")
+    if margin is not None and not 0 <= margin < 1:
+        raise ConfigError(f"--margin must be in [0, 1), got {margin:g}", fix="e.g. --margin 0.25 (the guides' 20–30%)")
+    knee = None
+    if bench is not None:
+        try:
+            doc = json.loads(bench.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"--bench {bench}: no such file", fix="give the JSON `deployctl bench --json` wrote") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--bench {bench}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        knee, _ = knee_from_bench(doc, f"--bench {bench}")
+        knee = knee if knee is not None else 0  # even the first level broke the SLO
+    if from_log is not None:
+        try:
+            text = from_log.read_text(errors="replace")
+        except FileNotFoundError:
+            raise ConfigError(f"--from-log {from_log}: no such file", fix="give the runtime's access log file") from None
+        prof = profile_from_log(text, concurrency, f"--from-log {from_log}")
+    elif profile is not None:
+        spec = profile
+        if spec.startswith("@"):
+            try:
+                spec = Path(spec[1:]).read_text()
+            except FileNotFoundError:
+                raise ConfigError(f"--profile {spec}: no such file", fix="give @FILE with a JSON profile, or the profile inline") from None
+        prof = parse_profile(spec, concurrency)
+    else:
+        raise UsageError("--bench gives the knee, not the traffic", fix="add --profile (or --from-log) with the bench result")
+    m = margin if margin is not None else (cfg.capacity.margin if cfg else 0.25)
+    p = sized.plan
+    return plan_traffic(pool_tokens=p.kv_pool_tokens, max_num_seqs=p.max_num_seqs, max_model_len=p.max_model_len,
+                        tensor_parallel_size=sized.tensor_parallel_size, profile=prof, margin=m, knee=knee,
+                        replicas_configured=len(cfg.hosts) if cfg else None,
+                        max_prompt_tokens=cfg.server.max_prompt_tokens if cfg else None,
+                        max_completion_tokens=cfg.server.max_completion_tokens if cfg else None)
+
+
+def _print_traffic(t) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"at the traffic profile ({t.profile.source})", show_header=True)
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    table.add_column("how")
+    pr = t.profile
+    table.add_row("tokens / session", f"{t.tokens_per_session_p90:,.0f} (mean {t.tokens_per_session_mean:,.0f})",
+                  f"P90 prompt {pr.prompt_p90:g} + P90 output {pr.output_p90:g}")
+    table.add_row("sessions (KV)", f"{t.sessions_at_p90:.2f} (mean {t.sessions_at_mean:.2f})", "KV pool tokens / tokens per session")
+    if t.knee is not None:
+        table.add_row("bench knee", str(t.knee), "highest concurrency within the SLO")
+    table.add_row("sessions / replica", f"{t.sessions_per_replica:.2f}", f"limited by {t.limited_by}")
+    table.add_row("sessions / GPU", f"{t.sessions_per_gpu:.2f}", "per replica / tensor_parallel_size")
+    table.add_row("usable / replica", str(t.usable_per_replica), f"× (1 − margin {t.margin:g}), floor")
+    table.add_row("replicas needed", str(t.replicas_needed) if t.replicas_needed else "-", f"peak {pr.peak_concurrency} / usable")
+    table.add_row("GPUs needed", str(t.gpus_needed) if t.gpus_needed else "-", "replicas × tensor_parallel_size")
+    out_console.print(table)
+    color = "green" if t.fits else "red"
+    out_console.print(f"[{color}]{'fits' if t.fits else 'does not fit'} at the profile[/]: {escape(t.message)}")
 
 
 def _print_plan(sized, status: str, message: str) -> None:
@@ -104,7 +211,7 @@ def _print_plan(sized, status: str, message: str) -> None:
     from deployctl.config.units import format_bytes
 
     p, inp = sized.plan, sized.inputs
-    table = Table(title="capacity plan", show_header=True)
+    table = Table(title=f"capacity plan (per GPU, tensor_parallel_size {sized.tensor_parallel_size})", show_header=True)
     table.add_column("item")
     table.add_column("value", justify="right")
     table.add_column("how")
@@ -116,7 +223,14 @@ def _print_plan(sized, status: str, message: str) -> None:
     table.add_row("weights", format_bytes(p.weights_bytes), sized.weights_source)
     if inp.gpu_memory_bytes:
         table.add_row("GPU memory", format_bytes(inp.gpu_memory_bytes), f"{sized.gpu_memory_source}, × {inp.gpu_memory_utilization}")
-        table.add_row("runtime overhead", format_bytes(inp.runtime_overhead_bytes), "activations, CUDA context")
+        r = sized.reserve
+        if r is None:
+            table.add_row("runtime overhead", format_bytes(inp.runtime_overhead_bytes), "engine.runtime_overhead (the runtime measures its own)")
+        else:
+            table.add_row("activation peak", format_bytes(r.activation_peak), "max_num_batched_tokens forward + sampler logits")
+            table.add_row("CUDA graphs", format_bytes(r.cudagraph), f"{r.num_capture_sizes} capture sizes" if r.num_capture_sizes else "enforce_eager: none")
+            table.add_row("non-torch", format_bytes(r.non_torch), "cuBLAS/sampler workspaces")
+            table.add_row("CUDA context + NCCL", format_bytes(r.outside), "outside the engine's share")
         table.add_row("peak need", format_bytes(p.peak_bytes), "weights + overhead + KV for all requests")
     table.add_row("KV pool", format_bytes(p.kv_pool_bytes), p.budget_source)
     table.add_row("KV pool tokens", f"{p.kv_pool_tokens:,}", f"{p.num_blocks:,} blocks × {p.block_size}")

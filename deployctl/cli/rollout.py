@@ -45,15 +45,64 @@ def deploy(
     yes: bool = YES,
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove another deploy's lock first (stale or not)."),
     validate: Optional[str] = typer.Option(None, "--validate", help="functional: run deployctl validate's functional layer against each canary host before the first weight step (a failure aborts, exit 6)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the last deploy from its journal (killed, or its terminal closed), or roll it back where it cannot be continued; says which."),
+    detach: bool = typer.Option(False, "--detach", help="Run the rollout in the background on this machine (needs --yes), logging to the state dir; follow it with `deployctl rollout watch`."),
+    runner: bool = typer.Option(False, "--runner", hidden=True, help="(internal) the detached runner: record the exit code."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
     from deployctl.config import load_config
-    from deployctl.rollout.deploy import Deployment
-
+    from deployctl.errors import UsageError
     from deployctl.rollout.plan import steps_for
 
     cfg = load_config(config)
     steps_for(cfg, canary)  # a bad --canary is a usage error before any host is probed
+    if resume and canary is not None:
+        raise UsageError("--resume continues the journaled plan; --canary cannot change it", fix="drop --canary")
+    if detach:
+        _detach(cfg, config, yes=yes, canary=canary, break_lock=break_lock, validate=validate, resume=resume)
+        return
+    if runner:
+        _as_runner(cfg, lambda: _deploy(cfg, canary, yes, break_lock, validate, resume))
+        return
+    _deploy(cfg, canary, yes, break_lock, validate, resume)
+
+
+def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate, resume: bool) -> None:
+    """Start the deploy as a detached runner (deployctl.rollout.detach) and return at once."""
+    from deployctl.errors import UsageError
+    from deployctl.rollout import detach
+
+    if not yes and not resume:
+        raise UsageError("deploy --detach cannot ask for confirmation in the background", fix="add --yes")
+    argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner"]
+    argv += [*(["--canary", str(canary)] if canary is not None else []), *(["--break-lock"] if break_lock else []),
+             *(["--validate", validate] if validate else []), *(["--resume"] if resume else [])]
+    pid, log = detach.spawn(cfg.service.name, argv)
+    out_console.print(f"detached: the rollout runs as pid {pid}, log {log}; follow it with `deployctl rollout "
+                      "watch`, steer it with `deployctl promote` / `abort` / `rollback`", markup=False)
+
+
+def _as_runner(cfg, fn) -> None:
+    """Run ``fn`` as the detached runner: its exit code goes to runner.exit whatever happens."""
+    from deployctl.errors import DeployctlError
+    from deployctl.rollout import detach
+
+    code = 1
+    try:
+        fn()
+        code = 0
+    except DeployctlError as e:
+        code = int(e.exit_code)
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        detach.record_exit(cfg.service.name, code)
+
+
+def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+    from deployctl.rollout.deploy import Deployment
     check = None
     if validate is not None:
         from deployctl.errors import UsageError
@@ -69,8 +118,30 @@ def deploy(
         check = partial(check_hosts, cfg, api_key=api_key(cfg), say=lambda m: err_console.print(m, markup=False,
                                                                                                  soft_wrap=True))
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
-                        confirm=_confirm(yes), canary_check=check).run()
+                        confirm=None if resume else _confirm(yes), canary_check=check, resume=resume).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
+
+
+rollout_app = typer.Typer(help="Detached rollouts (deploy --detach): follow one from any shell.",
+                          no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
+
+
+@rollout_app.command("watch")
+def rollout_watch(
+    config: Path = CONFIG,
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
+) -> None:
+    """Follow the detached rollout's log until it ends; exit with the rollout's exit code (4 when its runner was
+    killed before it finished: continue it with `deployctl deploy --resume`)."""
+    from deployctl.config import load_config
+    from deployctl.rollout import detach
+
+    cfg = load_config(config)
+    code = detach.watch(cfg.service.name, lambda line: err_console.print(line, markup=False, highlight=False,
+                                                                         soft_wrap=True), timeout_s=timeout)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -103,7 +174,14 @@ def rollback(
     from deployctl.config import load_config
     from deployctl.rollout.rollback import rollback as do_rollback
 
-    r = do_rollback(load_config(config), to=to, progress=progress_printer)
+    from deployctl.rollout.interrupt import Interruption
+
+    # Ctrl-C does not cut a rollback half-way (it is the way back): the first is noted, a second exits at once
+    intr = Interruption("the rollback goes on, it is the way back",
+                        on_force=lambda: f"The rollback{f' to {to}' if to else ''} did not finish: run `deployctl status`, "
+                                         "then `deployctl rollback` again.")
+    with intr.installed():
+        r = do_rollback(load_config(config), to=to, progress=progress_printer)
     if as_json:
         print_json({**asdict(r), "duration_s": round(r.duration_s, 2)})
     elif r.noop:
@@ -129,12 +207,15 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         _status_check(doc, check)
         return
     table = Table(title="hosts")
-    for col in ("host", "release", "engine", "healthy", "weight", "detail"):
+    for col in ("host", "release", "engine", "healthy", "weight", "standby", "detail"):
         table.add_column(col)
     for h in doc["hosts"]:
         w = "?" if h["weight"] is None else f"{h['weight']:g}%"
         engine = " ".join(x for x in (h.get("engine"), h.get("engine_version")) if x) or "-"
-        table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w,
+        sb = h.get("standby")
+        sbt = "-" if not sb else (f"{sb['release']} :{sb['port']} until {sb['expires']}"
+                                  + (" EXPIRED" if sb["expired"] else "") + ("" if sb["asleep"] else " (not asleep)"))
+        table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
                       h.get("detail", ""))
     out_console.print(table)
     ro = doc["rollout"]
@@ -143,6 +224,12 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         out_console.print(f"last rollout: {ro['action']} {ro['release']} from {ro['from_release']}: {ro['status']}"
                           f"{step} (by {ro['owner']}, {ro['updated']})" + (f"; {ro['reason']}" if ro.get("reason") else ""),
                           markup=False)
+    jr = doc.get("journal")
+    if jr and jr["resumable"]:
+        out_console.print(f"the deploy of {jr['release']} is not running any more (pid {ro['pid']} gone) and did not "
+                          f"finish: stopped {'in ' + jr['open_step'] if jr['open_step'] else 'between steps'}; "
+                          "`deployctl deploy --resume` continues it, `deployctl rollback` restores the previous "
+                          "release", markup=False)
     if doc.get("lock"):
         lk = doc["lock"]
         out_console.print(f"lock: {lk['text']}" + (f" [stale: {lk['why_stale']}]" if lk["stale"] else ""), markup=False)

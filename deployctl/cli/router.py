@@ -16,8 +16,10 @@ app.add_typer(router_app, name="router")
 @router_app.command("reload")
 def reload(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Render the router conf for the split now applied, `nginx -t`, `nginx -s reload` (open streams finish), then
-    check the certificate nginx serves (router.tls). Exit 1 when nginx -t fails (the old conf stays) or a
-    certificate check fails, 3 without a router: section, 4 when the router host cannot be reached."""
+    check the certificate nginx serves (router.tls): the served leaf must be the file's. An expired or not yet valid
+    certificate file is refused before the reload (nginx keeps serving what it has). Exit 1 when nginx -t fails
+    (the old conf stays), the file is refused or a certificate check fails, 3 without a router: section, 4 when the
+    router host cannot be reached."""
     from deployctl.config import load_config
     from deployctl.errors import CheckFailed
     from deployctl.hosts import Host
@@ -33,7 +35,7 @@ def reload(config: Path = CONFIG, as_json: bool = JSON) -> None:
     if cfg.router.tls is not None:
         from deployctl.preflight.certs import router_certificate
 
-        _, checks, facts = router_certificate(cfg)
+        _, checks, facts = router_certificate(cfg, after_reload=True)
         doc["checks"], doc["facts"] = [c.to_json() for c in checks], facts
         for c in checks:
             color = {"pass": "green", "warn": "yellow", "fail": "red"}[c.status]

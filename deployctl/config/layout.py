@@ -9,6 +9,7 @@ Under ``deploy_root`` (docs/DESIGN.md, "On a host")::
     shared/run/runtime.pid   the launcher's pid (launch.sh; its process group holds the runtime)
     shared/run/runtime.child.pid  the runtime's own pid
     shared/run/runtime.<port>.pid  a supervisor started on a second port (rollback); runtime.pid links to it
+    shared/run/standby.json  the previous release kept asleep on the other port (release, port, expires_at)
     shared/hash-cache.json   preflight's weight-hash cache
     state/                   rollout state, lock, history, audit.jsonl
 
@@ -24,6 +25,19 @@ from deployctl.config.models import DeployConfig, HostConfig
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 LOOPBACK = "127.0.0.1"
+
+
+def unit_name(cfg: DeployConfig, h: HostConfig) -> str:
+    """The systemd unit of the runtime on ``h``: ``<service>.service``, ``<service>-r<i>.service`` for replica i of
+    a host entry with replicas (config/replicas.py)."""
+    return f"{cfg.service.name}{h.unit}.service"
+
+
+def log_cap_units(cfg: DeployConfig, h: HostConfig) -> tuple[str, str]:
+    """The systemd service and timer that cap the runtime log on ``h`` (deploy.yaml ``logs:``; config/logs.py):
+    ``<unit stem>-logs.service`` and ``<unit stem>-logs.timer``."""
+    stem = unit_name(cfg, h).removesuffix(".service")
+    return f"{stem}-logs.service", f"{stem}-logs.timer"
 
 
 def releases_dir(h: HostConfig) -> str:
@@ -73,6 +87,11 @@ def pid_file(h: HostConfig) -> str:
 def child_pid_file(h: HostConfig) -> str:
     """The runtime process's own pidfile (written by launch.sh)."""
     return shared_dir(h, "run", "runtime.child.pid")
+
+
+def standby_file(h: HostConfig) -> str:
+    """The record of the release kept asleep beside the serving one (deployctl.rollout.standby)."""
+    return shared_dir(h, "run", "standby.json")
 
 
 def hash_cache(h: HostConfig) -> str:

@@ -16,13 +16,17 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from deployctl.errors import ConfigError
 from deployctl.config.yamlsource import parse_yaml
+from deployctl.config.logs import LogsConfig
 from deployctl.config.router import USER_PATTERN, RouterConfig  # noqa: F401 (re-exported)
-from deployctl.config.units import parse_bytes
+from deployctl.config.units import parse_bytes, parse_duration
+from deployctl.config.openai_server import OpenAIServerConfig
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 # Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
 # timeouts and k8s manifests, which reject infinity and absurd values.
 MAX_SECONDS = 7 * 24 * 3600
+# Seconds: a number or a duration string ("30s", "5m", "24h"; deployctl.config.units.parse_duration), up to a week.
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_SECONDS)]
 # An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
@@ -66,8 +70,15 @@ class EngineConfig(_Frozen):
     # KV pool budget in bytes on CPU (the runtime's --kv-cache-memory); on CUDA the budget is
     # total × gpu_memory_utilization − weights − runtime_overhead.
     kv_cache_memory: Optional[ByteSize] = None
-    # Activation peak + CUDA context allowance used by the capacity plan on CUDA.
+    # The bundled runtime's reserve in the capacity plan on CUDA (it measures its activation peak and CUDA graphs
+    # at start; vLLM and SGLang are planned from their reserve parts, deployctl.engines.reserve).
     runtime_overhead: ByteSize = 1536 * 1024 * 1024
+    # KV cache element type (vLLM --kv-cache-dtype; SGLang --kv-cache-dtype fp8_e4m3): fp8 halves bf16's bytes/token.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    # No CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): the plan's CUDA-graph reserve is 0.
+    enforce_eager: bool = False
+    # engine.kind openai: the server's command template, routes, metrics and stop (config/openai_server.py)
+    server: Optional[OpenAIServerConfig] = None
 
     @field_validator("kind")
     @classmethod
@@ -95,8 +106,15 @@ class ServerConfig(_Frozen):
     bind: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_key_env: Optional[str] = None
+    # During a key rotation: a second key the runtime accepts beside api_key_env's (deployctl's own probes send
+    # api_key_env's). docs/runbook-api-key-rotation.md
+    next_api_key_env: Optional[str] = None
     request_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS)
     max_queued_requests: int = Field(256, gt=0)
+    # Per-request caps (the runtime's --max-prompt-tokens / --max-completion-tokens: 400 above them; an omitted
+    # max_tokens defaults to min(remaining context, max_completion_tokens)). The plan sizes a request's worst case on them.
+    max_prompt_tokens: Optional[int] = Field(None, gt=0)
+    max_completion_tokens: Optional[int] = Field(None, gt=0)
     drain_timeout_s: float = Field(30, gt=0, le=MAX_SECONDS)
     # Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s
     # startup probe budget and the container healthcheck's start period.
@@ -135,6 +153,11 @@ class HostConfig(_Frozen):
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
+    # SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
+    # that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
+    # ServerAliveInterval / ServerAliveCountMax)
+    keepalive_interval_s: float = Field(15, ge=0, le=3600)
+    keepalive_count: int = Field(3, ge=2, le=100)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
     # a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
     # there beside the one serving, switches the router over, then drains the old one; the two ports alternate
@@ -142,6 +165,10 @@ class HostConfig(_Frozen):
     # the port the runtime listens on now when that is not the configured one (after a rollback onto
     # spare_port): state read from the host (deployctl.service.launcher.load_port), never from deploy.yaml
     _active_port: Optional[int] = PrivateAttr(None)
+    # several engines side by side on this machine (config/replicas.py: expanded into one entry per replica before
+    # validation); ``replica``: this entry's index among them (its unit is <service>-r<replica>.service)
+    replicas: int = Field(1, ge=1, le=64)
+    replica: Optional[int] = Field(None, ge=0, le=63)
 
     @field_validator("deploy_root")
     @classmethod
@@ -163,6 +190,11 @@ class HostConfig(_Frozen):
     @property
     def is_local(self) -> bool:
         return self.address == "local"
+
+    @property
+    def unit(self) -> str:
+        """The systemd unit name's suffix for this entry: "" or ``-r<replica>`` (config/replicas.py)."""
+        return "" if self.replica is None else f"-r{self.replica}"
 
     @property
     def gpu_ids(self) -> list[int]:
@@ -211,14 +243,27 @@ class AnalysisConfig(_Frozen):
     # A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until
     # it holds enough. Counted from the canary's TTFT histogram.
     min_latency_samples: int = Field(5, ge=1)
-    # this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause
+    # this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause.
+    # When every window of the streak lacked client traffic (min_client_requests) the rollout aborts instead.
     inconclusive_limit: int = Field(5, ge=0)
+    # The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does
+    # (a fleet slow as a whole, or 100% against an old baseline).
+    max_slo_factor: float = Field(1.0, gt=0)
+    # Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
+    # pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
+    min_client_requests: int = Field(1, ge=0)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     probes: ProbesConfig = Field(default_factory=ProbesConfig)
 
 
+# Free space under deploy_root (releases, logs): preflight fails below DISK_FAIL_BYTES and warns below
+# DISK_WARN_BYTES; the rendered disk alerts use the same two figures on node_exporter's filesystem series.
+DISK_FAIL_BYTES = 1 * 2**30
+DISK_WARN_BYTES = 5 * 2**30
+
+
 class SloConfig(_Frozen):
-    """Service-level objectives behind the rendered Prometheus alert rules (seconds, shares 0–1)."""
+    """Service-level objectives behind the rendered Prometheus alert rules (seconds, shares 0–1, minutes)."""
 
     ttft_p99_s: float = Field(2.0, gt=0)  # P99 time to first token
     tpot_p99_s: float = Field(0.1, gt=0)  # P99 time per output token after the first
@@ -226,6 +271,13 @@ class SloConfig(_Frozen):
     max_kv_cache_usage: float = Field(0.85, gt=0, le=1)
     max_rejected_length_share: float = Field(0.001, gt=0, le=1)
     prometheus_job: Optional[str] = None  # the scrape job of the runtimes; default: service.name
+    # P99 arrival-to-last-token; None: no E2E alert (E2E grows with the answer's length, so only a service whose
+    # answers have a known bound has a useful objective)
+    e2e_p99_s: Optional[float] = Field(None, gt=0)
+    down_for_m: int = Field(5, ge=1, le=1440)  # a runtime (or the whole service) down this long alerts
+    prometheus_node_job: str = Field("node", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # node_exporter's job (disk alerts)
+    prometheus_router_job: str = Field("mtail", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # mtail over the router's log
+    prometheus_gpu_job: str = Field("dcgm", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # dcgm-exporter (CUDA hosts)
 
 
 class ContainerConfig(_Frozen):
@@ -236,19 +288,61 @@ class ContainerConfig(_Frozen):
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
+class CapacityConfig(_Frozen):
+    """`deployctl plan --profile`: the share of the KV pool's sessions kept free (the guides' 20–30% margin);
+    usable sessions per replica = floor(sessions × (1 − margin))."""
+
+    margin: float = Field(0.25, ge=0, lt=1)
+
+
+class RolloutStep(_Frozen):
+    """One canary step: the canary's share of traffic (percent) and how long the analysis holds it there
+    (``pause``: a duration, e.g. ``30s``, ``5m``, ``24h``; None: rollout.pause_s)."""
+
+    weight: int = Field(ge=1, le=100)
+    pause: Optional[Duration] = None
+
+
+def _step_form(v: Any) -> Any:
+    """A bare percentage (the short form ``steps: [5, 25, 50, 100]``) is a step without its own pause."""
+    if isinstance(v, list):
+        return [{"weight": s} if isinstance(s, int) and not isinstance(s, bool) else s for s in v]
+    return v
+
+
 class RolloutConfig(_Frozen):
     canary_hosts: int = Field(1, ge=1)
-    steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100])
-    pause_s: float = Field(300, ge=0, le=MAX_SECONDS)
+    # percentages, or {weight, pause} per step (e.g. [{weight: 5, pause: 24h}, {weight: 100, pause: 5m}])
+    steps: Annotated[list[RolloutStep], BeforeValidator(_step_form)] = Field(
+        default_factory=lambda: [RolloutStep(weight=w) for w in (5, 25, 50, 100)])
+    pause_s: Duration = 300  # the analysis pause of a step without its own ``pause``
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     keep_releases: int = Field(5, ge=2)
+    # Seconds the previous release stays asleep on every host after a promotion (a rollback inside the window
+    # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
+    # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
+    standby_s: float = Field(86400, ge=0, le=MAX_SECONDS)
 
     @field_validator("steps")
     @classmethod
-    def _steps(cls, v: list[int]) -> list[int]:
-        if not v or any(not 0 < s <= 100 for s in v) or v != sorted(set(v)) or v[-1] != 100:
-            raise ValueError(f"steps must be increasing percentages in 1..100 ending at 100, got {v}")
+    def _steps(cls, v: list[RolloutStep]) -> list[RolloutStep]:
+        w = [s.weight for s in v]
+        if not w or w != sorted(set(w)) or w[-1] != 100:
+            raise ValueError(f"steps must be increasing percentages in 1..100 ending at 100, got {w}")
         return v
+
+    @property
+    def weights(self) -> list[int]:
+        """The canary weights of the steps, in percent."""
+        return [s.weight for s in self.steps]
+
+    def pause_of(self, weight: int) -> float:
+        """Seconds of analysis at ``weight``: that step's ``pause``, else pause_s (also for a ``--canary`` weight
+        that is no configured step)."""
+        for s in self.steps:
+            if s.weight == weight and s.pause is not None:
+                return s.pause
+        return self.pause_s
 
 
 class DeployConfig(_Frozen):
@@ -261,6 +355,15 @@ class DeployConfig(_Frozen):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     slo: SloConfig = Field(default_factory=SloConfig)
     container: ContainerConfig = Field(default_factory=ContainerConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas(cls, data: Any) -> Any:
+        from deployctl.config.replicas import expand_replicas
+
+        return expand_replicas(data)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "DeployConfig":
@@ -268,9 +371,17 @@ class DeployConfig(_Frozen):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"hosts: duplicate host name {dup[0]!r}; give every host a unique name")
+        from deployctl.config.replicas import check_shared_machines
         from deployctl.engines.validate import check_engine_config
 
         check_engine_config(self)
+        check_shared_machines(self)
+        if self.server.next_api_key_env and not self.server.api_key_env:
+            raise ValueError("server.next_api_key_env needs server.api_key_env: the next key is accepted beside the "
+                             "current one; set server.api_key_env")
+        if self.server.next_api_key_env and self.engine.kind != "deployctl-runtime":
+            raise ValueError(f"server.next_api_key_env: engine {self.engine.kind} takes one API key; two keys at once "
+                             "need the bundled runtime (engine.kind: deployctl-runtime), or rotate with a restart")
         if not self.server.is_loopback and not self.server.api_key_env:
             raise ValueError(
                 f"server.bind {self.server.bind} is not loopback and server.api_key_env is not set; "

@@ -42,3 +42,28 @@ def format_bytes(n: float) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
     return f"{sign}{n:.1f} TiB"
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: object) -> float:
+    """Return ``value`` in seconds: a number (seconds) or a string with a unit, ``"30s"``, ``"5m"``, ``"24h"``,
+    ``"1.5d"``, ``"250ms"`` (one number, one unit). Raises ValueError naming the value and the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 30s, 5m, 24h or a number of seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"expected a duration like 30s, 5m, 24h or a number of seconds, got {value!r}")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact rendering among h/m/s: 86400 -> '24h', 90 -> '90s', 300 -> '5m', 0.5 -> '0.5s'."""
+    for unit, n in (("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{seconds / n:g}{unit}"
+    return f"{seconds:g}s"

@@ -134,6 +134,8 @@ def write_config(work: Path, *, python: str, model: Path, nginx_port: int, pause
                                  # CPU latency on a shared machine jitters by tens of ms between identical releases
                                  "min_p99_delta_s": 0.1},
                     "keep_releases": 3},
+        # objectives for the tiny model on CPU (the analysis aborts a canary whose own P99 passes them)
+        "slo": {"ttft_p99_s": 5.0, "tpot_p99_s": 0.5},
     }
     path = work / "deploy.yaml"
     path.write_text("# written by `deployctl demo`\n" + yaml.safe_dump(cfg, sort_keys=False))

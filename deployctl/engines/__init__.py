@@ -1,14 +1,18 @@
 """Engine adapters: one declarative module per inference server deployctl deploys (see base.Adapter).
 
-``adapter(kind)`` is the only way in. ``KINDS`` lists the engine.kind values deploy.yaml accepts; the first is
-the default. Nothing outside this package spells an engine's flag or metric name.
+``of(cfg)`` (the engine a deploy.yaml runs) and ``adapter(kind)`` (an engine known by its kind alone, e.g. read
+from a release.json) are the only ways in. ``KINDS`` lists the engine.kind values deploy.yaml accepts; the first is
+the default. ``openai`` is any OpenAI-compatible server described in deploy.yaml (engine.server, engines.openai):
+``of(cfg)`` builds its adapter from that description, ``adapter("openai")`` is the description-less fallback.
+Nothing outside this package spells an engine's flag or metric name.
 """
 from __future__ import annotations
 
-from deployctl.engines.base import METRIC_ROLES, SETTINGS, Adapter, Flag, Metrics, Switch
+from deployctl.engines.base import METRIC_ROLES, SETTINGS, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
 
-KINDS = ("deployctl-runtime", "vllm", "sglang", "transformers")
-_MODULES = {"deployctl-runtime": "runtime", "vllm": "vllm", "sglang": "sglang", "transformers": "transformers"}
+KINDS = ("deployctl-runtime", "vllm", "sglang", "transformers", "openai")
+_MODULES = {"deployctl-runtime": "runtime", "vllm": "vllm", "sglang": "sglang", "transformers": "transformers",
+            "openai": "openai"}
 
 
 def adapter(kind: str) -> Adapter:
@@ -19,9 +23,54 @@ def adapter(kind: str) -> Adapter:
     return importlib.import_module(f"deployctl.engines.{_MODULES[kind]}").ADAPTER
 
 
+def of(cfg) -> Adapter:
+    """The adapter of the engine ``cfg`` (a DeployConfig, duck-typed) runs: engine.kind's, or for ``openai`` the
+    one engine.server describes (engines.openai.from_spec)."""
+    e = cfg.engine
+    if e.kind == "openai" and getattr(e, "server", None) is not None:
+        from deployctl.engines.openai import from_spec
+
+        return from_spec(e.server)
+    return adapter(e.kind)
+
+
+def adapter_for(cfg, kind=None) -> Adapter:
+    """The adapter of engine ``kind`` seen from ``cfg``: ``of(cfg)`` when kind is None or cfg's own engine.kind,
+    else ``adapter(kind)`` (another release's engine, e.g. the stable side of a mixed fleet)."""
+    if kind is None or kind == cfg.engine.kind:
+        return of(cfg)
+    return adapter(kind)
+
+
 def metric(kind: str, role: str):
     """The Prometheus name of ``role`` (base.METRIC_ROLES) for engine ``kind``, or None when it has none."""
     return adapter(kind).metrics[role]
 
 
-__all__ = ["KINDS", "METRIC_ROLES", "SETTINGS", "Adapter", "Flag", "Metrics", "Switch", "adapter", "metric"]
+def router_refused_paths() -> tuple[str, ...]:
+    """Every engine's sleep and control/dev routes (``Adapter.router_refused_paths``), sorted: the router answers
+    404 to all of them whatever engine the fleet runs (a mixed fleet mid-switch included)."""
+    out: set[str] = set()
+    for kind in KINDS:
+        out.update(adapter(kind).router_refused_paths())
+    return tuple(sorted(out))
+
+
+def standby_enabled(cfg) -> bool:
+    """The release keeps a sleeping standby: ``rollout.standby_s`` > 0 and the engine has a sleep mode."""
+    return cfg.rollout.standby_s > 0 and of(cfg).sleep is not None
+
+
+def standby_residue_bytes(cfg, hosts=None) -> int:
+    """Bytes per GPU a sleeping standby of the previous release keeps beside the new release (the adapter's
+    ``Sleep.gpu_residue_bytes``, source in ``residue_source``) on a cuda fleet that keeps standbys
+    (``standby_enabled``) on any of ``hosts`` (default: cfg.hosts) with ``spare_port``; else 0."""
+    if cfg.engine.device != "cuda" or not standby_enabled(cfg):
+        return 0
+    if not any(h.spare_port for h in (cfg.hosts if hosts is None else hosts)):
+        return 0
+    return of(cfg).sleep.gpu_residue_bytes
+
+
+__all__ = ["KINDS", "METRIC_ROLES", "SETTINGS", "Adapter", "ErrorShare", "Flag", "Metrics", "Sleep", "Switch", "adapter",
+           "adapter_for", "metric", "of", "router_refused_paths", "standby_enabled", "standby_residue_bytes"]

@@ -12,14 +12,17 @@ Memory budget per GPU (``semantics``):
 - ``vllm``: gpu_memory_utilization is a fraction of the whole GPU that holds weights, the activation peak and
   CUDA graphs and the KV cache: KV = total × utilization − weights/TP − reserve
   (vllm 0.33.0 vllm/v1/worker/gpu_worker.py ``determine_available_memory``: requested memory minus the non-KV memory the
-  profile run measured). deployctl cannot profile, so the reserve line is engine.runtime_overhead (default
-  1.5 GiB: deployctl's allowance for activations at max_num_batched_tokens, CUDA graphs and the CUDA context).
-  The bundled runtime uses the same rule (deployctl.capacity.formula).
+  profile run measured). ``plan_gpu`` takes the reserve as one line; ``deployctl plan`` computes it by part
+  (activation peak, CUDA graphs, non-torch; CUDA context and NCCL outside the share) in deployctl.engines.reserve,
+  and the bundled runtime's as engine.runtime_overhead (it measures its own at start).
 - ``sglang``: mem_fraction_static covers weights and the KV pool only; activations and CUDA graphs live in the
   rest (sglang 0.5.23 sglang/srt/mem_cache/kv_cache_configurator.py ``_profile_available_bytes``: KV pool = free
   memory after the weights load − pre-load memory × (1 − mem_fraction_static)): KV = total × fraction − weights/TP,
   and the reserve is total × (1 − fraction).
 - ``explicit``: the engine is told its block count (transformers serve ``--cb-num-blocks``).
+- a generic server (engine.kind openai) is planned with ``vllm`` semantics and engine.runtime_overhead as its
+  reserve (an assumption: deployctl cannot read how an unknown server sizes its cache; a ``{num_gpu_blocks}``
+  placeholder in its command tells it the plan's count).
 Blocks = floor(KV budget per GPU / (block_size × KV bytes per token per GPU)), the same on every rank;
 max concurrency = blocks × block_size / max_model_len.
 """
@@ -28,7 +31,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-SEMANTICS = {"deployctl-runtime": "vllm", "vllm": "vllm", "sglang": "sglang", "transformers": "explicit"}
+SEMANTICS = {"deployctl-runtime": "vllm", "vllm": "vllm", "sglang": "sglang", "transformers": "explicit",
+             "openai": "vllm"}
 
 
 @dataclass(frozen=True)

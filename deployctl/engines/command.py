@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from deployctl.engines import adapter
-from deployctl.engines.base import Flag, Switch
+from deployctl.engines import of
+from deployctl.engines.base import DEFAULT_UNRENDERED, Flag, Switch
 
 
 # The env var holding the key for engines with api_key_flag (read by engine_main.py, then removed from os.environ).
@@ -25,7 +25,8 @@ ENGINE_ENV_DIR = "engine"  # <release>/engine: the venv (system site packages) h
 
 def engine_python(cfg, host, release_dir: str) -> str:
     """The interpreter that runs the engine: host.python for the bundled runtime, else the release's venv."""
-    if adapter(cfg.engine.kind).config_file:
+    a = of(cfg)
+    if a.config_file or (a.kind == "openai" and not a.distribution):  # a generic server with nothing to install
         return host.python
     return f"{release_dir}/{ENGINE_ENV_DIR}/bin/python"
 
@@ -39,6 +40,13 @@ def num_gpu_blocks(cfg) -> int:
     return e.max_num_seqs * math.ceil(e.max_model_len / e.block_size)
 
 
+def stop_wait_s(cfg) -> int:
+    """Whole seconds a stop may take before it is a hang: ceil(server.drain_timeout_s) for in-flight requests plus
+    the engine's own exit after the drain (Adapter.stop_overhead_s). The unit's TimeoutStopSec, compose's
+    stop_grace_period, the pod's grace and launcher.stop's wait are this plus their margins."""
+    return math.ceil(cfg.server.drain_timeout_s) + of(cfg).stop_overhead_s
+
+
 def setting_values(cfg, host, port: int) -> dict[str, Any]:
     """base.SETTINGS -> the value deploy.yaml gives it for ``host``."""
     e = cfg.engine
@@ -47,18 +55,36 @@ def setting_values(cfg, host, port: int) -> dict[str, Any]:
             "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
             "gpu_memory_utilization": e.gpu_memory_utilization, "block_size": e.block_size,
             "enable_prefix_caching": e.enable_prefix_caching, "enable_chunked_prefill": e.enable_chunked_prefill,
-            "tensor_parallel_size": e.tensor_parallel_size, "num_gpu_blocks": num_gpu_blocks(cfg)}
+            "tensor_parallel_size": e.tensor_parallel_size, "num_gpu_blocks": num_gpu_blocks(cfg),
+            "kv_cache_dtype": e.kv_cache_dtype, "enforce_eager": e.enforce_eager,
+            "shutdown_timeout": math.ceil(cfg.server.drain_timeout_s)}
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
 
 
+def command_head(cfg, host, port: int, python: str, *, bin_prefix: bool = True) -> list[str]:
+    """The adapter's ``argv`` with ``{python}``, ``{bin}`` and, for a declared command template (engine.kind openai),
+    every ``{setting}`` placeholder filled in (setting_values; booleans as true/false, floats with %g).
+    ``bin_prefix`` False drops ``{bin}/`` (inside an image the console scripts are on PATH)."""
+    a = of(cfg)
+    values = {k: _fmt(v) for k, v in setting_values(cfg, host, port).items()}
+    out = []
+    for part in a.argv:
+        if not bin_prefix:
+            part = part.replace("{bin}/", "")
+        out.append(part.format(python=python, bin=python.rsplit("/", 1)[0], **values))
+    return out
+
+
 def settings_argv(cfg, host, port: int) -> list[str]:
     """The settings as the engine's flags (positional model first), fixed flags, then engine.extra_args."""
-    a = adapter(cfg.engine.kind)
+    a = of(cfg)
     values = setting_values(cfg, host, port)
     head: list[str] = []
     out: list[str] = []
@@ -66,6 +92,12 @@ def settings_argv(cfg, host, port: int) -> list[str]:
         if setting == "num_gpu_blocks" and not (a.explicit_cache or cfg.engine.num_gpu_blocks_override):
             continue
         value = values[setting]
+        if setting in DEFAULT_UNRENDERED and value == DEFAULT_UNRENDERED[setting]:
+            continue
+        if isinstance(spell, Flag) and spell.values:
+            value = spell.values.get(value, value)
+        if isinstance(spell, Flag) and spell.only_if and not values[spell.only_if]:
+            continue
         if isinstance(spell, Switch):
             flag = spell.on if value else spell.off
             if flag:
@@ -77,26 +109,42 @@ def settings_argv(cfg, host, port: int) -> list[str]:
     return head + out + list(a.fixed_args) + list(cfg.engine.extra_args)
 
 
+def standby_args(cfg, standby: Optional[bool] = None) -> tuple[list[str], dict[str, str]]:
+    """The flags and env vars that turn on the engine's sleep mode (``Adapter.sleep``), when the release keeps a
+    sleeping standby (``standby``; None: ``engines.standby_enabled(cfg)``, rollout.standby_s > 0). Only the SSH
+    targets (systemd unit, launch.sh) keep standbys; container and k8s renders pass False (vLLM's dev mode would
+    expose its dev routes in the pod with no router in front)."""
+    from deployctl.engines import standby_enabled
+
+    a = of(cfg)
+    if a.sleep is None or not (standby_enabled(cfg) if standby is None else standby):
+        return [], {}
+    return list(a.sleep.enable_flags), dict(a.sleep.enable_env)
+
+
 def engine_argv(cfg, host, *, release_dir: str, port: int,
-                api_key: Optional[str] = None) -> list[str]:
+                api_key: Optional[str] = None, standby: Optional[bool] = None) -> list[str]:
     """The full command that starts the engine on ``host`` from ``release_dir`` (not for the bundled runtime,
-    whose settings live in runtime.yaml)."""
-    a = adapter(cfg.engine.kind)
-    py = engine_python(cfg, host, release_dir)
-    head = [part.format(python=py, bin=py.rsplit("/", 1)[0]) for part in a.argv]
+    whose settings live in runtime.yaml); with the sleep-mode flags when the release keeps a standby
+    (standby_args)."""
+    a = of(cfg)
+    head = command_head(cfg, host, port, engine_python(cfg, host, release_dir))
     if api_key and a.api_key_flag and head[1:2] == ["-m"]:
         # python -m MOD ... -> python <release>/engine_main.py MOD ... (the key is added inside the process)
         head = [head[0], f"{release_dir}/{KEYED_MAIN}", *head[2:]]
-    return head + settings_argv(cfg, host, port)
+    argv = settings_argv(cfg, host, port)
+    flags = standby_args(cfg, standby)[0]
+    n = len(argv) - len(cfg.engine.extra_args)
+    return head + argv[:n] + flags + argv[n:]
 
 
-def engine_env(cfg, api_key: Optional[str]) -> dict[str, str]:
-    """The 0600 env file's variables: the adapter's fixed ones and the API key under the name the engine (or
-    engine_main.py) reads."""
-    a = adapter(cfg.engine.kind)
+def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, str]:
+    """The 0600 env file's variables: the adapter's fixed ones, the sleep-mode ones when the release keeps a
+    standby (standby_args) and the API key under the name the engine (or engine_main.py) reads."""
+    a = of(cfg)
     from deployctl.engines.keepalive import keepalive_env
 
-    env: dict[str, str] = {**a.extra_env, **keepalive_env(cfg)}
+    env: dict[str, str] = {**a.extra_env, **keepalive_env(cfg), **standby_args(cfg, standby)[1]}
     if api_key:
         env[a.api_key_env or KEYED_ENV] = api_key
     return env
@@ -111,41 +159,83 @@ def gpu_env(cfg, host) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpu_ids))}
 
 
+# engine_main.py's log scrubber: the engine's stdout and stderr (and its children's, which inherit them) pass
+# through a forked process that writes them on with every occurrence of the key replaced, holding back only a tail
+# that could be the start of the key. SGLang logs its whole server_args, api_key included
+# (sglang/srt/entrypoints/engine.py: logger.info(f"server_args=...")), and its schedulers log again.
+_SCRUBBER = """
+def scrub(key, fds=(1, 2)):
+    import select, signal
+    k, mark = key.encode(), b'<redacted>'
+    pipes = {}
+    for fd in fds:
+        r, w = os.pipe()
+        pipes[r] = [os.dup(fd), b'']
+        os.dup2(w, fd)
+        os.close(w)
+    if os.fork():
+        for r, (out, _) in pipes.items():
+            os.close(r)
+            os.close(out)
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # outlive the engine: write what its last words were
+    for fd in fds:
+        os.close(fd)
+    while pipes:
+        for r in select.select(list(pipes), [], [])[0]:
+            out, held = pipes[r]
+            chunk = os.read(r, 65536)
+            data = (held + chunk).replace(k, mark)
+            keep = 0 if not chunk else next((n for n in range(min(len(k) - 1, len(data)), 0, -1)
+                                             if data.endswith(k[:n])), 0)
+            pipes[r][1] = data[len(data) - keep:] if keep else b''
+            body = data[:len(data) - keep]
+            while body:
+                body = body[os.write(out, body):]
+            if not chunk:
+                del pipes[r]
+    os._exit(0)
+"""
+
+
 def keyed_main(cfg) -> str:
     """engine_main.py for engines with api_key_flag: runs ``python engine_main.py MODULE ARGS`` as
     ``python -m MODULE ARGS --flag KEY`` with the key from the env file (sys.argv changes inside the process;
-    the kernel's cmdline stays without it)."""
-    a = adapter(cfg.engine.kind)
+    the kernel's cmdline stays without it), every line it and its children write passing through a scrubber
+    that replaces the key with ``<redacted>`` (_SCRUBBER: the engine logs its arguments)."""
+    a = of(cfg)
     return ("# Rendered by deployctl: starts the engine module with its API key flag filled in from the env file,\n"
-            "# so the key is never on a command line.\nimport os, runpy, sys\n\n"
-            f"key = os.environ.pop({KEYED_ENV!r}, '')\nmodule = sys.argv[1]\n"
+            "# so the key is never on a command line, and keeps the key out of the log the engine writes.\n"
+            "import os, runpy, sys\n" + _SCRUBBER +
+            f"\nkey = os.environ.pop({KEYED_ENV!r}, '')\nmodule = sys.argv[1]\nif key:\n    scrub(key)\n"
             f"sys.argv = [module] + sys.argv[2:] + ([{a.api_key_flag!r}, key] if key else [])\n"
             "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
 
 
 def render_context(cfg, host, *, release_dir: str, port: int,
-                   api_key: Optional[str]) -> dict[str, Any]:
+                   api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, Any]:
     """Names the per-host templates use for the engine: ``engine_cmd`` (sh words), ``exec_start`` (systemd),
     ``engine_env`` (the env file's variables), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
     import shlex
 
-    a = adapter(cfg.engine.kind)
+    a = of(cfg)
     if a.config_file:
         argv = [host.python, "-m", "deployctl_runtime", "serve", "--config", f"{release_dir}/runtime.yaml"]
         label = "deployctl runtime"
     else:
-        argv = engine_argv(cfg, host, release_dir=release_dir, port=port, api_key=api_key)
+        argv = engine_argv(cfg, host, release_dir=release_dir, port=port, api_key=api_key, standby=standby)
         label = f"{a.kind} {cfg.engine.version}"
     return {"adapter": a, "engine_argv": argv, "engine_cmd": shlex.join(argv), "exec_start": " ".join(argv),
-            "engine_env": engine_env(cfg, api_key), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
+            "engine_env": engine_env(cfg, api_key, standby), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
             "engine_label": label}
 
 
 def container_argv(cfg, host, *, port: int) -> list[str]:
     """The engine's command inside its official image (``python3`` and the console scripts on PATH); an
     engine with api_key_flag runs through keyed_main's source with ``python3 -c``."""
-    a = adapter(cfg.engine.kind)
-    head = [part.replace("{bin}/", "").format(python="python3") for part in a.argv]
+    a = of(cfg)
+    head = command_head(cfg, host, port, "python3", bin_prefix=False)
     if a.api_key_flag and head[1:2] == ["-m"]:
         head = [head[0], "-c", keyed_main(cfg), *head[2:]]
     return head + settings_argv(cfg, host, port)
@@ -158,7 +248,7 @@ def image(cfg) -> str:
     from deployctl.errors import ConfigError
 
     try:
-        tag = image_tag(cfg.engine.kind, cfg.engine.version)
+        tag = image_tag(of(cfg), cfg.engine.version)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return f"{adapter(cfg.engine.kind).image}:{tag}"
+    return f"{of(cfg).image}:{tag}"

@@ -48,22 +48,20 @@ def engine_timeout_for(nginx_s: float) -> float:
     return max(nginx_s * RATIO, nginx_s + MARGIN_S)
 
 
-def _nginx_for(kind: str, want: float) -> float:
-    """nginx's keepalive_timeout for engine ``kind`` when deploy.yaml asks for ``want`` seconds."""
-    from deployctl.engines import adapter
-
-    fixed = adapter(kind).keep_alive_fixed_s
+def _nginx_for(a, want: float) -> float:
+    """nginx's keepalive_timeout for engine adapter ``a`` when deploy.yaml asks for ``want`` seconds."""
+    fixed = a.keep_alive_fixed_s
     return want if fixed is None else min(want, fixed / RATIO, fixed - MARGIN_S)
 
 
 def keepalive(cfg, also=()) -> KeepAlive:
     """The pair for ``cfg`` (a DeployConfig, duck-typed: engines sit below config) and its engine (module doc);
     ``also``: engine kinds of other releases behind the same router now (their needs lower ``nginx_s`` too)."""
-    from deployctl.engines import adapter
+    from deployctl.engines import adapter_for, of
 
-    a = adapter(cfg.engine.kind)
+    a = of(cfg)
     want = cfg.router.keepalive_timeout_s if cfg.router is not None else DEFAULT_NGINX_S
-    nginx = min(_nginx_for(k, want) for k in {cfg.engine.kind, *also})
+    nginx = min(_nginx_for(adapter_for(cfg, k), want) for k in {cfg.engine.kind, *also})
     if a.keep_alive_fixed_s is not None:
         return KeepAlive(nginx, a.keep_alive_fixed_s)
     engine = engine_timeout_for(want)
@@ -74,7 +72,7 @@ def keepalive(cfg, also=()) -> KeepAlive:
 
 def keepalive_env(cfg) -> dict[str, str]:
     """The env var setting the engine's keep-alive (``Adapter.keep_alive_env``), or {}."""
-    from deployctl.engines import adapter
+    from deployctl.engines import of
 
-    a = adapter(cfg.engine.kind)
+    a = of(cfg)
     return {a.keep_alive_env: str(int(keepalive(cfg).engine_s))} if a.keep_alive_env else {}

@@ -1,6 +1,6 @@
 """deployctl-runtime, the bundled server (runtime/; its settings go into runtime.yaml, read by
 ``python -m deployctl_runtime serve --config``; metrics: runtime/deployctl_runtime/server/metrics.py)."""
-from deployctl.engines.base import Adapter, Flag, Metrics, Switch
+from deployctl.engines.base import MiB, Adapter, Flag, Metrics, Sleep, Switch
 
 _P = "deployctl_runtime_"
 
@@ -36,4 +36,17 @@ ADAPTER = Adapter(
     drain="SIGTERM: /readyz answers 503 and new requests 503 while in-flight requests finish, up to "
           "server.drain_timeout_s; then it exits",
     config_file=True,
+    # runtime/deployctl_runtime/server/sleep.py: always on (no flag), behind the API key.
+    sleep=Sleep(
+        sleep_route="POST /sleep?level=1", wake_route="POST /wake_up", state_route="GET /is_sleeping",
+        keeps="level 1: the weights are copied to pinned host RAM (kept in place on CPU), the KV cache is freed and "
+              "the prefix cache starts empty after the wake; CUDA graphs are captured again at the wake",
+        # ESTIMATE, not measured here (no GPU): the CUDA context of one process (hundreds of MiB on recent GPUs:
+        # CUDA C++ Programming Guide, "Lazy Loading") plus what the caching allocator keeps after empty_cache();
+        # bench/gpu_check.sh measures the real figure.
+        gpu_residue_bytes=512 * MiB,
+        residue_source="estimate: one CUDA context + allocator residue after torch.cuda.empty_cache() "
+                       "(measure with bench/gpu_check.sh)",
+    ),
+    error_finish='finish_reason="error"',  # runtime/deployctl_runtime/server/metrics.py request_success
 )

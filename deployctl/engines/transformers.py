@@ -32,10 +32,12 @@ ADAPTER = Adapter(
     metrics=Metrics(None, {}),
     fixed_args=("--continuous-batching", "--log-level", "info"),
     ready_log="Application startup complete.",
-    drain="SIGTERM: uvicorn stops accepting connections and waits for in-flight requests; SIGKILL after "
-          "TimeoutStopSec",
+    # cli/serve.py: uvicorn.Config without timeout_graceful_shutdown, so uvicorn waits for every open request
+    drain="SIGTERM: uvicorn stops accepting connections and waits for in-flight requests (no bound of its own); "
+          "server.drain_timeout_s bounds it through the SIGKILL after TimeoutStopSec",
     sse_done=False,
     explicit_cache=True,
     model_name_is_path=True,
-    keep_alive_fixed_s=5.0,  # transformers/cli/serve.py: uvicorn.Config without timeout_keep_alive (uvicorn's 5 s)
+    keep_alive_fixed_s=5.0,
+    sleep=None,  # no way to park the model: a standby is a stopped release, a rollback to it a cold start  # transformers/cli/serve.py: uvicorn.Config without timeout_keep_alive (uvicorn's 5 s)
 )

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from deployctl.engines import KINDS, SETTINGS, adapter
+from deployctl.engines import KINDS, SETTINGS, adapter, of
+from deployctl.engines.base import DEFAULT_UNRENDERED
 from deployctl.errors import ConfigError
 
 
@@ -20,7 +21,7 @@ _SECRET_FLAGS = ("--api-key", "--api-key-file")
 # Settings deploy.yaml models under another key than engine.<setting>.
 _SETTING_KEYS = {"model": "model.path", "served_model_name": "model.served_name", "host": "server.bind",
                  "port": "server.port (or hosts[].server_port)", "dtype": "model.dtype",
-                 "num_gpu_blocks": "engine.num_gpu_blocks_override"}
+                 "num_gpu_blocks": "engine.num_gpu_blocks_override", "shutdown_timeout": "server.drain_timeout_s"}
 
 
 def check_kind(kind: str) -> str:
@@ -59,13 +60,17 @@ def check_extra_args(kind: str, args: Sequence[str]) -> list[str]:
                              f"{key} instead")
         if name in a.fixed_args:
             raise ValueError(f"{name} is always rendered for {kind}; remove it")
+        if a.sleep is not None and name in a.sleep.enable_flags:
+            raise ValueError(f"{name} is rendered by deployctl when the release keeps a sleeping standby; remove it "
+                             "and set rollout.standby_s (seconds; 0 turns the standby off)")
     return list(args)
 
 
 def check_engine_config(cfg) -> None:
     """Cross-key checks of ``engine`` against ``hosts`` and ``server``. Raises ValueError (one line: key, fix)."""
     e = cfg.engine
-    a = adapter(e.kind)
+    check_server_spec(cfg)
+    a = of(cfg)
     if a.distribution and not e.version:
         raise ValueError(f"engine.version is required for engine.kind {e.kind}: pin the {a.distribution} version "
                          "the hosts run (e.g. the pip version, also the image tag)")
@@ -73,6 +78,18 @@ def check_engine_config(cfg) -> None:
     if a.config_file and e.version:
         raise ValueError(f"engine.version does not apply to {e.kind} (its version is the release's wheel); "
                          "remove engine.version")
+    for setting, default in DEFAULT_UNRENDERED.items():
+        if getattr(e, setting) != default and not a.has(setting):
+            raise ValueError(f"engine.{setting} {getattr(e, setting)!r}: {e.kind} has no such setting; remove it or "
+                             "use engine.kind vllm or sglang")
+    for key in ("max_prompt_tokens", "max_completion_tokens"):
+        value = getattr(cfg.server, key)
+        if value is not None and not a.config_file:
+            raise ValueError(f"server.{key} {value}: only deployctl-runtime enforces it ({e.kind} has no such flag); "
+                             "remove it, or cap max_tokens at the router/client")
+        if value is not None and value >= e.max_model_len:
+            raise ValueError(f"server.{key} {value} is not below engine.max_model_len {e.max_model_len}; lower it "
+                             "(or raise max_model_len)")
     tp = e.tensor_parallel_size
     if tp > 1 and not a.has("tensor_parallel_size"):
         raise ValueError(f"engine.tensor_parallel_size {tp}: {e.kind} has no tensor parallelism; set it to 1 or "
@@ -98,16 +115,48 @@ def check_engine_config(cfg) -> None:
                          "server.bind 127.0.0.1 behind the router, or use another engine.kind")
 
 
+def check_server_spec(cfg) -> None:
+    """``engine.server`` is given exactly for ``engine.kind: openai``, and says where its metrics are when it names
+    any. Raises ValueError (one line: key, fix)."""
+    e = cfg.engine
+    spec = getattr(e, "server", None)
+    if e.kind == "openai" and spec is None:
+        raise ValueError("engine.kind openai needs engine.server: at least its command (a list of words with "
+                         "{model}, {host}, {port} placeholders), e.g. command: [{python}, -m, my_server, --port, "
+                         "'{port}']")
+    if e.kind != "openai" and spec is not None:
+        raise ValueError(f"engine.server describes a generic server, but engine.kind is {e.kind} (deployctl knows its "
+                         "command, routes and metrics); remove engine.server or set engine.kind: openai")
+    if spec is None:
+        return
+    if spec.metrics and not spec.metrics_route:
+        raise ValueError("engine.server.metrics names metrics but engine.server.metrics_route is unset; set the "
+                         "route the server exports them on (e.g. /metrics) or remove engine.server.metrics")
+    if spec.error_share and not spec.metrics_route:
+        raise ValueError("engine.server.error_share needs engine.server.metrics_route (the route it is scraped on)")
+    if "port" not in of(cfg).uses:
+        raise ValueError("engine.server.command has no {port} placeholder: deployctl gives every host (and a "
+                         "rollback's spare port) its port; put the server's port flag with '{port}' in the command")
+    if spec.distribution and not e.version:
+        raise ValueError(f"engine.version is required with engine.server.distribution {spec.distribution}: pin "
+                         "the version each release installs")
+
+
 # A tag in the Docker reference grammar (github.com/distribution/reference, regexp.go: ``tag = [\w][\w.-]{0,127}``).
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 MOVING_TAGS = ("latest", "nightly", "main", "stable")  # tags that move: a rollback could not restore the engine
 
 
-def image_tag(kind: str, version) -> str:
-    """The image tag engine.version gives engine ``kind``'s official image (``Adapter.image_tag``). Raises
+def image_tag(kind, version) -> str:
+    """The image tag engine.version gives engine ``kind``'s official image (``Adapter.image_tag``; ``kind``: an
+    engine kind or an Adapter, e.g. ``engines.of(cfg)`` for engine.kind openai, whose image is engine.server's). Raises
     ValueError (one line naming engine.version and the fix) when it is missing, a moving tag, or not a valid tag
     in the Docker reference grammar (e.g. a pip local version such as ``0.33.0+cu128``: ``+`` is not allowed)."""
-    a = adapter(kind)
+    a = kind if not isinstance(kind, str) else adapter(kind)
+    kind = a.kind
+    if not a.image:
+        raise ValueError(f"engine.server.image is unset: a container target of engine.kind {kind} needs the image "
+                         "the server runs from (its tag is engine.version)")
     if not version:
         raise ValueError(f"engine.version is required for a container target of {kind}: set it to the "
                          f"{a.image} tag to run (its release version, e.g. 0.33.0)")
@@ -126,8 +175,8 @@ def image_tag(kind: str, version) -> str:
 def check_container_image(cfg) -> None:
     """For deploy.yaml with a ``container:`` section and a foreign engine without ``container.image``: the engine's
     image tag must be valid (``image_tag``). Raises ValueError."""
-    if "container" in cfg.model_fields_set and not cfg.container.image and adapter(cfg.engine.kind).image:
-        image_tag(cfg.engine.kind, cfg.engine.version)
+    if "container" in cfg.model_fields_set and not cfg.container.image and of(cfg).image:
+        image_tag(of(cfg), cfg.engine.version)
 
 
 def check_tp_heads(tp: int, num_attention_heads: int) -> None:

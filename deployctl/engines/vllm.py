@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible server (``vllm serve``; flags: vllm/engine/arg_utils.py, routes and API key:
 vllm/entrypoints/openai/api_server.py, metrics: vllm/v1/metrics/loggers.py of the pinned version)."""
-from deployctl.engines.base import Adapter, Flag, Metrics, Switch
+from deployctl.engines.base import GiB, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
 
 ADAPTER = Adapter(
     kind="vllm",
@@ -25,6 +25,11 @@ ADAPTER = Adapter(
         "enable_prefix_caching": Switch("--enable-prefix-caching", "--no-enable-prefix-caching"),
         "enable_chunked_prefill": Switch("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
         "tensor_parallel_size": Flag("--tensor-parallel-size"),
+        "kv_cache_dtype": Flag("--kv-cache-dtype"),  # vllm/config/cache.py CacheDType
+        "enforce_eager": Switch("--enforce-eager", None),
+        # arg_utils.py: `--shutdown-timeout` (int seconds, default 0 = abort in-flight requests on SIGTERM); the
+        # engine core drains for that long (v1/engine/core.py _handle_shutdown: mode "abort" when 0, else "drain").
+        "shutdown_timeout": Flag("--shutdown-timeout"),
     },
     # api_server.py: `args.api_key or envs.VLLM_API_KEY` guards every /v1 route.
     api_key_env="VLLM_API_KEY",
@@ -44,7 +49,34 @@ ADAPTER = Adapter(
         "success": "vllm:request_success_total",
         "rejected": None,
     }),
+    # v1/metrics/loggers.py: vllm:request_success counts every finished request by finished_reason;
+    # v1/engine/__init__.py FinishReason.ERROR is "always converted to 500 Internal Server Error" (abort: the client)
+    error_share=ErrorShare("vllm:request_success_total", 'finished_reason="error"'),
     ready_log="Application startup complete.",
-    drain="SIGTERM: uvicorn stops accepting connections and lets in-flight requests finish, then the engine "
-          "core and its workers exit; SIGKILL after TimeoutStopSec",
+    drain="SIGTERM to the API server: the engine core drains in-flight requests for --shutdown-timeout seconds "
+          "(server.drain_timeout_s; vLLM's default 0 aborts them), then the HTTP server and the workers exit; "
+          "the TP workers must not get the signal themselves (KillMode=mixed); SIGKILL after TimeoutStopSec",
+    # envs.py VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (default 5): the workers' teardown after the drain
+    stop_overhead_s=5,
+    # Served whatever the flags: profiler, elastic EP and fault-tolerance control routes
+    # (vllm/entrypoints/serve/{profile,elastic_ep,fault_tolerance}/api_router.py).
+    control_routes=("/start_profile", "/stop_profile", "/scale_elastic_ep", "/is_scaling_elastic_ep",
+                    "/fault_tolerance/apply", "/fault_tolerance/status"),
+    # vllm/entrypoints/serve/dev/sleep/api_router.py (level 0..2, default 1), mounted only with
+    # VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/serve/__init__.py), which also mounts the other dev routes below;
+    # vLLM's API key guards /v1 only, so the router must refuse them all.
+    sleep=Sleep(
+        sleep_route="POST /sleep?level=1", wake_route="POST /wake_up", state_route="GET /is_sleeping",
+        keeps="level 1: weights offloaded to host RAM (CuMemAllocator), KV cache discarded; prefix cache empty "
+              "after the wake",
+        enable_flags=("--enable-sleep-mode",),
+        enable_env={"VLLM_SERVER_DEV_MODE": "1"},
+        # vLLM's own bound: tests/basic_correctness/test_cumem.py::test_end_to_end asserts a level-1 sleeper uses
+        # under 2 GiB ("mostly cudagraph memory pool") for Llama-3.2-1B. An upper bound, not a measurement here.
+        gpu_residue_bytes=2 * GiB,
+        residue_source="vLLM tests/basic_correctness/test_cumem.py test_end_to_end: a level-1 sleeper under "
+                       "2 GiB (CUDA graph pool + CUDA context); upper bound, not measured here",
+        control_routes=("/release_kv_cache_memory", "/reset_prefix_cache", "/reset_mm_cache",
+                        "/reset_encoder_cache", "/collective_rpc", "/server_info"),
+    ),
 )

@@ -8,11 +8,11 @@
 
 Import from this package (``from deployctl.hosts import Host``); it never imports fabric or paramiko itself.
 """
-from deployctl.hosts.base import (Argv, AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
+from deployctl.hosts.base import (Argv, AuthFailed, CommandTimeout, HostDeadline, HostError, HostKeyChanged, HostKeyUnknown,
                                   HostUnreachable, RemoteCommandError, RunResult, SudoPasswordRequired, command_line,
                                   known_hosts_path, short_command, tail)
 from deployctl.hosts.host import Host, HostOutcome, run_on_hosts
 
-__all__ = ["Argv", "AuthFailed", "CommandTimeout", "Host", "HostError", "HostKeyChanged", "HostKeyUnknown",
+__all__ = ["Argv", "AuthFailed", "CommandTimeout", "Host", "HostDeadline", "HostError", "HostKeyChanged", "HostKeyUnknown",
            "HostOutcome", "HostUnreachable", "RemoteCommandError", "RunResult", "SudoPasswordRequired", "command_line",
            "known_hosts_path", "run_on_hosts", "short_command", "tail"]

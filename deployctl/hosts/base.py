@@ -92,6 +92,11 @@ class HostKeyChanged(HostError):
         self.expected = expected
 
 
+class HostDeadline(HostError):
+    """A host's part of a group operation (run_on_hosts) gave no result within the operation's deadline: the
+    caller goes on without it. The work may still be running on that host (its thread is abandoned)."""
+
+
 class SudoPasswordRequired(HostError):
     """sudo asked for a password and no password source is configured (or it was refused)."""
 

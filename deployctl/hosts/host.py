@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 import shlex
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
 from deployctl import settings
-from deployctl.hosts.base import (Argv, RemoteCommandError, RunResult, SudoPasswordRequired, one_line, command_line,
+from deployctl.hosts.base import (Argv, HostDeadline, RemoteCommandError, RunResult, SudoPasswordRequired, one_line, command_line,
                                   short_command, tail)
 
 if TYPE_CHECKING:
@@ -191,18 +191,55 @@ class HostOutcome(Generic[T]):
         return self.error is None
 
 
-def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int = 8) -> list[HostOutcome[T]]:
-    """Call ``fn(host)`` for every host in a bounded thread pool; one outcome per host, in input order.
-    Every host's error is kept (not only the first); BaseExceptions such as KeyboardInterrupt propagate."""
+# the longest any group operation waits when its caller names no deadline (a rollout step passes its own, derived
+# from the timeouts of the remote calls it makes): every wait on parallel host work ends
+DEFAULT_GROUP_DEADLINE_S = 1800.0
+
+
+def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int = 8,
+                 deadline_s: Optional[float] = None, what: str = "") -> list[HostOutcome[T]]:
+    """Call ``fn(host)`` for every host, at most ``max_workers`` at once; one outcome per host, in input order.
+    Every host's error is kept (not only the first), BaseExceptions included (KeyboardInterrupt, SystemExit).
+
+    Bounded: a host whose call has not returned ``deadline_s`` seconds (default DEFAULT_GROUP_DEADLINE_S) after the
+    group started gets a ``HostDeadline`` outcome naming it and ``what``, and the group returns without it. The
+    workers are daemon threads, so an abandoned one (a remote call stuck past every timeout) never holds up the
+    caller or the process's exit. The caller's thread waits in short ticks: a signal handler that only sets a
+    flag runs promptly, and nothing is raised into the workers."""
     if not hosts:
         return []
+    deadline = time.monotonic() + (DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s)
+    results: list[Optional[HostOutcome[T]]] = [None] * len(hosts)
+    done = [threading.Event() for _ in hosts]
+    slots = threading.BoundedSemaphore(max(1, min(max_workers, len(hosts))))
 
-    def one(host: Host) -> HostOutcome[T]:
+    def one(i: int, host: Host) -> None:
         try:
-            return HostOutcome(host.name, fn(host), None)
-        except Exception as exc:  # every host's outcome is reported, not only the first failure
-            return HostOutcome(host.name, None, exc)
+            results[i] = HostOutcome(host.name, fn(host), None)
+        except BaseException as exc:  # noqa: BLE001 - every host's outcome is reported, not only the first failure
+            results[i] = HostOutcome(host.name, None, exc)
+        finally:
+            slots.release()
+            done[i].set()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts))),
-                            thread_name_prefix="deployctl-host") as pool:
-        return list(pool.map(one, hosts))
+    for i, host in enumerate(hosts):
+        while not slots.acquire(timeout=0.1):
+            if time.monotonic() >= deadline:
+                break
+        else:
+            threading.Thread(target=one, args=(i, host), name=f"deployctl-host-{host.name}", daemon=True).start()
+            continue
+        break  # the deadline passed before a slot freed: the rest never start
+    for ev in done:
+        while not ev.wait(0.1) and time.monotonic() < deadline:
+            pass
+    out: list[HostOutcome[T]] = []
+    for i, host in enumerate(hosts):
+        r = results[i] if done[i].is_set() else None
+        if r is None:
+            limit = DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s
+            r = HostOutcome(host.name, None, HostDeadline(
+                f"{host.name}: no result{f' from {what}' if what else ''} within {limit:g} s; it may still be "
+                "running there", host=host.name, fix=f"check {host.name} (`deployctl status`), then act on it"))
+        out.append(r)
+    return out

@@ -7,6 +7,11 @@
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
 - env values are written over SFTP to a 0600 temp file that the command sources and deletes.
 - Files move over SFTP, atomically (temp name in the same directory, then posix rename).
+- Keepalive (deployctl.hosts.sshalive): every ``hosts[].keepalive_interval_s`` a keepalive asks for a reply; none for
+  interval × ``keepalive_count`` closes the connection, and the command in flight fails with HostUnreachable naming
+  the keepalive bound (a frozen peer, a connection a firewall dropped).
+- A channel the server refuses to open (sshd's MaxSessions reached: "administratively prohibited") is a
+  RemoteCommandError naming MaxSessions, not a lost connection.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
 from deployctl.hosts import known_hosts as hostkeys
+from deployctl.hosts.sshalive import Keepalive
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, RemoteCommandError, RunResult, short_command, tail)
 
@@ -52,6 +58,7 @@ class SSHTransport:
         self.host = cfg.name
         self._extra_known_hosts = known_hosts
         self._conn: Connection | None = None
+        self._alive: Keepalive | None = None
         self._lock = threading.RLock()
 
     # -- connection -------------------------------------------------------------------------------
@@ -85,6 +92,10 @@ class SSHTransport:
                 conn.close()
                 raise self.connect_error(conn, exc) from None
             self._conn = conn
+            transport = conn.client.get_transport()
+            if self.cfg.keepalive_interval_s > 0 and transport is not None:
+                self._alive = Keepalive(transport, self.cfg.keepalive_interval_s, self.cfg.keepalive_count,
+                                        host=self.host).start()
             return conn
 
     def connect_error(self, conn: Connection, exc: Exception) -> HostError:
@@ -127,6 +138,9 @@ class SSHTransport:
                                fix="check that the host is up, sshd runs, and hosts[].address/port are right")
 
     def _drop(self) -> None:
+        if self._alive is not None:
+            self._alive.stop()
+            self._alive = None
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -134,12 +148,30 @@ class SSHTransport:
                 pass
             self._conn = None
 
-    def _lost(self, exc: BaseException, command: str) -> HostUnreachable:
+    def _lost(self, exc: BaseException, command: str) -> HostError:
+        if isinstance(exc, paramiko.ChannelException):
+            return self._refused(exc, command)
         with self._lock:
+            dead = self._alive.dead if self._alive is not None else None
             self._drop()
+        if dead:
+            return HostUnreachable(f"lost the SSH connection to {self.host} during `{short_command(command)}`: {dead}",
+                                   host=self.host, command=command,
+                                   fix=f"check that {self.host} is up and not hung (sshd answers), and the network "
+                                       "path; a firewall that drops idle connections needs a keepalive_interval_s "
+                                       "below its idle timeout")
         return HostUnreachable(f"lost the SSH connection to {self.host} during `{short_command(command)}`: "
                                f"{' '.join(str(exc).split()) or type(exc).__name__}", host=self.host,
                                command=command)
+
+    def _refused(self, exc: "paramiko.ChannelException", command: str) -> RemoteCommandError:
+        """The server refused to open a channel: with OpenSSH that is MaxSessions (sessions per connection)."""
+        return RemoteCommandError(
+            f"{self.host} refused to open an SSH channel for `{short_command(command)}` ({exc.text or exc}, code "
+            f"{exc.code}): the connection holds as many sessions as sshd's MaxSessions allows (deployctl keeps one "
+            "for SFTP and one per command running in parallel)", host=self.host, command=command,
+            stderr_tail=str(exc),
+            fix=f"raise MaxSessions in {self.host}'s sshd_config (OpenSSH's default is 10), or run fewer commands at once")
 
     def login_user(self) -> str:
         return self._conn.user if self._conn else fabric_connection(self.cfg).user
@@ -172,6 +204,8 @@ class SSHTransport:
                            in_stream=io.StringIO(""), timeout=timeout + CLIENT_GRACE_S)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
+        except paramiko.ChannelException as exc:
+            raise self._refused(exc, command) from None
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
         duration = time.monotonic() - start

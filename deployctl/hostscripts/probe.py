@@ -6,7 +6,7 @@ Preflight sends this file's source to the host and runs it with the host's confi
 with a timeout (``import torch`` takes about a second). Runs on Python >= 3.8, Linux.
 
 Params (all optional): deploy_root, model_path, bind, port, gpu (index), torch_timeout_s, engine_distribution,
-engine_module.
+engine_module, fake_gpu_memory (tests: a stand-in GPU ledger path, see probe_fake_gpu).
 The facts' keys are listed in ``FACT_KEYS``; see collect() for each section's shape. Memory and disk
 sizes are bytes (integers).
 """
@@ -23,8 +23,8 @@ import sys
 import time
 
 PROBE_VERSION = 1
-FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "disk", "port", "service",
-             "model")
+FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "memory", "disk", "port",
+             "service", "model")
 # Run by the runtime environment's python: the engine distribution's version (metadata, not assumed) and whether
 # its module is importable (found on sys.path; not imported: vLLM's import initialises CUDA and takes seconds).
 _ENGINE_SNIPPET = (
@@ -69,10 +69,67 @@ def _s(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def probe_nvidia() -> dict:
-    """Driver, the CUDA version it supports, and each GPU via NVML; ``error`` holds NVML's text."""
+FAKE_GPU_ENV = "DEPLOYCTL_FAKE_GPU_MEMORY"
+
+
+def probe_fake_gpu(path: str) -> dict:
+    """The stand-in GPU of tests (runtime/deployctl_runtime/gpu_ledger.py; ``DEPLOYCTL_FAKE_GPU_MEMORY`` names the
+    ledger file): one GPU whose memory total/used/free and processes come from the ledger's allocations (processes
+    that no longer exist are not counted), in the shape probe_nvidia returns, with ``fake`` set to the path."""
+    out = {"available": False, "error": None, "driver_version": "fake", "cuda_driver_version": None,
+           "cuda_version": None, "gpus": [], "fake": path}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        total = int(data["total_bytes"])
+        procs = []
+        for pid, a in sorted((data.get("allocations") or {}).items()):
+            if _running(int(pid)):
+                procs.append({"pid": int(pid), "name": _proc_name(int(pid)), "cmdline": _proc_cmdline(int(pid)),
+                              "used_memory": int(a["bytes"]), "what": a.get("what")})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        out["error"] = "%s=%s: %s" % (FAKE_GPU_ENV, path, exc)
+        return out
+    used = sum(p["used_memory"] for p in procs)
+    out["gpus"].append({"index": 0, "name": "fake GPU (%s)" % path, "memory_total": total,
+                        "memory_free": total - used, "memory_used": used, "compute_capability": None,
+                        "processes": procs})
+    out["available"] = True
+    return out
+
+
+GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST (nvml.h): the GPU fell off the bus or is otherwise inaccessible
+
+
+def _memory_health(pynvml, h) -> dict:
+    """A GPU's pending memory repairs: ``retired_pages_pending`` (nvmlDeviceGetRetiredPagesPendingStatus; GPUs
+    with page retirement, up to Volta/Turing) and ``remapped_rows`` (nvmlDeviceGetRemappedRows; Ampere and later:
+    {"correctable", "uncorrectable", "pending", "failure"}); None where the driver answers Not Supported."""
+    out = {"retired_pages_pending": None, "remapped_rows": None}
+    try:
+        out["retired_pages_pending"] = int(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)) == 1
+    except Exception:
+        pass
+    try:
+        corr, unc, pending, failure = pynvml.nvmlDeviceGetRemappedRows(h)
+        out["remapped_rows"] = {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending),
+                                "failure": bool(failure)}
+    except Exception:
+        pass
+    return out
+
+
+def probe_nvidia(fake_gpu_memory: str = "") -> dict:
+    """Driver, the CUDA version it supports, and each GPU via NVML (with its pending memory repairs,
+    _memory_health); ``error`` holds NVML's text; ``gpu_errors`` the GPUs NVML lists but cannot read ({"index",
+    "error", "lost": NVML_ERROR_GPU_IS_LOST}). With a ledger
+    path (params ``fake_gpu_memory``, or ``DEPLOYCTL_FAKE_GPU_MEMORY`` in the probe's environment; tests), the
+    stand-in GPU's ledger instead (probe_fake_gpu)."""
+    fake = fake_gpu_memory or os.environ.get(FAKE_GPU_ENV)
+    if fake:
+        return probe_fake_gpu(fake)
     out = {"available": False, "error": None, "driver_version": None, "cuda_driver_version": None,
-           "cuda_version": None, "gpus": []}
+           "cuda_version": None, "gpus": [], "gpu_errors": []}
     try:
         import pynvml
     except ImportError as exc:
@@ -89,11 +146,16 @@ def probe_nvidia() -> dict:
         out["cuda_driver_version"] = cuda
         out["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            except Exception as exc:  # NVML_ERROR_GPU_IS_LOST: fell off the bus; the other GPUs still answer
+                out["gpu_errors"].append({"index": i, "error": str(exc) or type(exc).__name__,
+                                          "lost": getattr(exc, "value", None) == GPU_IS_LOST})
+                continue
             gpu = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total),
                    "memory_free": int(mem.free), "memory_used": int(mem.used), "compute_capability": None,
-                   "processes": []}
+                   "processes": [], **_memory_health(pynvml, h)}
             try:
                 gpu["compute_capability"] = "%d.%d" % tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
             except Exception:
@@ -184,6 +246,17 @@ def probe_disk(paths: dict) -> list:
         out.append({"role": role, "path": path, "exists": os.path.exists(path), "checked_path": checked,
                     "free_bytes": usage.free, "total_bytes": usage.total})
     return out
+
+
+def _running(pid: int) -> bool:
+    """PID exists and is not a zombie (a zombie has exited: its memory, GPU memory included, is freed; only its
+    parent has not reaped it yet). State from /proc/PID/stat, the field after the parenthesised name."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
 
 
 def _proc_name(pid: int) -> str:
@@ -323,8 +396,38 @@ def probe_service(deploy_root: str, unit: str = "") -> dict:
     except (OSError, ValueError):
         return out
     out["pid"] = pid
-    out["alive"] = os.path.exists("/proc/%d" % pid)
+    out["alive"] = _running(pid)
     out["pids"] = sorted(set(out["pids"]) | set(_descendants(pid) if out["alive"] else []))
+    return out
+
+
+def probe_pid_files(paths: list) -> dict:
+    """{pid file: the pids of its process group (the pid and its descendants), [] when absent or dead}: whose GPU
+    memory is whose (a rollback tells the serving runtime's from its sleeping standby's)."""
+    out = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            out[path] = []
+            continue
+        out[path] = sorted(set(_descendants(pid))) if os.path.exists("/proc/%d" % pid) else []
+    return out
+
+
+def probe_memory() -> dict:
+    """Host RAM from /proc/meminfo: ``{"total_bytes", "available_bytes", "error"}`` (MemTotal, MemAvailable; None
+    when unreadable). A sleeping standby keeps its weights there."""
+    out = {"total_bytes": None, "available_bytes": None, "error": None}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    out["total_bytes" if key == "MemTotal" else "available_bytes"] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError) as exc:
+        out["error"] = "/proc/meminfo: %s" % exc
     return out
 
 
@@ -383,11 +486,13 @@ def _chat_template_source(path: str):
 
 def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
-    (a list of "port", "service") limits the run to those (plus probe_version, hostname and time)."""
+    (a list of "port", "service", "nvidia", "pids") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
     if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
         cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
-                 "service": lambda: probe_service(deploy_root, params.get("unit") or "")}
+                 "service": lambda: probe_service(deploy_root, params.get("unit") or ""),
+                 "nvidia": lambda: probe_nvidia(params.get("fake_gpu_memory") or ""),
+                 "pids": lambda: probe_pid_files(params.get("pid_files") or [])}
         return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
                 **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""
@@ -396,7 +501,8 @@ def collect(params: dict) -> dict:
     torch_proc = start_torch_probe(python)
     facts = {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
              "os": probe_os(), "python": {"executable": sys.executable, "version": platform.python_version()}}
-    facts["nvidia"] = probe_nvidia()
+    facts["nvidia"] = probe_nvidia(params.get("fake_gpu_memory") or "")
+    facts["memory"] = probe_memory()
     facts["disk"] = probe_disk({"deploy_root": deploy_root, "model": model_path})
     facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
     facts["service"] = probe_service(deploy_root, params.get("unit") or "")

@@ -52,6 +52,11 @@ out["elapsed_s"] = time.monotonic() - t0
 print(json.dumps(out))
 """
 
+# A shell function: is pid $1 a live process? ``kill -0`` alone also succeeds on a zombie, which a process killed
+# moments ago stays until its parent (init, for launch.sh's setsid'd supervisor) reaps it: a start that took
+# that for the running supervisor started nothing (a hung runtime restarted by a runbook never came back).
+SH_ALIVE = """alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }"""
+
 # Is the pidfile's process alive?
 PROCESS_ALIVE = r"""
 import json, os, sys

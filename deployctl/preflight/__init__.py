@@ -47,6 +47,25 @@ class PreflightReport:
         return {"ok": self.ok, "hosts": [h.to_json() for h in self.hosts]}
 
 
+PLATFORM_KEYS = ("nvidia_driver", "cuda", "torch", "torch_cuda", "engine_version")
+
+
+def platform_of(facts: dict) -> dict:
+    """The versions a host runs under, from its preflight facts (hostscripts/probe.py): ``nvidia_driver`` (NVML's
+    driver version, e.g. "570.133.20"), ``cuda`` (the newest CUDA the driver supports, "12.8"), ``torch`` (torch's
+    version in the host's runtime python, "2.6.0+cu124"), ``torch_cuda`` (the CUDA torch was built for, "12.4") and
+    ``engine_version`` (the pinned engine's version importable there; None for the bundled runtime). Each None
+    when the probe did not get it. Recorded per host in release.json ``platform`` and compared by ``status``."""
+    nv = facts.get("nvidia") or {}
+    torch = facts.get("torch") or {}
+    engine = facts.get("engine") or {}
+    return {"nvidia_driver": nv.get("driver_version") if nv.get("available") else None,
+            "cuda": nv.get("cuda_version") if nv.get("available") else None,
+            "torch": torch.get("version") if torch.get("ok") else None,
+            "torch_cuda": torch.get("cuda") if torch.get("ok") else None,
+            "engine_version": engine.get("version") if engine.get("importable") else None}
+
+
 def check_facts(cfg: DeployConfig, facts_by_host: list, environ: Optional[Mapping[str, str]] = None) -> PreflightReport:
     """Run the checks over [(HostConfig, facts)] (recorded or gathered)."""
     return PreflightReport([HostReport(hc.name, run_checks(cfg, hc, facts, environ), facts) for hc, facts in facts_by_host])
@@ -74,4 +93,5 @@ def run_preflight(cfg: DeployConfig, host_names: Optional[list[str]] = None, *, 
     return report
 
 
-__all__ = ["Check", "HostReport", "PreflightReport", "run_preflight", "check_facts", "run_checks"]
+__all__ = ["Check", "HostReport", "PLATFORM_KEYS", "PreflightReport", "run_preflight", "check_facts", "run_checks",
+           "platform_of"]

@@ -8,6 +8,10 @@ Checks (each a ``Check`` naming the file and the fix):
 - ``tls_name``: a DNS name in the certificate's subjectAltName covers ``router.server_name`` (RFC 6125 6.4: a
   ``*`` only as the whole left-most label, matching exactly one label; the subject CN is not used, as browsers and
   Python's ssl module do not use it).
+- ``tls_served``: the leaf nginx serves now (a TLS handshake from the router host to ``router.listen`` with SNI
+  ``router.server_name``) is the file's (same SHA-256 fingerprint); otherwise both are named by notAfter,
+  fingerprint and SANs. A served leaf that has expired fails; a different one warns in preflight (a renewed file
+  not yet reloaded: `deployctl router reload`) and fails after a reload (``after_reload``).
 
 The private key is read into memory only to compare its public half; it is never written, logged or returned.
 """
@@ -140,21 +144,131 @@ def _read(host, path: str) -> tuple[Optional[bytes], Optional[str]]:
             return None, f"{why}; with sudo: {second.message}"
 
 
-def router_certificate(cfg, now: Optional[dt.datetime] = None) -> tuple[str, list[Check], dict]:
-    """(router host name, checks, facts) for ``cfg.router.tls``, the files read on the router host. An unreachable
-    router host is one failed ``reach`` check."""
+# Run on the router host: one TLS handshake to ADDRESS:PORT with SNI NAME, no verification (the leaf is compared
+# with the file, not trusted); prints the leaf as base64 DER, or "error: ..." on failure.
+SERVED_SNIPPET = r"""
+import base64, socket, ssl, sys
+addr, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    with socket.create_connection((addr, port), timeout=10) as raw, ctx.wrap_socket(raw, server_hostname=name) as s:
+        print(base64.b64encode(s.getpeercert(binary_form=True)).decode())
+except (OSError, ssl.SSLError) as exc:
+    print("error: %s" % exc)
+"""
+
+
+def served_leaf(host, cfg) -> tuple[Optional[bytes], Optional[str]]:
+    """(DER of the leaf nginx serves, None) or (None, why), from a handshake made on the router host ``host`` to
+    ``router.listen_address`` (127.0.0.1 when nginx listens on every address) at ``router.listen``."""
+    import base64
+
+    from deployctl.errors import DeployctlError
+
+    r = cfg.router
+    addr = r.listen_address or "127.0.0.1"
+    try:
+        out = host.run([host.config.python, "-S", "-c", SERVED_SNIPPET, addr, str(r.listen), r.server_name],
+                       timeout=30).stdout.strip().splitlines()
+    except DeployctlError as err:
+        return None, err.message
+    line = out[-1] if out else "error: no answer"
+    if line.startswith("error:"):
+        return None, f"TLS handshake with {addr}:{r.listen} on {host.name} failed: {line[7:]}"
+    return base64.b64decode(line), None
+
+
+def describe(cert) -> str:
+    """``notAfter YYYY-MM-DD HH:MM UTC, sha256 AB:CD:..(first 8 bytes), SAN a, b``: how a leaf is named to a person."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    fp = cert.fingerprint(hashes.SHA256()).hex().upper()
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName)
+    except x509.ExtensionNotFound:
+        sans = []
+    return (f"notAfter {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, sha256 {':'.join(fp[i:i + 2] for i in range(0, 16, 2))}…, "
+            f"SAN {', '.join(sans) or 'none'}")
+
+
+def served_check(served_der: Optional[bytes], cert_pem: Optional[bytes], *, cert_path: str, where: str,
+                 why: Optional[str] = None, after_reload: bool = False,
+                 now: Optional[dt.datetime] = None) -> Check:
+    """``tls_served``: the leaf served at ``where`` against the file's leaf (module doc)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if served_der is None:
+        return Check("tls_served", "fail" if after_reload else "warn", f"cannot read the certificate served at "
+                     f"{where}: {why}", "start nginx (or check router.listen / listen_address), then re-run")
+    served = x509.load_der_x509_certificate(served_der)
+    try:
+        file_cert = _load_leaf(cert_pem) if cert_pem else None
+    except ValueError:
+        file_cert = None
+    if served.not_valid_after_utc <= now:
+        return Check("tls_served", "fail", f"nginx at {where} serves an expired certificate ({describe(served)})",
+                     RENEW_FIX)
+    if file_cert is not None and served.fingerprint(hashes.SHA256()) == file_cert.fingerprint(hashes.SHA256()):
+        return Check("tls_served", "pass", f"nginx at {where} serves {cert_path} ({describe(served)})")
+    got = f"nginx at {where} serves {describe(served)}"
+    want = f"{cert_path} holds {describe(file_cert)}" if file_cert is not None else f"{cert_path} is unreadable"
+    if after_reload:
+        return Check("tls_served", "fail", f"{got} after the reload, but {want}",
+                     "check that nginx's ssl_certificate is router.tls.certificate and that the reload reached the "
+                     "running master (nginx -s reload; `nginx -T`)")
+    return Check("tls_served", "warn", f"{got}, but {want}: a renewed file not yet loaded",
+                 "`deployctl router reload` (nginx reads certificates only when it (re)loads)")
+
+
+def file_expiry_guard(host, cfg, now: Optional[dt.datetime] = None) -> Optional[Check]:
+    """The failed ``tls_certificate`` check of ``router.tls.certificate`` read on the router host ``host`` when it
+    is expired, not yet valid or unreadable (what a reload must not put in service), else None."""
+    tls = cfg.router.tls
+    pem, why = _read(host, tls.certificate)
+    if pem is None:
+        return Check("tls_certificate", "fail", why or f"{tls.certificate} could not be read",
+                     "check router.tls.certificate: the file must exist on the router host")
+    try:
+        cert = _load_leaf(pem)
+    except ValueError:
+        return Check("tls_certificate", "fail", f"{tls.certificate} holds no PEM certificate",
+                     "point router.tls.certificate at the full chain PEM (leaf first)")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if now < cert.not_valid_before_utc or cert.not_valid_after_utc <= now:
+        return expiry_check(cert, tls.certificate, now)
+    return None
+
+
+def router_certificate(cfg, now: Optional[dt.datetime] = None, *, after_reload: bool = False,
+                       served: bool = True) -> tuple[str, list[Check], dict]:
+    """(router host name, checks, facts) for ``cfg.router.tls``, the files read on the router host, and (``served``)
+    the leaf nginx serves there compared with the file (``tls_served``; ``after_reload``: a mismatch fails). An
+    unreachable router host is one failed ``reach`` check."""
     from deployctl.errors import DeployctlError
     from deployctl.hosts import Host
 
     hc = cfg.router_host()
     tls = cfg.router.tls
+    served_der, why_served = None, None
     try:
         with Host.from_config(hc) as host:
             cert_pem, why_cert = _read(host, tls.certificate)
             key_pem, why_key = _read(host, tls.key)
+            if served:
+                served_der, why_served = served_leaf(host, cfg)
     except DeployctlError as err:
         return hc.name, [Check("reach", "fail", f"router host {hc.name}: {err.message}", err.fix)], {}
     checks, facts = certificate_checks(cert_pem, key_pem, cert_path=tls.certificate, key_path=tls.key,
                                        server_name=cfg.router.server_name, now=now, why_cert=why_cert,
                                        why_key=why_key)
+    if served:
+        where = f"{cfg.router.listen_address or '127.0.0.1'}:{cfg.router.listen} on {hc.name}"
+        checks.append(served_check(served_der, cert_pem, cert_path=tls.certificate, where=where, why=why_served,
+                                   after_reload=after_reload, now=now))
     return hc.name, checks, {"tls": facts}

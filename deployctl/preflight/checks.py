@@ -6,34 +6,22 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
 from deployctl import settings
-from deployctl.capacity import CapacityPlan, plan_capacity, verdict
+from deployctl.capacity import CapacityPlan
 from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import DeployctlError
+from deployctl.preflight.base import Check, gpu_of as _gpu, service_pids as _service_pids
 from deployctl.preflight.drivers import driver_verdict
+from deployctl.preflight.gpuhealth import check_gpu_health
+from deployctl.preflight.standby import standby_checks
+from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
 from deployctl.config.units import format_bytes
 
 MiB = 2**20
-DISK_FAIL_BYTES = 1 * 2**30  # releases (wheel, config) and logs need at least this under deploy_root
-DISK_WARN_BYTES = 5 * 2**30
 WARN_ONLY_WEIGHT_ISSUES = {"unlisted", "incomplete_leftover"}
-
-
-@dataclass(frozen=True)
-class Check:
-    """One rule's outcome. status: "pass" | "warn" | "fail"; fix is None when nothing is to be done."""
-
-    name: str
-    status: str
-    message: str
-    fix: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _mib(n: int) -> str:
@@ -86,9 +74,9 @@ def check_engine(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     """The pinned engine (engine.kind at engine.version) is importable in the host's runtime environment, its
     version as read there by importlib.metadata (probe.py ``probe_engine``). Not run for the bundled runtime: the
     release installs its own wheel."""
-    from deployctl.engines import adapter
+    from deployctl.engines import of
 
-    a = adapter(cfg.engine.kind)
+    a = of(cfg)
     if a.distribution is None:
         return Check("engine", "pass", f"{a.kind}: the release installs its own wheel")
     e = facts.get("engine") or {}
@@ -109,6 +97,7 @@ def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
     host's model dir, weights bytes from its safetensors headers, GPU memory from NVML facts.
     Returns (SizedPlan, None) or (None, reason)."""
     from deployctl.capacity.sizing import size_plan
+    from deployctl.engines import of, standby_residue_bytes
 
     model = facts.get("model") or {}
     if not model.get("config"):
@@ -123,36 +112,79 @@ def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
     with tempfile.TemporaryDirectory(prefix="deployctl-plan-") as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(model["config"]))
-        sized = size_plan(cfg.engine, None, model_config=path, dtype=cfg.model.dtype, gpu_memory=gpu_total)
-    if model.get("weights_bytes"):
-        inputs = replace(sized.inputs, weights_bytes=int(model["weights_bytes"]) // cfg.engine.tensor_parallel_size)
-        sized = replace(sized, inputs=inputs, plan=plan_capacity(inputs), weights_source="safetensors headers on host")
+        host_weights = int(model["weights_bytes"]) if model.get("weights_bytes") else None
+        residue = standby_residue_bytes(cfg, [host])
+        sized = size_plan(cfg.engine, None, model_config=path, dtype=cfg.model.dtype, gpu_memory=gpu_total,
+                          weights=host_weights, weights_source="safetensors headers on host" if host_weights else None,
+                          standby_residue=residue,
+                          standby_source=of(cfg).sleep.residue_source if residue else "")
     return sized, None
 
 
-def check_capacity(sized, reason: Optional[str]) -> Check:
-    """capacity.verdict on the host's plan (C01)."""
+# At or above this gpu_memory_utilization preflight warns: 3% of an 80 GB GPU (2.4 GiB) is about the CUDA context +
+# NCCL + one fragmentation spike (deployctl.engines.reserve's CUDA_CONTEXT_BYTES + NCCL_BYTES = 0.8 GiB, ×3).
+HIGH_UTILIZATION = 0.97
+
+
+def check_capacity(sized, reason: Optional[str], cfg: Optional[DeployConfig] = None) -> Check:
+    """capacity.verdict on the host's plan (C01); for an engine told its block count (Adapter.explicit_cache:
+    transformers serve ``--cb-num-blocks``, which allocates exactly that), a fail when the rendered count exceeds
+    the blocks the plan's memory budget holds, naming the plan's count."""
     if sized is None:
         return Check("capacity", "warn", f"skipped: {reason}", "fix the checks above, then re-run preflight")
-    status, message = verdict(sized.plan)
+    told = _told_blocks_over_plan(cfg, sized) if cfg is not None else None
+    if told is not None:
+        return told
+    from deployctl.capacity.sizing import plan_verdict
+
+    status, message = plan_verdict(sized)
     fix = None
-    if status != "pass":
+    if sized.weights_problem:
+        fix = (f"set engine.tensor_parallel_size {sized.smallest_tp}" if sized.smallest_tp
+               else "use larger GPUs or quantized weights")
+    elif status != "pass":
         p = sized.plan
         fix = (f"set engine.max_model_len <= {p.max_feasible_model_len}, or give the KV cache more memory"
                if status == "fail" else f"set engine.max_num_seqs to {p.max_feasible_num_seqs}, or add memory")
+    util = sized.inputs.gpu_memory_utilization
+    if status == "pass" and sized.inputs.gpu_memory_bytes and util >= HIGH_UTILIZATION:
+        status, fix = "warn", "set engine.gpu_memory_utilization to 0.90–0.95"
+        message += (f"; gpu_memory_utilization {util:g} leaves {_mib(sized.inputs.gpu_memory_bytes * (1 - util))} for "
+                    "the CUDA context, NCCL and anything else on the GPU: vLLM refuses to start when free memory is "
+                    "below its share, and a fragmentation spike has no room")
     return Check("capacity", status, message, fix)
 
 
-def _gpu(facts: dict, host: HostConfig, index: Optional[int] = None) -> Optional[dict]:
-    index = host.gpu_ids[0] if index is None else index
-    for gpu in (facts.get("nvidia") or {}).get("gpus") or []:
-        if gpu.get("index") == index:
-            return gpu
-    return None
+def _told_blocks_over_plan(cfg: DeployConfig, sized) -> Optional[Check]:
+    from deployctl.engines import of
+    from deployctl.engines.command import num_gpu_blocks
+
+    e, p = cfg.engine, sized.plan
+    if not of(cfg).explicit_cache or e.num_gpu_blocks_override or num_gpu_blocks(cfg) <= p.num_blocks:
+        return None
+    told = num_gpu_blocks(cfg)
+    size = format_bytes(told * p.block_size * p.kv_bytes_per_token)
+    return Check("capacity", "fail",
+                 f"{e.kind} is told {told:,} KV blocks (max_num_seqs {e.max_num_seqs} × ceil(max_model_len "
+                 f"{e.max_model_len} / block_size {e.block_size}), {size}) and allocates them all, but the plan's "
+                 f"budget holds {p.num_blocks:,} ({p.budget_source})",
+                 f"set engine.num_gpu_blocks_override: {p.num_blocks} (the plan's count: {p.max_concurrency:.1f} "
+                 f"requests of max_model_len at once), or engine.max_num_seqs <= {p.max_feasible_num_seqs}")
 
 
-def _service_pids(facts: dict) -> set:
-    return set((facts.get("service") or {}).get("pids") or [])
+def check_gpu_ids(cfg: DeployConfig, host: HostConfig) -> Check:
+    """hosts[].gpus against the GPUs the engine uses: CUDA_VISIBLE_DEVICES is the whole list, and a
+    tensor-parallel engine takes the first tensor_parallel_size of them (vLLM and SGLang start one rank per GPU
+    from device 0 of the visible ones), so GPUs listed beyond that sit idle: a warning naming them."""
+    ids, tp = host.gpu_ids, cfg.engine.tensor_parallel_size
+    if len(ids) <= tp:
+        return Check("gpus", "pass", f"GPUs {','.join(map(str, ids))} on {host.name}: one per tensor-parallel rank")
+    idle = ids[tp:]
+    return Check("gpus", "warn",
+                 f"hosts[{host.name}].gpus lists {len(ids)} GPUs ({','.join(map(str, ids))}, all in "
+                 f"CUDA_VISIBLE_DEVICES) but tensor_parallel_size {tp} uses {tp}: GPU(s) "
+                 f"{','.join(map(str, idle))} would sit idle",
+                 f"list {tp} GPU ids in hosts[{host.name}].gpus, or set engine.tensor_parallel_size {len(ids)}")
 
 
 def check_gpu_memory(cfg: DeployConfig, host: HostConfig, facts: dict, sized) -> Check:
@@ -177,7 +209,8 @@ def _check_one_gpu(cfg: DeployConfig, host: HostConfig, facts: dict, sized, inde
     if sized is None:
         return Check("gpu_memory", "warn", "skipped: no capacity plan for this host", "fix the capacity check first")
     p = sized.plan
-    overhead = sized.inputs.runtime_overhead_bytes
+    # the reserve inside the engine's share, plus the CUDA context and NCCL outside it (deployctl.engines.reserve)
+    overhead = sized.inputs.runtime_overhead_bytes + (sized.reserve.outside if sized.reserve else 0)
     need = p.weights_bytes + overhead + p.kv_pool_bytes
     ours = _service_pids(facts)
     others = [proc for proc in gpu.get("processes") or [] if proc["pid"] not in ours]
@@ -289,23 +322,58 @@ def check_chat_template(cfg: DeployConfig, facts: dict) -> Check:
                  "add chat_template to tokenizer_config.json, or have clients use /v1/completions")
 
 
+def router_exposure(cfg: DeployConfig) -> Optional[str]:
+    """Where the router (nginx, ``router:``) publishes the service beyond loopback, as ``ADDRESS:PORT`` (``*:PORT``
+    when ``router.listen_address`` is unset: nginx's ``listen PORT`` takes every address), or None when there is
+    no router or it listens on a loopback address only."""
+    import ipaddress
+
+    router = cfg.router
+    if router is None:
+        return None
+    if router.listen_address is None:
+        return f"*:{router.listen} (every address; router.listen_address is unset)"
+    if ipaddress.ip_address(router.listen_address).is_loopback:
+        return None
+    return f"{layout.url_host(router.listen_address)}:{router.listen}"
+
+
 def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
-    """The API key env var is set when the service binds a non-loopback address."""
+    """Nothing is reachable beyond loopback without an API key: the runtime's own bind (``server.bind``) and the
+    router's ``listen`` (nginx forwards every request it accepts to a runtime, so a loopback bind behind a public
+    router is public). A public router without ``router.limits`` is a warning even with a key: one client can take
+    every GPU. The key is the runtime's (``server.api_key_env``, checked by the runtime on every request)."""
     var = cfg.server.api_key_env
-    if var and environ.get(var):
+    keyed = bool(var and environ.get(var))
+    public = router_exposure(cfg)
+    key_fix = (f"export {var}=... before deploying (it is shipped in a 0600 env file)" if var else
+               "set server.api_key_env to the name of a variable holding a key and export it before deploying")
+    if not cfg.server.is_loopback and not keyed:
+        return Check("api_key", "fail", f"server.bind {cfg.server.bind} is not loopback and ${var} is not set in "
+                     "deployctl's environment", f"{key_fix}, or bind 127.0.0.1")
+    if public and not keyed:
+        why = f"server.api_key_env is {var} but ${var} is not set" if var else "server.api_key_env is not set"
+        return Check("api_key", "fail",
+                     f"the router publishes the service on {public} and {why}: anyone who reaches it can use the GPUs",
+                     f"{key_fix}; or set router.listen_address: 127.0.0.1 to keep the router on loopback")
+    if public and cfg.router.limits is None:
+        return Check("api_key", "warn", f"API key from ${var} is set; the router publishes the service on {public} "
+                     "without per-client limits: one client (or a leaked key) can take every GPU",
+                     "set router.limits (requests_per_s, burst, connections; key: api_key limits each key)")
+    if keyed:
         return Check("api_key", "pass", f"API key from ${var} is set")
-    if cfg.server.is_loopback:
-        if var:
-            return Check("api_key", "warn", f"server.api_key_env is {var} but ${var} is not set; the service will run without a key",
-                         f"export {var}=... before deploying")
-        return Check("api_key", "pass", f"bind {cfg.server.bind} is loopback; no API key needed")
-    return Check("api_key", "fail", f"server.bind {cfg.server.bind} is not loopback and ${var} is not set in deployctl's environment",
-                 f"export {var}=... (it is shipped in a 0600 env file), or bind 127.0.0.1")
+    if var:
+        return Check("api_key", "warn", f"server.api_key_env is {var} but ${var} is not set; the service will run "
+                     "without a key", f"export {var}=... before deploying")
+    if cfg.router is not None:
+        return Check("api_key", "pass", f"bind {cfg.server.bind} is loopback and the router listens on "
+                     f"{layout.url_host(cfg.router.listen_address)}:{cfg.router.listen} only; no API key needed")
+    return Check("api_key", "pass", f"bind {cfg.server.bind} is loopback and no router publishes it; no API key needed")
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpu_memory", "capacity", "port", "disk", "weights", "chat_template",
-                    "api_key")
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
+                    "weights", "chat_template", "api_key", "standby_ram", "spare_port_gpu")  # the last two: spare_port
 
 
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:
@@ -317,13 +385,15 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
     environ = settings.environ() if environ is None else environ
     try:
         sized, reason = plan_from_facts(cfg, host, facts)
-        capacity = check_capacity(sized, reason)
+        capacity = check_capacity(sized, reason, cfg)
     except DeployctlError as err:  # e.g. max_model_len above max_position_embeddings
         sized, capacity = None, Check("capacity", "fail", err.message, err.fix)
     return [
         check_driver(cfg, facts),
         check_torch(cfg, host, facts),
         *([check_engine(cfg, host, facts)] if cfg.engine.kind != "deployctl-runtime" else []),
+        *([check_gpu_ids(cfg, host)] if cfg.engine.device == "cuda" else []),
+        check_gpu_health(cfg, host, facts),
         check_gpu_memory(cfg, host, facts, sized),
         capacity,
         check_port(cfg, host, facts),
@@ -331,6 +401,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         check_weights(cfg, host, facts),
         check_chat_template(cfg, facts),
         check_api_key(cfg, environ),
+        *standby_checks(cfg, host, facts, sized),
     ]
 
 

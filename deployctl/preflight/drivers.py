@@ -77,7 +77,16 @@ def driver_verdict(driver: str, driver_cuda: Optional[str], torch_cuda: Optional
 
     driver: "530.30.02"; driver_cuda: the driver's CUDA from NVML ("12.1"), or None to use the table;
     torch_cuda: torch.version.cuda of the runtime environment ("12.4"), None for a CPU build.
+    A driver version that is not dotted numbers (a vendor build, a stand-in NVML) is a "warn" naming it: the table
+    cannot place it, so nothing is claimed about its CUDA support.
     """
+    try:
+        parse_version(driver)
+    except ValueError:
+        return ("warn", f"NVIDIA driver version {driver!r} is not dotted numbers (e.g. 570.133.20): cannot tell which "
+                        f"CUDA it supports" + (f" (NVML says CUDA {driver_cuda})" if driver_cuda else ""),
+                "check `nvidia-smi` on the host; the check compares the driver with the runtime's torch CUDA build "
+                "only when the version reads like 570.133.20")
     supported = driver_cuda or cuda_supported_by_driver(driver)
     if torch_cuda is None:
         return "pass", f"driver {driver} supports CUDA up to {supported}; the runtime's torch has no CUDA build to compare", None

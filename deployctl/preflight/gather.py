@@ -12,6 +12,7 @@ from deployctl.hostscripts import probe as probe_module
 from deployctl.hostscripts.snippets import module_argv
 from deployctl.hostscripts import weights as weights_module
 from deployctl.config import DeployConfig, HostConfig, layout
+from deployctl import settings
 from deployctl.errors import DeployctlError, RemoteError
 
 # on_progress(host, phase, advance_bytes, total_bytes): phase "probe" | "weights" | "done".
@@ -22,12 +23,14 @@ HASH_BYTES_PER_S_FLOOR = 100e6  # remote hashing timeout: 120 s + bytes at this 
 
 def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
     """What the probe needs to know about this host's deployment."""
-    from deployctl.engines import adapter
+    from deployctl.engines import of
 
     return {"deploy_root": host.deploy_root, "model_path": cfg.model.path, "bind": cfg.server.bind,
             "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60,
-            "unit": f"{cfg.service.name}.service" if host.launcher == "systemd" else "",
-            "engine_distribution": adapter(cfg.engine.kind).distribution, "engine_module": adapter(cfg.engine.kind).module}
+            "unit": layout.unit_name(cfg, host) if host.launcher == "systemd" else "",
+            "engine_distribution": of(cfg).distribution, "engine_module": of(cfg).module,
+            # tests: the stand-in GPU's ledger (DEPLOYCTL_FAKE_GPU_MEMORY) instead of NVML
+            "fake_gpu_memory": settings.current().fake_gpu_memory}
 
 
 def cache_path(host: HostConfig) -> str:

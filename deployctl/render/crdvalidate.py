@@ -3,8 +3,10 @@ Prometheus Operator (PrometheusRule, PodMonitor, ServiceMonitor) and Gateway API
 the @kubernetes-models npm packages compile from each project's CRD OpenAPI schema, run by node (crdcheck.mjs).
 A field the schema does not declare fails too (strict, as kubernetes-validate is for core objects).
 
-The packages live in ``$DEPLOYCTL_CRD_SCHEMAS`` (a folder holding node_modules/; default: .node/ beside the
-deployctl package, where tests/setup_test_venvs.sh installs NPM_PACKAGES). Raises ToolMissing (exit 1) without node or them.
+The validators travel with deployctl: ``crdschemas/node_modules/`` beside this module holds the files of NPM_PACKAGES
+(pinned; versions, licences and tarballs in ``crdschemas/SOURCES.json``) that crdcheck.mjs loads, copied by
+tests/refresh_crd_schemas.py, so a pip install validates with node alone. ``$DEPLOYCTL_CRD_SCHEMAS`` (a folder
+holding node_modules/) points at another copy. Raises ToolMissing (exit 1) without node or the packages.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from deployctl.errors import CheckFailed
 
-# The npm packages and versions (tests/setup_test_venvs.sh installs these).
+# The npm packages and versions (tests/setup_test_venvs.sh installs these; tests/refresh_crd_schemas.py copies what
+# the validators load into crdschemas/).
 NPM_PACKAGES = ("@kubernetes-models/argo-rollouts@2.0.0", "@kubernetes-models/prometheus-operator@6.0.0",
                 "@kubernetes-models/gateway-api@2.0.0")
 _ARGO = "@kubernetes-models/argo-rollouts/_schemas/ComGithubArgoprojArgoRolloutsPkgApisRolloutsV1alpha1"
@@ -34,11 +37,15 @@ class ToolMissing(CheckFailed):
     """node or the schema packages are not installed (exit 1)."""
 
 
+PACKAGED = Path(__file__).resolve().with_name("crdschemas")
+
+
 def schemas_dir() -> Path:
-    """The folder whose node_modules/ holds the schema packages."""
+    """The folder whose node_modules/ holds the schema packages: $DEPLOYCTL_CRD_SCHEMAS, else the copy shipped
+    inside deployctl (PACKAGED)."""
     from deployctl import settings
 
-    return settings.current().crd_schemas or Path(__file__).resolve().parents[2] / ".node"
+    return settings.current().crd_schemas or PACKAGED
 
 
 def has_schema(doc: dict) -> bool:
@@ -55,7 +62,8 @@ def check_documents(docs: list[dict], *, timeout: float = 60) -> list[list[str]]
     missing = [p for p in NPM_PACKAGES if not (modules / p.rsplit("@", 1)[0] / "package.json").exists()]
     if missing:
         raise ToolMissing(f"{modules}: {', '.join(missing)} not installed, so custom resources cannot be checked",
-                          fix=f"npm install --prefix {modules.parent} {' '.join(NPM_PACKAGES)} (bash tests/setup_test_venvs.sh does)")
+                          fix=f"reinstall deployctl (its wheel ships them in {PACKAGED}), or point DEPLOYCTL_CRD_SCHEMAS at "
+                              f"a folder where npm install --prefix DIR {' '.join(NPM_PACKAGES)} ran")
     items = [{"module": SCHEMAS[(d["apiVersion"], d["kind"])], "doc": d} for d in docs]
     done = subprocess.run([node, str(Path(__file__).with_name("crdcheck.mjs")), str(modules)],
                           input=json.dumps(items), capture_output=True, text=True, timeout=timeout)
@@ -64,4 +72,4 @@ def check_documents(docs: list[dict], *, timeout: float = 60) -> list[list[str]]
     return json.loads(done.stdout)
 
 
-__all__ = ["NPM_PACKAGES", "SCHEMAS", "ToolMissing", "check_documents", "has_schema", "schemas_dir"]
+__all__ = ["NPM_PACKAGES", "PACKAGED", "SCHEMAS", "ToolMissing", "check_documents", "has_schema", "schemas_dir"]

@@ -39,6 +39,25 @@ def _error_body(message: str, type_: str, code: str) -> str:
     return body
 
 
+def control_routes_context() -> dict[str, Any]:
+    """The router's refusal of every engine's control routes (deployctl.engines.router_refused_paths: sleep/wake,
+    vLLM's dev routes, SGLang's weight and cache routes): one case-insensitive regex location answering 404 in
+    OpenAI's shape, so a client can neither sleep a runtime nor reach a dev route through the router (vLLM's API key
+    guards /v1 only). nginx matches locations on the decoded, slash-merged URI, so %-escapes and // do not slip by.
+    deployctl calls these routes on the host itself (deployctl.service.standby)."""
+    import re
+
+    from deployctl.engines import router_refused_paths
+
+    paths = router_refused_paths()
+    bad = [p for p in paths if not re.fullmatch(r"/[A-Za-z0-9_/-]+", p)]
+    if bad:
+        raise ValueError(f"control route {bad[0]!r} has characters the router's regex would interpret")
+    return {"control_routes_regex": "^(" + "|".join(paths) + ")(/|$)",
+            "control_route_body": _error_body("not found: control routes are answered on the engine host only",
+                                              "not_found_error", "control_route")}
+
+
 def rate(requests_per_s: float) -> str:
     """nginx's rate syntax: whole requests per second as ``Nr/s``, else per minute ``Nr/m`` (at least 1r/m)."""
     if float(requests_per_s).is_integer():

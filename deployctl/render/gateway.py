@@ -35,11 +35,13 @@ EPP_FLAGS = {"waiting": "--total-queued-requests-metric", "running": "--total-ru
              "kv_usage": "--kv-cache-usage-percentage-metric"}
 
 
-def epp_metric_flags(kind: str) -> dict[str, str]:
-    """{EPP flag: the engine's metric name} for engine ``kind`` (flags of metrics it lacks are left out)."""
-    from deployctl.engines import metric
+def epp_metric_flags(kind) -> dict[str, str]:
+    """{EPP flag: the engine's metric name} for engine ``kind`` (a kind, or an Adapter such as
+    ``engines.of(cfg)``; flags of metrics it lacks are left out)."""
+    from deployctl.engines import adapter
 
-    return {flag: metric(kind, role) for role, flag in EPP_FLAGS.items() if metric(kind, role)}
+    m = (adapter(kind) if isinstance(kind, str) else kind).metrics
+    return {flag: m[role] for role, flag in EPP_FLAGS.items() if m[role]}
 
 
 def inference_pools(cfg: DeployConfig) -> list[dict]:
@@ -68,7 +70,9 @@ def gateway_files(cfg: DeployConfig) -> list[RenderedFile]:
     """k8s/inference-pool.yaml (both pools) and k8s/http-route.yaml (all on stable)."""
     import yaml
 
-    flags = epp_metric_flags(cfg.engine.kind)
+    from deployctl.engines import of
+
+    flags = epp_metric_flags(of(cfg))
     head = (f"# {cfg.service.name} InferencePools (Gateway API inference extension). Rendered by deployctl; do not edit.\n"
             f"# The endpoint picker reads {cfg.engine.kind}'s gauges; start it with:\n"
             + "".join(f"#   {flag}={name}\n" for flag, name in flags.items())

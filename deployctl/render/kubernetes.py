@@ -61,6 +61,7 @@ def analysis_context(cfg: DeployConfig, client_reasons: str) -> dict:
     a = cfg.rollout.analysis
     return {"a": a, "template_name": f"{cfg.service.name}-canary", "arg_canary": an.ARG_CANARY,
             "arg_stable": an.ARG_STABLE, "analysis_count": an.measurements(cfg),
+            "count_per_step": an.counts_per_step(cfg), "measurements": lambda w: an.measurements(cfg, w),
             "analysis_interval": an.window(cfg), "prom_metrics": an.prom_metrics(cfg, client_reasons)}
 
 
@@ -76,7 +77,8 @@ def rollout_files(cfg: DeployConfig, ctx: dict) -> list[RenderedFile]:
     command = ["deployctl", "compare-outputs", "--config", f"{CONFIG_DIR}/deploy.yaml",
                "--canary-url", f"http://{name}-canary.{ns}.svc:{port}",
                "--stable-url", f"http://{name}-stable.{ns}.svc:{port}", "--mode", "{{args.outputs-mode}}"]
-    actx = {**ctx, "interval": an.window(cfg), "count": an.measurements(cfg),
+    count = "{{args.measurements}}" if an.counts_per_step(cfg) else an.measurements(cfg)
+    actx = {**ctx, "interval": an.window(cfg), "count": count,
             "inconclusive_limit": an.inconclusive_limit(cfg), "prometheus_address": PROMETHEUS_ADDRESS,
             "deployctl_image": deployctl_image(), "job_command": command, "analysis_config_name": config_name,
             "secret_key": ctx["adapter"].api_key_env or KEYED_ENV,  # the key's name in the Secret (runtime.env)

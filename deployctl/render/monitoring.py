@@ -36,10 +36,10 @@ def monitoring_files(cfg: DeployConfig, alerts_text: str) -> list[RenderedFile]:
     engine without a metrics route)."""
     import yaml
 
-    from deployctl.engines import adapter
+    from deployctl.engines import of
     from deployctl.render.analysis import HASH_LABEL
 
-    route = adapter(cfg.engine.kind).metrics_route
+    route = of(cfg).metrics_route
     if route is None:
         return []
     name = cfg.service.name

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from deployctl import settings
 from deployctl.config import layout
 from deployctl.errors import ConfigError
+from deployctl.hostscripts.snippets import SH_ALIVE
 from deployctl.engines.keepalive import keepalive
 
 if TYPE_CHECKING:  # pydantic models are imported lazily by callers
@@ -34,7 +35,7 @@ START_LIMIT_INTERVAL_S = 600
 # systemd's RestartPreventExitStatus and launch.sh never restart it, since every retry would fail the same way.
 CONFIG_ERROR_EXIT = 2
 GPU_WAIT_S = 120  # bounded wait for the GPU before start (cuda only)
-STOP_MARGIN_S = 15  # TimeoutStopSec = drain_timeout_s + this
+STOP_MARGIN_S = 15  # TimeoutStopSec = engines.command.stop_wait_s (drain + the engine's exit) + this
 READ_TIMEOUT_MARGIN_S = 30  # nginx proxy_read_timeout = request_timeout_s + this
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:,=-]+$")  # interpolated unquoted into systemd and sh
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._~+/=:,-]+$")
@@ -146,6 +147,9 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
         "log_requests": cfg.server.log_prompts, "sse_keepalive_s": cfg.server.sse_keepalive_s,
         "keep_alive_timeout_s": keepalive(cfg).engine_s,  # longer than nginx's upstream keepalive_timeout
     }
+    for key in ("max_prompt_tokens", "max_completion_tokens"):  # only when set: older runtime.yaml files stay as they were
+        if getattr(cfg.server, key) is not None:
+            args[key] = getattr(cfg.server, key)
     if e.num_gpu_blocks_override is not None:
         args["num_gpu_blocks_override"] = e.num_gpu_blocks_override
     if e.kv_cache_memory is not None:
@@ -167,10 +171,12 @@ def _check_api_key(api_key: str | None) -> None:
         )
 
 
-def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_key: str | None = None) -> dict[str, Any]:
+def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_key: str | None = None, *,
+                    standby: bool | None = None) -> dict[str, Any]:
     """Names shared by the per-host templates (unit, launcher, container files), the engine's command and env
-    (deployctl.engines.command.render_context) included."""
-    from deployctl.engines.command import render_context as engine_context
+    (deployctl.engines.command.render_context) included; ``standby`` False leaves the sleep mode off (container and
+    k8s targets), None renders it when rollout.standby_s > 0 (engines.command.standby_args)."""
+    from deployctl.engines.command import render_context as engine_context, stop_wait_s
 
     # It is a directory name, a Docker tag and a Kubernetes label value: the last is the strictest (<= 63
     # characters, alphanumeric at both ends).
@@ -195,21 +201,22 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
         "start_limit_burst": START_LIMIT_BURST, "start_limit_interval_s": START_LIMIT_INTERVAL_S,
         "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
-        "timeout_stop_s": math.ceil(cfg.server.drain_timeout_s) + STOP_MARGIN_S,
-        "port": layout.configured_port(cfg, host),
+        "timeout_stop_s": stop_wait_s(cfg) + STOP_MARGIN_S,
+        "port": layout.configured_port(cfg, host), "sh_alive": SH_ALIVE, "logs": cfg.logs,
+        "log_cap_units": layout.log_cap_units(cfg, host),
     } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
-                       port=layout.configured_port(cfg, host), api_key=api_key)
+                       port=layout.configured_port(cfg, host), api_key=api_key, standby=standby)
 
 
 def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_key: str | None,
-                   extra_runtime_args: dict | None = None) -> list[RenderedFile]:
+                   extra_runtime_args: dict | None = None, standby: bool | None = None) -> list[RenderedFile]:
     """The files of ``<deploy_root>/releases/<release_id>/`` for ``host``: runtime.yaml, ``<service>.service``,
     runtime.env (0600, the only file holding the API key), launch.sh (0755), release.json and manifest.sha256
     (sha256sum format over the others except runtime.env). Raises ConfigError (exit 3)."""
     from deployctl.engines.command import KEYED_MAIN, keyed_main
 
     _check_api_key(api_key)
-    ctx = release_context(cfg, host, release_id, api_key)
+    ctx = release_context(cfg, host, release_id, api_key, standby=standby)
     ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
     ctx["api_key"] = api_key
     ctx["where"] = host.name
@@ -222,7 +229,9 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     if ctx["adapter"].api_key_flag:
         files.append(RenderedFile(KEYED_MAIN, keyed_main(cfg)))
     files += [
-        RenderedFile(f"{cfg.service.name}.service", render_template("runtime.service.j2", ctx)),
+        RenderedFile(layout.unit_name(cfg, host), render_template("runtime.service.j2", ctx)),
+        RenderedFile(layout.log_cap_units(cfg, host)[0], render_template("runtime-logs.service.j2", ctx)),
+        RenderedFile(layout.log_cap_units(cfg, host)[1], render_template("runtime-logs.timer.j2", ctx)),
         RenderedFile("runtime.env", render_template("runtime.env.j2", ctx), 0o600),
         RenderedFile("launch.sh", render_template("launch.sh.j2", ctx), 0o755),
         RenderedFile("release.json", json.dumps(info, indent=2, sort_keys=True) + "\n"),
@@ -281,6 +290,14 @@ def _check_ports(cfg: DeployConfig, hosts: list[HostConfig], listen_port: int) -
                               "machine", fix=f"pick another router.listen or hosts[{clash}].server_port")
 
 
+def access_log_path(cfg: DeployConfig) -> str:
+    """nginx's JSON access log on the router host: router.access_log, else /var/log/nginx/<service>.access.json
+    (what canary analysis and the router's mtail program read). Raises ConfigError for a path nginx would misread."""
+    path = (cfg.router.access_log if cfg.router else None) or f"/var/log/nginx/{cfg.service.name}.access.json"
+    _safe_path(path, "router.access_log")
+    return path
+
+
 def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[HostConfig], canary_weight: int,
                  drained: set[str] = frozenset(), engines: frozenset[str] = frozenset()) -> str:
     """The router conf included inside nginx's ``http {}``: JSON log_format, one weighted upstream, and an
@@ -316,8 +333,7 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
     listen_addr = router.listen_address if router else None
     if listen_addr and ":" in listen_addr:
         listen_addr = f"[{listen_addr}]"
-    access_log = (router.access_log if router else None) or f"/var/log/nginx/{cfg.service.name}.access.json"
-    _safe_path(access_log, "router.access_log")
+    access_log = access_log_path(cfg)
     base = cfg.service.name.replace("-", "_")
     ctx = {"service": cfg.service, "server": cfg.server, "servers": servers, "stable": stable, "canary": canary,
            "canary_weight": canary_weight, "upstream_name": f"deployctl_{base}",
@@ -328,6 +344,9 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}
     ctx |= edge_context(cfg, base, ctx["listen"])  # TLS and limits
     ctx |= failover_context()  # proxy_next_upstream
+    from deployctl.render.edge import control_routes_context
+
+    ctx |= control_routes_context()  # sleep/wake and dev routes: 404, never proxied
     return render_template("nginx-upstream.conf.j2", ctx)
 
 

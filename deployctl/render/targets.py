@@ -2,8 +2,11 @@
 
 Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
-               (all hosts stable), ``prometheus/alerts.rules.yaml``
-- container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router and alerts
+               (all hosts stable) with ``router/<service>.mtail`` and ``router/mtail.default`` (render.watch),
+               ``prometheus/alerts.rules.yaml``, ``prometheus/scrape.yaml`` (render_scrape),
+               ``grafana/<service>.json`` (render.dashboard)
+- container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router, alerts and
+               scrape config
 - k8s, k8s-rollout: ``k8s/`` configmap.yaml, deployment.yaml or rollout.yaml, service.yaml, runtime.env,
                prometheus-rule.yaml, pod-monitor.yaml (render.monitoring), and alerts; k8s-rollout adds the analysis,
                track Services and gateway objects of render.kubernetes
@@ -48,30 +51,68 @@ def runtime_version() -> str:
 
 
 def api_key_from_env(cfg: DeployConfig, env: Mapping[str, str]) -> str | None:
-    """The API key named by server.api_key_env. Raises ConfigError (exit 3) when the variable is unset."""
-    name = cfg.server.api_key_env
-    if not name:
-        return None
-    value = env.get(name)
-    if not value:
-        raise ConfigError(f"server.api_key_env is {name} but {name} is not set in this environment",
-                          fix=f"export {name}=<key> (it is written only to the 0600 runtime.env)")
-    return value
+    """The API keys the runtime accepts, as runtime.env holds them: the key named by server.api_key_env and,
+    during a rotation, the one named by server.next_api_key_env after a comma (the bundled runtime splits
+    DEPLOYCTL_RUNTIME_API_KEY on commas and accepts each). Raises ConfigError (exit 3) when a variable is unset or
+    a key holds a comma."""
+    names = [n for n in (cfg.server.api_key_env, cfg.server.next_api_key_env) if n]
+    values = []
+    for name in names:
+        which = "server.api_key_env" if name == cfg.server.api_key_env else "server.next_api_key_env"
+        value = env.get(name)
+        if not value:
+            raise ConfigError(f"{which} is {name} but {name} is not set in this environment",
+                              fix=f"export {name}=<key> (it is written only to the 0600 runtime.env)")
+        if "," in value:
+            raise ConfigError(f"the key in {name} holds a comma, which separates keys in runtime.env",
+                              fix="generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        values.append(value)
+    return ",".join(values) or None
 
 
 def _pct(share: float) -> str:
     return f"{share * 100:g}%"
 
 
-def render_alerts(cfg: DeployConfig) -> RenderedFile:
-    """Prometheus alert rules from deploy.yaml ``slo:`` (prometheus/alerts.rules.yaml)."""
-    from deployctl.engines import METRIC_ROLES, adapter
+def _error_terms(a, job: str) -> dict | None:
+    """The error-share alert's terms: ``failed`` (rejections that are not the client's fault, requests that
+    ended with an error mid-generation where the engine counts them: Adapter.error_finish) over ``all`` (finished
+    plus rejected); each ``or vector(0)`` so a counter without series yet does not empty the sum. None when the
+    engine has neither counter."""
+    m, sel = a.metrics, f'job="{job}"'
+    failed = []
+    if m["rejected"]:
+        failed.append(f'(sum(rate({m["rejected"]}{{{sel}, reason!~"{CLIENT_REASONS}"}}[5m])) or vector(0))')
+    if m["success"] and a.error_finish:
+        failed.append(f'(sum(rate({m["success"]}{{{sel}, {a.error_finish}}}[5m])) or vector(0))')
+    if not failed or not m["success"]:
+        return None
+    everything = [f'sum(rate({m["success"]}{{{sel}}}[5m]))']
+    if m["rejected"]:
+        everything.append(f'(sum(rate({m["rejected"]}{{{sel}}}[5m])) or vector(0))')
+    return {"failed": failed, "all": everything}
 
-    a = adapter(cfg.engine.kind)
+
+def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
+    """Prometheus alert rules from deploy.yaml ``slo:`` (prometheus/alerts.rules.yaml). ``per_host``: the rules
+    that name deploy.yaml's hosts by the ``deployctl_host`` label of prometheus/scrape.yaml (a host's target gone,
+    disk from node_exporter); False for the k8s targets, whose pods are found by their PodMonitor."""
+    from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
+    from deployctl.config.units import format_bytes
+    from deployctl.engines import METRIC_ROLES, of
+
+    a = of(cfg)
     ctx = {"service": cfg.service, "slo": cfg.slo, "engine": cfg.engine, "pct": _pct, "adapter": a,
            "m": {role: a.metrics[role] for role in METRIC_ROLES},
            "job": cfg.slo.prometheus_job or cfg.service.name,
-           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS, "tls": None}
+           "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS, "tls": None,
+           "hosts": [h.name for h in cfg.hosts] if per_host else [], "node_job": cfg.slo.prometheus_node_job,
+           "pseudo_fs": PSEUDO_FILESYSTEMS, "disk_fail": DISK_FAIL_BYTES, "disk_warn": DISK_WARN_BYTES,
+           "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES)}
+    ctx["errors"] = _error_terms(a, ctx["job"])
+    from deployctl.render.watch import alert_context
+
+    ctx |= alert_context(cfg) if per_host else {"router": None, "gpu": None}  # k8s: no nginx, GPUs via the operator
     if cfg.router is not None and cfg.router.tls is not None:  # certificate expiry from blackbox_exporter's probe
         from deployctl.config.router import CERT_FAIL_DAYS, CERT_WARN_DAYS
         from deployctl.render.edge import probe_instance_regex
@@ -81,18 +122,59 @@ def render_alerts(cfg: DeployConfig) -> RenderedFile:
     return RenderedFile("prometheus/alerts.rules.yaml", render_template("alerts.rules.yaml.j2", ctx))
 
 
-def _probe_url(cfg: DeployConfig, port: int) -> str:
-    from deployctl.engines import adapter
+NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter's default (--web.listen-address)
+# node_exporter filesystems that hold no release, log or upload (memory, images, namespaces)
+PSEUDO_FILESYSTEMS = "tmpfs|ramfs|devtmpfs|squashfs|overlay|nsfs|fuse.lxcfs"
 
-    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}{adapter(cfg.engine.kind).ready_route}"
+
+def render_scrape(cfg: DeployConfig) -> RenderedFile:
+    """prometheus/scrape.yaml: the ``scrape_configs`` for the runtimes of every host (job ``slo.prometheus_job`` or
+    the service name, at ``address:port`` on the engine's metrics route) and node_exporter (job
+    ``slo.prometheus_node_job`` at ``address:9100``), each target labelled ``deployctl_host: NAME``, the label the
+    per-host alerts select on. ``address: local`` hosts are 127.0.0.1. The runtime's metrics are reachable from
+    another machine only where server.bind is not loopback; else run Prometheus (or an agent) on each host."""
+    import yaml
+
+    from deployctl.engines import of
+    from deployctl.render.monitoring import scrape_interval
+
+    a = of(cfg)
+
+    def where(h) -> str:
+        return layout.url_host("127.0.0.1" if h.address == "local" else h.address)
+
+    def targets(port) -> list[dict]:
+        return [{"targets": [f"{where(h)}:{port(h)}"], "labels": {"deployctl_host": h.name}} for h in cfg.hosts]
+
+    jobs = []
+    if a.metrics_route:
+        jobs.append({"job_name": cfg.slo.prometheus_job or cfg.service.name, "metrics_path": a.metrics_route,
+                     "scrape_interval": scrape_interval(cfg),
+                     "static_configs": targets(lambda h: layout.configured_port(cfg, h))})
+    jobs.append({"job_name": cfg.slo.prometheus_node_job,
+                 "static_configs": targets(lambda h: NODE_EXPORTER_PORT)})
+    from deployctl.render.watch import scrape_jobs
+
+    jobs += scrape_jobs(cfg)  # mtail on the router host, dcgm-exporter on CUDA hosts
+    head = (f"# Prometheus scrape_configs for {cfg.service.name}: the runtimes and node_exporter on every host, mtail\n"
+            "# over the router's access log, dcgm-exporter on CUDA hosts.\n"
+            "# Rendered by deployctl; do not edit. Add these jobs to prometheus.yml's scrape_configs (or load the\n"
+            "# file with scrape_config_files, Prometheus >= 2.43) and alerts.rules.yaml under rule_files.\n")
+    return RenderedFile("prometheus/scrape.yaml", head + yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False))
+
+
+def _probe_url(cfg: DeployConfig, port: int) -> str:
+    from deployctl.engines import of
+
+    return f"http://{layout.url_host(layout.runtime_address(cfg))}:{port}{of(cfg).ready_route}"
 
 
 def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
-    from deployctl.engines import adapter
+    from deployctl.engines import of
     from deployctl.engines.command import image as engine_image
 
     c = cfg.container
-    if not adapter(cfg.engine.kind).config_file:  # a foreign engine runs from its official image
+    if not of(cfg).config_file:  # a foreign engine runs from its official image
         return {"container": c, "image": c.image or engine_image(cfg), "base_image": None,
                 "startup_s": math.ceil(cfg.server.startup_timeout_s), "rollout_cfg": cfg.rollout}
     base = c.base_image or ("nvidia/cuda:12.4.1-runtime-ubuntu22.04" if cfg.engine.device == "cuda"
@@ -104,11 +186,11 @@ def _container_ctx(cfg: DeployConfig, release_id: str) -> dict:
 def _container_files(cfg: DeployConfig, release_id: str, api_key: str | None) -> list[RenderedFile]:
     out: list[RenderedFile] = []
     for host in cfg.hosts:
-        release = {f.path: f for f in render_release(cfg, host, release_id, api_key=api_key)}
-        ctx = {**release_context(cfg, host, release_id, api_key), **_container_ctx(cfg, release_id)}
+        release = {f.path: f for f in render_release(cfg, host, release_id, api_key=api_key, standby=False)}
+        ctx = {**release_context(cfg, host, release_id, api_key, standby=False), **_container_ctx(cfg, release_id)}
         url = _probe_url(cfg, ctx["port"])
         ctx["healthcheck"] = ["CMD", "python3", "-c", "import sys, urllib.request; "
-                              f"sys.exit(0 if urllib.request.urlopen('{url}', timeout=4).status == 200 else 1)"]
+                              f"sys.exit(0 if urllib.request.urlopen('{url}', timeout={ctx['adapter'].probe_timeout_s - 1}).status == 200 else 1)"]
         d = f"hosts/{host.name}/"
         if ctx["adapter"].config_file:
             out += [RenderedFile(d + "Dockerfile", render_template("Dockerfile.j2", ctx)),
@@ -140,7 +222,7 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
     name = cfg.service.name
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "deployctl",
               "deployctl/release": release_id}
-    ctx = {**release_context(cfg, host, release_id, api_key), **_container_ctx(cfg, release_id), "port": cfg.server.port,
+    ctx = {**release_context(cfg, host, release_id, api_key, standby=False), **_container_ctx(cfg, release_id), "port": cfg.server.port,
            "labels": labels, "pod_labels": labels, "config_sha256": sha, "runtime_yaml": yaml_text,
            "configmap_name": f"{name}-runtime-{sha[:10]}", "secret_name": f"{name}-api-key",
            "replicas": len(cfg.hosts), "rollout": rollout, "pod_command": pod_command, "pause_s": math.ceil(cfg.rollout.pause_s),
@@ -151,7 +233,8 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
         from deployctl.render.kubernetes import analysis_context
 
         ctx.update(analysis_context(cfg, CLIENT_REASONS))
-    env = [f for f in render_release(cfg, host, release_id, api_key=api_key) if f.path == "runtime.env"][0]
+    env = [f for f in render_release(cfg, host, release_id, api_key=api_key, standby=False)
+           if f.path == "runtime.env"][0]
     configmap = [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx))]
     extra = []
     if rollout:
@@ -177,13 +260,24 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     else:
         files = _k8s_files(cfg, release_id, api_key, rollout=target == "k8s-rollout")
     if cfg.router and target in ("systemd", "container"):
+        from deployctl.render.watch import router_files
+
         conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
-    alerts = render_alerts(cfg)
-    if target in ("k8s", "k8s-rollout"):
+        files += router_files(cfg)  # mtail's program and /etc/default/mtail
+    k8s = target in ("k8s", "k8s-rollout")
+    alerts = render_alerts(cfg, per_host=not k8s)
+    if k8s:
         from deployctl.render.monitoring import monitoring_files
 
         files += monitoring_files(cfg, alerts.content)
+    else:
+        from deployctl.engines import of
+        from deployctl.render.dashboard import dashboard_file
+
+        files.append(render_scrape(cfg))
+        job = cfg.slo.prometheus_job or cfg.service.name
+        files.append(dashboard_file(cfg, _error_terms(of(cfg), job)))
     files.append(alerts)
     return files
 
@@ -248,5 +342,5 @@ def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str
     return write_files(files, Path(out_dir))
 
 
-__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "render_all", "render_alerts",
+__all__ = ["TARGETS", "api_key_from_env", "default_release_id", "render_all", "render_alerts", "render_scrape",
            "render_files", "runtime_version", "write_files"]

@@ -1,4 +1,5 @@
-"""Rendered files checked by the tools that read them: systemd-analyze, nginx -t, promtool, kubernetes-validate.
+"""Rendered files checked by the tools that read them: systemd-analyze, nginx -t, promtool, mtail,
+kubernetes-validate.
 
 Each check returns a ``ValidationResult``; a missing tool raises ``ToolMissing`` (exit 1) naming the package
 to install. Nothing here prints.
@@ -151,6 +152,58 @@ def run_rule_tests(test_file: Path) -> ValidationResult:
                             (done.stdout + done.stderr).strip())
 
 
+def check_dashboard(path: Path) -> ValidationResult:
+    """Every PromQL expression of a Grafana dashboard JSON (render.dashboard) through ``promtool check rules``:
+    each becomes a recording rule ``deployctl:panel_N`` in a scratch file, so Prometheus's own parser reads it;
+    a failure names the panel and target."""
+    import json
+
+    import yaml
+
+    from deployctl.render.dashboard import expressions
+
+    exprs = expressions(json.loads(path.read_text()))
+    rules = [{"record": f"deployctl:panel_{i}", "expr": e} for i, (_, e) in enumerate(exprs)]
+    with tempfile.TemporaryDirectory(prefix="deployctl-dashboard-") as tmp:
+        scratch = Path(tmp) / "panels.rules.yaml"
+        scratch.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, sort_keys=False))
+        done = _run([_which("promtool", "prometheus"), "check", "rules", str(scratch)])
+    output = (done.stdout + done.stderr).strip()
+    # promtool names each rule by its record name: name the panel and target instead
+    output = re.sub(r"deployctl:panel_(\d+)\b", lambda m: repr(exprs[int(m.group(1))][0]), output)
+    return ValidationResult("promtool check rules (dashboard PromQL)", str(path), done.returncode == 0, output,
+                            (f"{len(exprs)} panel expressions",))
+
+
+def check_dashboard_model(path: Path) -> ValidationResult:
+    """The dashboard JSON read back through grafana-foundation-sdk's model (render.dashboard.model_differences):
+    fails naming each key the model does not know and each value it reads otherwise (no type checks: the SDK's
+    Python model reads values as they are)."""
+    import json
+
+    from deployctl.render.dashboard import model_differences
+
+    try:
+        problems = model_differences(json.loads(path.read_text()))
+    except ValueError as err:
+        problems = [f"not JSON: {err}"]
+    return ValidationResult("grafana-foundation-sdk Dashboard model", str(path), not problems, "\n".join(problems))
+
+
+def check_mtail_program(path: Path) -> ValidationResult:
+    """``mtail --compile_only`` on the program's directory. Without mtail on this machine the program is noted
+    as not compiled (it runs on the router host): ok, with a note naming the package."""
+    mtail = shutil.which("mtail")
+    if mtail is None:
+        return ValidationResult("mtail --compile_only", str(path), True, "",
+                                ("mtail is not installed here: the program was not compiled (apt-get install -y mtail)",))
+    with tempfile.TemporaryDirectory(prefix="deployctl-mtail-") as tmp:
+        shutil.copy(path, Path(tmp) / path.name)
+        done = _run([mtail, "--compile_only", "--progs", tmp, "--logtostderr"])
+    return ValidationResult("mtail --compile_only", str(path), done.returncode == 0,
+                            (done.stdout + done.stderr).strip())
+
+
 def check_k8s_manifest(path: Path, *, version: str = _K8S_VERSION) -> ValidationResult:
     """``check_k8s_manifests([path])`` for one file."""
     return check_k8s_manifests([path], version=version)[0]
@@ -258,19 +311,24 @@ def validate_tree(cfg: DeployConfig, out_dir: Path) -> list[ValidationResult]:
     """Every check that applies to the files under ``out_dir`` (as written by render_all)."""
     results, manifests = [], []
     for path in sorted(out_dir.rglob("*")):
-        if path.suffix == ".service":
+        if path.suffix in (".service", ".timer"):
             results.append(verify_systemd(path))
         elif path.parent.name == "router" and path.suffix == ".conf":
             results.append(check_nginx_conf(cfg, path))
         elif path.name == "alerts.rules.yaml":
             results.append(check_alert_rules(path))
+        elif path.parent.name == "grafana" and path.suffix == ".json":
+            results.append(check_dashboard(path))
+            results.append(check_dashboard_model(path))
+        elif path.suffix == ".mtail":
+            results.append(check_mtail_program(path))
         elif path.parent.name == "k8s" and path.suffix == ".yaml":
             manifests.append((len(results), path))
             results.append(None)  # filled below, in this place: one node run for every file's custom resources
         elif path.name == "compose.yaml":
-            from deployctl.engines import adapter
+            from deployctl.engines import of
 
-            results.append(check_compose(path, adapter(cfg.engine.kind).ready_route))
+            results.append(check_compose(path, of(cfg).ready_route))
     if manifests:
         for (i, _), result in zip(manifests, check_k8s_manifests([p for _, p in manifests])):
             results[i] = result

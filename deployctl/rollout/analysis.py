@@ -7,8 +7,13 @@ included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometh
 at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
 histogram_quantile (deployctl.promhist).
 
-Verdict from the metrics (``judge``): ``inconclusive`` when the canary served fewer than ``min_requests``;
-``fail`` when its error rate is over ``max_error_rate`` or a P99 ratio canary/stable is over its limit and the
+Verdict from the metrics (``judge``), in this order: ``fail`` when a canary runtime is down or restarted in the
+window, or the canary's KV cache usage (the engine's ``kv_usage`` gauge, highest canary host at the window's end) is
+over ``slo.max_kv_cache_usage`` (the threshold of the rendered KVCacheUsageHigh alert); ``inconclusive`` when the
+canary served fewer than ``min_requests`` or ``min_client_requests`` client requests; ``fail`` when, with at least
+``min_latency_samples`` samples, the canary's own P99 TTFT / TPOT / E2E is over ``slo.ttft_p99_s`` /
+``slo.tpot_p99_s`` / ``slo.e2e_p99_s`` × ``max_slo_factor`` (whatever stable does: the whole fleet may be slow, or
+at 100% stable has only an old baseline); ``fail`` when its error rate is over ``max_error_rate`` or a P99 ratio canary/stable is over its limit and the
 difference exceeds ``min_p99_delta_s`` (with 1 to ``min_latency_samples`` − 1 canary latency samples the window is
 ``inconclusive`` and stays open: a P99 of a handful is noise); ``inconclusive`` too, with the reason, when a
 histogram holds NaN, a counter went down without a restart (reset), or stable served nothing and no earlier
@@ -39,7 +44,9 @@ class GroupStats:
     errors: int = 0
     p99_ttft_s: Optional[float] = None
     p99_tpot_s: Optional[float] = None
+    p99_e2e_s: Optional[float] = None
     ttft_count: int = 0
+    kv_usage: Optional[float] = None  # the highest KV cache usage (0-1) over the hosts at the window's end
     down: list[str] = field(default_factory=list)  # hosts whose runtime did not answer /metrics at window end
     restarted: list[str] = field(default_factory=list)  # hosts whose runtime process changed within the window
     nan: list[str] = field(default_factory=list)  # hosts whose latency histogram holds NaN
@@ -60,6 +67,8 @@ class Verdict:
     weight: int = 0
     source: str = "metrics"  # metrics | probes | metrics+probes: what the result rests on
     probes: Optional[dict] = None  # {"canary": ProbeStats, "stable": ProbeStats, "result", "reason"} as JSON
+    # signals the canary's engine gives no way to read (Analyzer.cannot_judge): named, never passed silently
+    cannot_judge: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -76,7 +85,8 @@ class Verdict:
 
         return (f"{self.result} [{self.source}]: {_side('canary', self.canary)} | {_side('stable', self.stable)}"
                 + probe_summary(self.probes)
-                + f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else ""))
+                + f" | {self.window_s:.1f} s window" + (f" | {self.reason}" if self.reason else "")
+                + (f" | cannot judge: {'; '.join(self.cannot_judge)}" if self.cannot_judge else ""))
 
 
 def _side(label: str, g: "GroupStats") -> str:
@@ -84,8 +94,32 @@ def _side(label: str, g: "GroupStats") -> str:
         return "n/a" if v is None else f"{v * 1000:.1f} ms"
 
     return (f"{label} {g.requests} req via router (all routes), {g.errors} errors ({g.error_rate:.1%}), "
-            f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)} over {g.ttft_count} TTFT samples "
-            f"(generations, probes incl.)")
+            f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)}"
+            + ("" if g.p99_e2e_s is None else f", P99 E2E {ms(g.p99_e2e_s)}")
+            + ("" if g.kv_usage is None else f", KV {g.kv_usage:.0%}")
+            + f" over {g.ttft_count} TTFT samples (generations, probes incl.)")
+
+
+def kv_usage(samples: Optional[list], name: Optional[str]) -> Optional[float]:
+    """The highest value of gauge ``name`` in ``samples`` (one host's scrape), None when absent."""
+    if not samples or not name:
+        return None
+    vals = [x.value for x in samples if x.name == name and not math.isnan(x.value)]
+    return max(vals) if vals else None
+
+
+def slo_breach(cfg: DeployConfig, g: GroupStats) -> Optional[str]:
+    """The first of the canary's P99 TTFT / TPOT / E2E over its objective × max_slo_factor, as a verdict reason
+    naming the number and the limit; None when all are within (or unmeasured, or without an objective)."""
+    f = cfg.rollout.analysis.max_slo_factor
+    for label, got, slo in (("TTFT", g.p99_ttft_s, cfg.slo.ttft_p99_s), ("TPOT", g.p99_tpot_s, cfg.slo.tpot_p99_s),
+                            ("E2E", g.p99_e2e_s, cfg.slo.e2e_p99_s)):
+        if got is None or slo is None or got <= slo * f:
+            continue
+        key = f"slo.{label.lower()}_p99_s"
+        return (f"canary P99 {label} {got * 1000:.1f} ms > {key} {slo * 1000:g} ms × max_slo_factor {f:g} = "
+                f"{slo * f * 1000:g} ms (SLO)")
+    return None
 
 
 def upstream_map(cfg: DeployConfig) -> dict[str, str]:
@@ -141,10 +175,10 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[
 def scrape(host, cfg: DeployConfig, kind: Optional[str] = None) -> Optional[list]:
     """Samples of the metrics route of engine ``kind`` (default engine.kind) on ``host`` (deployctl.promhist), None
     when it cannot be read or the engine exports none."""
-    from deployctl.engines import adapter
+    from deployctl.engines import adapter_for
     from deployctl.promhist import PromParseError, parse_text
 
-    route = adapter(kind or cfg.engine.kind).metrics_route
+    route = adapter_for(cfg, kind).metrics_route
     if route is None:  # an engine without metrics (Analyzer(metrics=False) never asks)
         return None
     try:
@@ -201,16 +235,27 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
         return Verdict("fail", f"canary {', '.join(canary.down)}: the runtime does not answer /metrics (down or hung)",
                        canary, stable, window_s, weight)
     if canary.restarted:
-        return Verdict("fail", f"canary {', '.join(canary.restarted)}: the runtime restarted during the window (crashed)",
+        return Verdict("fail", f"canary {', '.join(canary.restarted)}: the runtime restarted during the window "
+                               f"(crashed; restarts allowed: 0)", canary, stable, window_s, weight)
+    if canary.kv_usage is not None and canary.kv_usage > cfg.slo.max_kv_cache_usage:
+        return Verdict("fail", f"canary KV cache usage {canary.kv_usage:.1%} > slo.max_kv_cache_usage "
+                               f"{cfg.slo.max_kv_cache_usage:.1%} (the KVCacheUsageHigh alert's threshold)",
                        canary, stable, window_s, weight)
     if canary.requests < a.min_requests:
         return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
                        canary, stable, window_s, weight)
+    if canary.requests < a.min_client_requests:
+        return Verdict("inconclusive", f"{canary.requests} canary client requests < min_client_requests "
+                                       f"{a.min_client_requests}", canary, stable, window_s, weight)
     for label, hosts in (("NaN in the latency histogram of", canary.nan + stable.nan),
                          ("counter reset (histogram went down) on", canary.reset + stable.reset)):
         if hosts:
             return Verdict("inconclusive", f"{label} {', '.join(hosts)}: latency not comparable this window",
                            canary, stable, window_s, weight)
+    if canary.ttft_count >= a.min_latency_samples:
+        breach = slo_breach(cfg, canary)
+        if breach:
+            return Verdict("fail", breach, canary, stable, window_s, weight)
     # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
     # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
     # (an engine without metrics: a window where stable served traffic; its latency comes from the probes)
@@ -259,18 +304,25 @@ class Analyzer:
 
     def __init__(self, cfg: DeployConfig, router, hosts: dict, canary: list[str], stable: list[str], *,
                  stable_kind: Optional[str] = None, chat: bool = True, baseline: Optional[GroupStats] = None):
-        from deployctl.engines import adapter
+        from deployctl.engines import adapter_for
 
         self.cfg, self.router, self.hosts = cfg, router, hosts
         self.canary, self.stable = list(canary), list(stable)
         self.addr = upstream_map(cfg)
         self.baseline = baseline
         self.kinds = {"canary": cfg.engine.kind, "stable": stable_kind or cfg.engine.kind}
-        exports = {side: adapter(k).metrics_route is not None for side, k in self.kinds.items()}
+        self.adapters = {side: adapter_for(cfg, k) for side, k in self.kinds.items()}
+        exports = {side: a.metrics_route is not None for side, a in self.adapters.items()}
         self.canary_metrics = exports["canary"]
         self.metrics = exports["canary"] and exports["stable"]  # latency from the histograms of both sides
         self.chat = chat
         self._runners: list = []
+
+    def cannot_judge(self) -> list[str]:
+        """The verdict rules this canary cannot be judged on (deployctl.rollout.blind)."""
+        from deployctl.rollout.blind import cannot_judge
+
+        return cannot_judge(self.cfg, self.adapters["canary"], both_metrics=self.metrics)
 
     def _kind(self, name: str) -> str:
         return self.kinds["canary" if name in self.canary else "stable"]
@@ -289,7 +341,7 @@ class Analyzer:
             pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
             return scrape(h, self.cfg, self._kind(h.name)), pid
 
-        outs = run_on_hosts([self.hosts[n] for n in names], one)
+        outs = run_on_hosts([self.hosts[n] for n in names], one, deadline_s=90, what="metrics scrape")
         samples = {o.host: (o.value[0] if o.value else None) for o in outs}
         pids = {o.host: (o.value[1] if o.value else None) for o in outs}
         return samples, pids
@@ -325,18 +377,26 @@ class Analyzer:
         text, _ = self.router.access_log_since(w.log_offset) if self.router is not None else ("", 0)
         counts = count_access_log(text, self.addr)
         after, pids = self._scrape_all()
-        from deployctl.engines import metric
+
+        def metric(side, role):
+            return self.adapters[side].metrics[role]
 
         groups = []
         for side, names in (("canary", self.canary), ("stable", self.stable)):
             g = GroupStats(hosts=names)
             g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
             g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            ttft, tpot = metric(self.kinds[side], "ttft"), metric(self.kinds[side], "tpot")  # this side's engine
+            ttft, tpot = metric(side, "ttft"), metric(side, "tpot")  # this side's engine
             if self.metrics and ttft:
                 g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, ttft, g)
             if self.metrics and tpot:
                 g.p99_tpot_s, _ = _p99(w.scrapes, after, names, tpot, g)
+            e2e = metric(side, "e2e")
+            if self.metrics and e2e:
+                g.p99_e2e_s, _ = _p99(w.scrapes, after, names, e2e, g)
+            kv = [u for u in (kv_usage(after.get(n), metric(side, "kv_usage")) for n in names)
+                  if u is not None]
+            g.kv_usage = max(kv) if kv else None
             groups.append(g)
         if self.canary_metrics:
             groups[0].down = [n for n in self.canary if after.get(n) is None]
@@ -346,7 +406,10 @@ class Analyzer:
         if stable.requests and (stable.ttft_count or not self.metrics):
             self.baseline = stable
         # without histograms on both sides the probes judge latency in every window, not only in quiet ones
-        return combine(v, self._probe_verdict(w, latency=low_traffic(v) or not self.metrics))
+        v = combine(v, self._probe_verdict(w, latency=low_traffic(v) or not self.metrics),
+                    self.cfg.rollout.analysis.min_client_requests)
+        v.cannot_judge = self.cannot_judge()
+        return v
 
     def _probe_verdict(self, w: Window, latency: bool):
         from deployctl.rollout.probes import summarize

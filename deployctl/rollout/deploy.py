@@ -9,12 +9,14 @@ to it (restarted, verified, put back), RolloutAborted (exit 6) with the reason a
 and during waits the deploy reads state/control.json: a rollback from another shell makes it stop at once without
 touching anything more (the rollback owns the fleet now) and exit 6 "aborted by rollback"; an abort makes it run
 its own abort; a promote ends the current pause.
+
+Every step is journaled on the control machine before and after it acts (deployctl.rollout.journal: ``_step``);
+``Deployment(resume=True)`` (``deploy --resume``) continues a killed deploy from its journal or rolls it back where
+it cannot be continued (deployctl.rollout.resume), and says which.
 """
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -22,10 +24,12 @@ from typing import Callable, Optional
 from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
-from deployctl.rollout import hostops, release
+from deployctl.rollout import hostops, release, standby
 from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
+from deployctl.rollout.interrupt import Interruption, StopRequested
+from deployctl.rollout.journal import Journal, Progress as JournalProgress
 from deployctl.rollout.plan import DeployPlan, make_plan
 from deployctl.rollout.router import Split, split_for
 from deployctl.rollout.state import Control, RolloutState
@@ -60,8 +64,12 @@ class Deployment:
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
                  skip_preflight: Optional[bool] = None,
-                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None):
+                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
+        self.resume = resume
+        self.journal = Journal(cfg.service.name)
+        self.progress = JournalProgress()  # the journal read back by a resume: steps already done are skipped
+        self._journal_open = False  # this run writes the journal (started or adopted): it records the finish
         # deploy --validate: called with the canary host names once they serve the new release, before the first
         # weight step; a returned reason aborts the rollout (exit 6), None goes on
         self.canary_check = canary_check
@@ -78,15 +86,16 @@ class Deployment:
         self.golden = None  # deployctl.rollout.goldencheck.GoldenCheck of this deploy
         self.baseline = None  # stable's latency figures from the last window that had them
         self.stable_engine = None  # engine.kind of the stable hosts' release (mixed fleets: analysis per side)
-        self._interrupted = threading.Event()
+        # Ctrl-C is cooperative (deployctl.rollout.interrupt): the handler records it, check() acts on it
+        self.interruption = Interruption("stopping at the next safe point, then aborting back to the previous release",
+                                         on_force=self._left_undone)
 
     # ------------------------------------------------------------------------------------------ control
     def check(self) -> None:
         """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
-        (RemoteError otherwise: losing a host mid-rollout aborts it). After Ctrl-C, raise KeyboardInterrupt (in
+        (RemoteError otherwise: losing a host mid-rollout aborts it). After Ctrl-C, raise StopRequested (in
         worker threads too, so that parallel host steps stop at their next check)."""
-        if self._interrupted.is_set():
-            raise KeyboardInterrupt
+        self.interruption.check()
         c = self.fleet.store.read_control(strict=True)
         if c.generation == self.gen:
             return
@@ -102,6 +111,16 @@ class Deployment:
             setattr(self.state, k, v)
         self.fleet.store.write_rollout(self.state)
 
+    def _step(self, name: str, fn: Callable[[], None], *, switch: Optional[list[str]] = None) -> None:
+        """Run step ``name`` journaled: a ``begin`` record before it acts (``switch``: the hosts it may switch to
+        the new release, which an abort after a kill must put back), an ``end`` record after. A step a resumed
+        journal shows ended is skipped."""
+        if name in self.progress.done:
+            return
+        self.journal.begin(name, **({"switch": switch} if switch else {}))
+        fn()
+        self.journal.end(name)
+
     def _route(self, split: Split) -> None:
         shares = self.fleet.router.apply(split)
         self.state.weights = shares
@@ -110,56 +129,120 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> DeployResult:
-        """Run the deploy. Ctrl-C (SIGINT, when called from the main thread) aborts to a consistent state and
-        raises Interrupted (exit 130)."""
-        if threading.current_thread() is not threading.main_thread():
+        """Run the deploy. Ctrl-C (SIGINT, when called from the main thread) is cooperative
+        (deployctl.rollout.interrupt): the deploy stops at its next check point, aborts to a consistent state and
+        raises Interrupted (exit 130); a second Ctrl-C exits at once, saying what is left undone."""
+        with self.interruption.installed():
             return self._run()
-        previous = signal.getsignal(signal.SIGINT)
 
-        def on_sigint(signum, frame):
-            self._interrupted.set()
-            signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts the abort itself
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGINT, on_sigint)
-        try:
-            return self._run()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+    def _before_changes(self) -> None:
+        """A check point before anything on the fleet changed: Ctrl-C ends the deploy here with nothing to undo."""
+        if self.interruption.requested:
+            raise Interrupted("deploy interrupted before anything changed", fix="run `deployctl deploy` again")
 
     def _run(self) -> DeployResult:
         t0 = time.monotonic()
         fl = self.fleet
+        if self.resume:
+            return self._resumed(t0)
         try:
             fl.connect()
+            self._before_changes()
             current = fl.current_releases()
             if not self.skip_preflight:
+                self._before_changes()
                 fl.preflight_gate()
+            self._before_changes()
             info = fl.make_release()
             plan = make_plan(self.cfg, info, current, self.canary_pct)
             self.say("plan", "plan: " + "; ".join(plan.lines()), plan=plan.to_json())
-            if self.confirm is not None and not self.confirm(plan):
-                raise DeployctlError("deploy cancelled; nothing changed")
+            self._before_changes()
+            if self.confirm is not None:
+                with self.interruption.suspended():  # Ctrl-C at the prompt: KeyboardInterrupt, nothing changed
+                    go = self.confirm(plan)
+                if not go:
+                    raise DeployctlError("deploy cancelled; nothing changed")
+            self._before_changes()
             fl.lock("deploy", break_lock=self.break_lock)
-            try:
-                return self._locked(plan, t0)
-            finally:
-                fl.unlock()
+            return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()
 
+    def _resumed(self, t0: float) -> DeployResult:
+        """``deploy --resume``: the journal's plan, the killed deploy's stale lock broken, then continue or roll
+        back (deployctl.rollout.resume)."""
+        from deployctl.rollout import resume
+
+        self.progress = resume.load(self.cfg)
+        plan = resume.plan_of(self.progress.start)
+        fl = self.fleet
+        try:
+            fl.connect()
+            fl.lock("deploy", break_stale=True)
+            return self._journaled(lambda: self._unlocking(plan, t0))
+        finally:
+            fl.close()
+
+    def _journaled(self, fn: Callable[[], DeployResult]) -> DeployResult:
+        """Run ``fn`` and journal how it finished (once its journal was started or adopted): the ``finish``
+        record comes after the lock is released, the deploy's very last act."""
+        try:
+            result = fn()
+        except DeployctlError as e:
+            if self._journal_open:
+                self.journal.finish(type(e).__name__, e.exit_code, str(e))
+            raise
+        if self._journal_open:
+            self.journal.finish("done", 0)
+        return result
+
+    def _unlocking(self, plan: DeployPlan, t0: float) -> DeployResult:
+        try:
+            return self._locked(plan, t0)
+        finally:
+            self.fleet.unlock()
+
     def _locked(self, plan: DeployPlan, t0: float) -> DeployResult:
         fl = self.fleet
-        self.gen = fl.store.send("deploy", reason=plan.release.id).generation
+        why_not = None
+        if self.resume:
+            from deployctl.rollout import resume
+
+            p = self.progress
+            self.gen = int(p.start.get("generation") or 0)  # an abort or rollback sent meanwhile is seen at check()
+            self.switched = set(p.touched)
+            self.journal.adopt()
+            self._journal_open = True
+            wheel = None
+            if "upload" not in p.done:
+                fl.wheel = release.build_wheel()
+                wheel = release._sha256_file(fl.wheel)
+            why_not = p.abort_reason or resume.why_not(self.cfg, plan, p, wheel)
+            at = p.open_step or "the step after " + (sorted(p.done)[-1] if p.done else "the start")
+            if why_not:
+                self.say("resume", f"resuming {plan.release.id}: cannot continue at {at}: {why_not}; rolling back "
+                                   f"to {plan.from_release or 'nothing'}")
+            else:
+                self.say("resume", f"resuming {plan.release.id} from the journal at {at} "
+                                   f"(done: {', '.join(sorted(p.done)) or 'nothing'})")
+        else:
+            self.gen = fl.store.send("deploy", reason=plan.release.id).generation
+            from deployctl.rollout.resume import start_record
+
+            self.journal.start(start_record(plan, self.gen))
+            self._journal_open = True
         self.state = RolloutState(action="deploy", release=plan.release.id, from_release=plan.from_release,
                                   generation=self.gen, steps=plan.steps, canary_hosts=plan.canary,
                                   stable_hosts=plan.stable, pid=os.getpid())
         self._save()
-        fl.store.append_history("deploy", release=plan.release.id, result="started", from_release=plan.from_release,
-                                mode=plan.mode)
+        fl.store.append_history("deploy", release=plan.release.id, result="resumed" if self.resume else "started",
+                                from_release=plan.from_release, mode=plan.mode,
+                                **({"reason": f"rolling back: {why_not}"} if why_not else {}))
         try:
+            if why_not:
+                raise _Abort(f"resume could not continue: {why_not}")
             self.check()
-            fl.upload_all(plan.release)
+            self._step("upload", lambda: fl.upload_all(plan.release, point=self.journal.point))
             if plan.mode == "canary":
                 self._canary(plan)
             else:
@@ -173,14 +256,14 @@ class Deployment:
                 fl.store.append_history("deploy", release=plan.release.id, result="aborted", reason=reason)
                 raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
             return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))
-        except KeyboardInterrupt:
-            self._interrupted.set()
+        except (StopRequested, KeyboardInterrupt):  # KeyboardInterrupt: a caller's own handler (not the CLI's)
+            self.interruption.request()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
         except _Abort as a:
             self._abort(plan, a.reason, verdict=a.verdict)
         except DeployctlError as e:
             self._abort(plan, str(e), cause=e)
-        fl.prune(plan)
+        self._step("prune", lambda: fl.prune(plan))
         self._save(status="done", step_index=len(plan.steps) - 1, weight=100)
         dur = time.monotonic() - t0
         outputs = [{k: v.get(k) for k in ("weight", "canary_host", "result", "mode", "identical", "compared", "total")}
@@ -196,16 +279,17 @@ class Deployment:
         for n in names:
             self.say("host", f"{n}: switching to {release_id}, restarting, verifying", host=n)
 
-        def act(h):
-            return hostops.activate(h, self.cfg, release_id, should_stop=self.check,
-                                    on_switch=self.switched.add)
+        def act(h):  # the old release sleeps beside the new one when it can (deployctl.rollout.standby)
+            return standby.activate(h, self.cfg, release_id, should_stop=self.check, on_switch=self.switched.add,
+                                    say=self.say)
 
-        ok, bad = hostops.on_hosts(hosts, act)
+        ok, bad = hostops.on_hosts(hosts, act, deadline_s=hostops.activate_deadline_s(self.cfg),
+                                   what=f"switching to {release_id}")
         for n, v in ok.items():
             self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens{v.note()} "
                              f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
         for err in bad.values():
-            if isinstance(err, (Intervened, KeyboardInterrupt)):
+            if isinstance(err, (Intervened, StopRequested)):
                 raise err
         if bad:
             n, err = next(iter(bad.items()))
@@ -215,9 +299,9 @@ class Deployment:
         names = plan.stable
         if plan.mode == "in-place":
             self.say("info", f"one host: no canary possible; verified in-place switch on {names[0]}")
-        self._activate(names, plan.release.id)
+        self._step("activate", lambda: self._activate(names, plan.release.id), switch=names)
         if self.cfg.router:
-            self._route(Split(tuple(names), (), 0))
+            self._step("route", lambda: self._route(Split(tuple(names), (), 0)))
         self._save(step_index=0, weight=100)
 
     def _canary(self, plan: DeployPlan) -> None:
@@ -226,30 +310,40 @@ class Deployment:
         stable_kind = self._stable_kind(plan, old)
         if stable_kind and stable_kind != self.cfg.engine.kind:  # both engines behind one nginx upstream
             self.fleet.router.engines_behind = frozenset({stable_kind})
-        self._route(split_for([], old, 0))  # drain the canary hosts
-        self._activate(new, plan.release.id)
+        self._step("drain", lambda: self._route(split_for([], old, 0)))  # drain the canary hosts
+        self._step("activate", lambda: self._activate(new, plan.release.id), switch=new)
         if self.canary_check is not None:
-            self.say("step", f"validating the canary {', '.join(new)} before the first weight step")
-            why = self.canary_check(new)
-            if why:
-                raise _Abort(f"canary validation failed: {why}")
+            self._step("validate", lambda: self._validate(new))
         for i, weight in enumerate(plan.steps):
             self.check()
-            self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
-            self._route(split_for(new, old, weight))
-            self._save(step_index=i, weight=weight)
-            job = self._start_outputs(plan, new, old)
-            self._analyze(plan, new, old, weight, job)
-            self._outputs_done(job, weight, wait=True)
-        for batch in plan.batches:
+            self._step(f"weight:{i}", lambda: self._weight_step(plan, i, weight, new, old))
+        for j, batch in enumerate(plan.batches):
             self.check()
             old = [n for n in old if n not in batch]
-            self._route(split_for(new, old, 100))  # drain the batch
-            self._activate(batch, plan.release.id)
+            self._step(f"batch:{j}", lambda: self._batch(plan, batch, new, old), switch=batch)
             new += batch
-            self._route(split_for(new, old, 100))
         self.fleet.router.engines_behind = frozenset()  # only the new release's engine from here on
-        self._route(Split(tuple(new), (), 0))
+        self._step("route", lambda: self._route(Split(tuple(new), (), 0)))
+
+    def _validate(self, new: list[str]) -> None:
+        self.say("step", f"validating the canary {', '.join(new)} before the first weight step")
+        why = self.canary_check(new)
+        if why:
+            raise _Abort(f"canary validation failed: {why}")
+
+    def _weight_step(self, plan: DeployPlan, i: int, weight: int, new: list[str], old: list[str]) -> None:
+        self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
+        self._route(split_for(new, old, weight))
+        self._save(step_index=i, weight=weight)
+        job = self._start_outputs(plan, new, old)
+        self._analyze(plan, new, old, weight, job, pause=plan.pause_at(i))
+        self._outputs_done(job, weight, wait=True)
+
+    def _batch(self, plan: DeployPlan, batch: list[str], new: list[str], old: list[str]) -> None:
+        """Drain ``batch``, switch it to the new release, put it back beside ``new`` (``old``: stable without it)."""
+        self._route(split_for(new, old, 100))  # drain the batch
+        self._activate(batch, plan.release.id)
+        self._route(split_for(new + batch, old, 100))
 
     def _record(self, vj: dict) -> None:
         """Keep a verdict in state/rollout.json: every output comparison and the 20 newest analysis windows."""
@@ -293,7 +387,7 @@ class Deployment:
                 raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
 
     def _wait_paused(self, weight: int, why: str, job=None) -> bool:
-        """Pause for a human: True when promoted (go on), else Intervened/KeyboardInterrupt raise out of check()
+        """Pause for a human: True when promoted (go on), else Intervened/StopRequested raise out of check()
         (and a failed output comparison aborts meanwhile)."""
         self._save(status="paused", reason=why)
         self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
@@ -311,11 +405,12 @@ class Deployment:
             self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0] or ""
         return self.stable_engine or None
 
-    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None) -> None:
-        pause, a = plan.pause_s, self.cfg.rollout.analysis
+    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None, *,
+                 pause: float = 0.0) -> None:
+        a = self.cfg.rollout.analysis
         if pause <= 0:
             return
-        from deployctl.rollout.verdicts import InconclusiveStreak
+        from deployctl.rollout.verdicts import InconclusiveStreak, idle
 
         fl = self.fleet
         chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
@@ -342,13 +437,18 @@ class Deployment:
                 self.baseline = an.baseline
                 vj = last.to_json()
                 self._record(vj)
+                self.journal.point("window", weight=weight, result=last.result)
                 self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
                 if last.result == "fail":
                     raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
                 if last.result == "pass":
                     passes += 1
                     win = an.open_window()
-                if streak.add(last.result):
+                if streak.add(last.result, idle(last, a.min_client_requests)):
+                    if streak.all_idle:  # nothing judged the canary: abort, do not hold it untested
+                        raise _Abort(f"{streak.count} analysis windows in a row without client traffic at {weight}% "
+                                     f"(< min_client_requests {a.min_client_requests}; inconclusive_limit "
+                                     f"{a.inconclusive_limit}): {last.reason}", vj)
                     self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
                                               f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}", job)
                     self.promote_requested = False
@@ -365,12 +465,28 @@ class Deployment:
                          "send traffic or `deployctl promote` by hand", last.to_json())
 
     # ------------------------------------------------------------------------------------------ abort
+    def _left_undone(self) -> str:
+        """What a second Ctrl-C leaves behind, for the line printed before it exits."""
+        prev = self.state.from_release if self.state is not None else None
+        if not self.switched:
+            where = "no host was switched to the new release"
+        else:
+            where = f"{', '.join(sorted(self.switched))} may still run the new release"
+        weights = (self.state.weights if self.state is not None else None) or {}
+        traffic = ", ".join(f"{h} {w:g}%" for h, w in weights.items() if w) or "unknown"
+        back = f"`deployctl rollback` to put every host back on {prev}" if prev else "`deployctl rollback --to ID`"
+        return (f"The abort did not finish: {where}; last traffic split: {traffic}. Run `deployctl status`, then "
+                f"{back} (it breaks this deploy's stale lock).")
+
     def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
                cause: Optional[BaseException] = None, interrupted: bool = False):
         fl = self.fleet
         if self.golden is not None:
             self.golden.stop()
         self.say("abort", f"aborting: {reason}")
+        self.journal.abort(reason)
+        # fresh SSH connections: the ones in use when the failure or Ctrl-C came may be broken or busy (issue 31)
+        fl.reconnect()
         try:
             self.state.status = "aborting"
             fl.store.write_rollout(self.state)

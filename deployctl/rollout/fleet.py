@@ -6,8 +6,9 @@ from collections import Counter
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
+from deployctl.engines.command import stop_wait_s
 from deployctl.errors import DeployctlError, ExitCode, RemoteError, about
-from deployctl.rollout import hostops, release
+from deployctl.rollout import hostops, release, standby
 from deployctl.service import launcher
 from deployctl.rollout.lock import DeployLock, describe
 from deployctl.rollout.router import Router, Split, router_host_config
@@ -25,6 +26,7 @@ class Fleet:
         self.cfg, self.say = cfg, say
         self.hosts: dict = {}
         self.router: Optional[Router] = None
+        self.platform: dict = {}  # host name -> preflight.platform_of(facts), from the gate (empty when skipped)
         self.store: Optional[StateStore] = None
         self._lock: Optional[DeployLock] = None
         self._router_host = None
@@ -38,22 +40,40 @@ class Fleet:
         self.store = StateStore(list(self.hosts.values()))
         # which port each runtime serves on now (the configured one, or spare_port after a rollback there)
         hostops.on_hosts([h for h in self.hosts.values() if h.config.spare_port],
-                         lambda h: launcher.load_port(h, self.cfg))
+                         lambda h: launcher.load_port(h, self.cfg), deadline_s=hostops.QUICK_DEADLINE_S,
+                         what="reading the active port")
         if self.cfg.router is not None:
             self._router_host = Host.from_config(router_host_config(self.cfg))
             self.router = Router(self.cfg, self._router_host)
 
+    def reconnect(self) -> None:
+        """Fresh connections to every host and the router, for the abort (issue 31): a connection that was in use
+        when a failure or Ctrl-C came may be broken or still busy in an abandoned worker. The state store, the
+        router and the lock move to the new Host objects; the old ones are closed in the background."""
+        from deployctl.hosts import Host
+
+        old = [*self.hosts.values(), self._router_host]
+        self.hosts = {n: Host.from_config(h.config) for n, h in self.hosts.items()}
+        self.store = StateStore(list(self.hosts.values()))
+        if self._router_host is not None:
+            self._router_host = Host.from_config(self._router_host.config)
+            self.router.host = self._router_host
+        if self._lock is not None:
+            self._lock.hosts = [self.hosts[h.name] for h in self._lock.hosts]
+            self._lock.held = [self.hosts[h.name] for h in self._lock.held]
+        _close_in_background(old)
+
     def close(self) -> None:
-        for h in [*self.hosts.values(), self._router_host]:
-            if h is not None:
-                try:
-                    h.close()
-                except Exception:
-                    pass
+        """Close every connection, bounded (a close that hangs on a dead peer is left behind)."""
+        from deployctl.hosts import run_on_hosts
+
+        run_on_hosts([h for h in [*self.hosts.values(), self._router_host] if h is not None], _quiet_close,
+                     deadline_s=10, what="closing the connection")
 
     def current_releases(self) -> dict[str, Optional[str]]:
         """``current`` on every host. Raises the first RemoteError when a host cannot be reached (exit 4)."""
-        ok, bad = hostops.on_hosts(list(self.hosts.values()), release.current_release)
+        ok, bad = hostops.on_hosts(list(self.hosts.values()), release.current_release,
+                                   deadline_s=hostops.QUICK_DEADLINE_S, what="reading the current release")
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else RemoteError(about(name, err))
@@ -80,9 +100,11 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ release
     def preflight_gate(self) -> None:
         """Run preflight on every host; any failed check stops the deploy before anything changes (exit 1)."""
+        from deployctl.preflight import platform_of
         from deployctl.rollout.gate import preflight_gate
 
-        preflight_gate(self.cfg, self.say)
+        report = preflight_gate(self.cfg, self.say)
+        self.platform = {h.host: platform_of(h.facts) for h in report.hosts if not h.facts.get("error")}
         self.warn_inconsistent()
 
     def warn_inconsistent(self) -> list[str]:
@@ -90,7 +112,8 @@ class Fleet:
         deploy will make them agree, but the operator should know what they were serving. Returns the lines."""
         from deployctl.rollout.fleetcheck import differences, snapshot
 
-        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: snapshot(h, self.cfg))
+        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: snapshot(h, self.cfg),
+                                 deadline_s=hostops.QUICK_DEADLINE_S, what="reading what each host serves")
         lines = differences([{"host": n, **ok[n]} for n in self.hosts if n in ok])
         for line in lines:
             self.say("warn", f"fleet already inconsistent: {line}")
@@ -100,23 +123,35 @@ class Fleet:
         self.wheel = release.build_wheel()
         first = next(iter(self.hosts.values()))
         manifest = release.read_manifest(first, self.cfg)
-        info = release.make_release_info(self.cfg, self.wheel, manifest)
+        info = release.make_release_info(self.cfg, self.wheel, manifest,
+                                         model_files=release.read_model_files(first, self.cfg))
         self.say("info", f"release {info.id}: runtime {info.runtime_wheel}, config {info.config_hash[:12]}, "
                          f"model manifest {info.model_manifest_hash[:12]}")
         return info
 
-    def upload_all(self, info) -> None:
+    def upload_all(self, info, point=None) -> None:
+        """Upload ``info`` to every host at once (release.upload). ``point(what, host=...)``, when given, is told
+        inside each host's upload (the rollout journal's points): after its files are rendered and after the tar
+        file is on the host, before it is unpacked. Raises the first host's error."""
+        from deployctl import settings
         from deployctl.render import render_release
+        from deployctl.render.targets import api_key_from_env
         from deployctl.service.http import api_key
 
-        key = api_key(self.cfg)
+        key = api_key(self.cfg)  # unset: no key (preflight's api_key check said what that means)
+        if key and self.cfg.server.next_api_key_env:  # a rotation: both keys in runtime.env
+            key = api_key_from_env(self.cfg, settings.environ())
 
         def up(h):
             files = render_release(self.cfg, h.config, info.id, api_key=key)
-            return release.upload(h, self.cfg, info, self.wheel, files)
+            if point:
+                point("upload:rendered", host=h.name)
+            return release.upload(h, self.cfg, info, self.wheel, files, platform=self.platform.get(h.name),
+                                  on_put=(lambda: point("upload:put", host=h.name)) if point else None)
 
         self.say("info", f"uploading release {info.id} to {len(self.hosts)} hosts")
-        _, bad = hostops.on_hosts(list(self.hosts.values()), up)
+        _, bad = hostops.on_hosts(list(self.hosts.values()), up, deadline_s=release.UPLOAD_DEADLINE_S,
+                                  what=f"uploading release {info.id}")
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else RemoteError(f"upload to {name} failed: {err}")
@@ -124,7 +159,8 @@ class Fleet:
     def prune(self, plan) -> None:
         keep = self.cfg.rollout.keep_releases
         protect = {plan.release.id} | ({plan.from_release} if plan.from_release else set())
-        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: release.prune(h, keep, protect))
+        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: release.prune(h, keep, protect),
+                                 deadline_s=hostops.QUICK_DEADLINE_S, what="pruning old releases")
         gone = sorted({r for v in ok.values() for r in v})
         if gone:
             self.say("info", f"pruned old releases: {', '.join(gone)}")
@@ -134,7 +170,10 @@ class Fleet:
         """Put the fleet back on ``plan.from_release``: traffic to hosts never switched, then each switched host
         back (switch, install, restart, verify) and into the upstream. Returns problems (never raises)."""
         problems: list[str] = []
-        old = [n for n in self.hosts if n not in switched]
+        current = getattr(plan, "current", None) or {}
+        # a host that had no release before this deploy (a host new in deploy.yaml) gets no traffic back
+        old = [n for n in self.hosts if n not in switched
+               and not (plan.from_release and n in current and not current[n])]
         if route and old:
             try:
                 route(Split(tuple(old), (), 0))
@@ -143,13 +182,30 @@ class Fleet:
         back = [self.hosts[n] for n in self.hosts if n in switched]
         if not back:
             return problems
-        if plan.from_release:
+        # a host that had no release before this deploy (first deploy, or a host new in deploy.yaml) is stopped
+        bare = [h for h in back if not plan.from_release or (h.name in current and not current[h.name])]
+        back = [h for h in back if h not in bare]
+        ok, bad = {}, {}
+        if back:
             for h in back:
                 self.say("host", f"{h.name}: back to {plan.from_release}", host=h.name)
-            ok, bad = hostops.on_hosts(back, lambda h: hostops.activate(h, self.cfg, plan.from_release))
-        else:
-            ok, bad = hostops.on_hosts(back, lambda h: launcher.stop(h, self.cfg))
-            ok = {}
+            # a canary whose old release sleeps beside it: stop the canary, wake the old one (standby.restore)
+            ok, bad = hostops.on_hosts(back, lambda h: standby.restore(h, self.cfg, plan.from_release, say=self.say),
+                                       deadline_s=hostops.activate_deadline_s(self.cfg),
+                                       what=f"going back to {plan.from_release}")
+        if bare:
+            for h in bare:
+                self.say("host", f"{h.name}: had no release before: stopping it", host=h.name)
+
+            def stop_bare(h):
+                launcher.stop(h, self.cfg)
+                if plan.from_release:  # a new host beside serving ones: it serves nothing again, and says so
+                    release.clear_current(h)
+
+            _, stopped_bad = hostops.on_hosts(bare, stop_bare,
+                                              deadline_s=stop_wait_s(self.cfg) + 60,
+                                              what="stopping the runtime")
+            bad.update(stopped_bad)
         problems += [about(n, e) for n, e in bad.items()]
         serving = old + [n for n in self.hosts if n in ok]
         if route and serving and ok:
@@ -158,6 +214,24 @@ class Fleet:
             except Exception as e:
                 problems.append(f"router: {e}")
         return problems
+
+
+def _quiet_close(host) -> None:
+    try:
+        host.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection must not mask what the caller reports
+        pass
+
+
+def _close_in_background(hosts: list) -> None:
+    import threading
+
+    def close_all():
+        for h in hosts:
+            if h is not None:
+                _quiet_close(h)
+
+    threading.Thread(target=close_all, name="deployctl-close-old", daemon=True).start()
 
 
 def majority(values) -> Optional[str]:

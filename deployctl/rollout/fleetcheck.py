@@ -11,6 +11,8 @@ hosts are compared on what they serve, not only on what ``current`` points at.
                        manifest on disk now
   ``config_hash``      release.json's config_hash (first 12 hex); ``config_drift`` names release files whose
                        sha256 no longer matches the release's manifest.sha256 (edited by hand)
+  ``nvidia_driver`` / ``cuda`` / ``torch`` / ``torch_cuda`` / ``engine_installed``  release.json ``platform``:
+                       the versions the deploy's preflight saw on this host (None when it did not run)
   ``supervised`` / ``runtime_running``  launch.sh's pid and the runtime's pid alive (process launcher), or the
                        unit active (systemd, which is both)
 ``differences(rows) -> list[str]``: one line per host that differs from the rest (majority value) on a field.
@@ -27,11 +29,15 @@ from deployctl.config.layout import current_link, pid_file, shared_dir
 COMPARED = (("current_release", "release"), ("engine", "engine"), ("engine_version", "engine version"),
             ("model_manifest", "model manifest"),
             ("config_hash", "config hash"))
+# release.json ``platform`` (recorded from the deploy's preflight facts): compared among the hosts that have it
+PLATFORM_COMPARED = (("nvidia_driver", "NVIDIA driver"), ("cuda", "driver CUDA"), ("torch", "torch"),
+                     ("torch_cuda", "torch CUDA build"), ("engine_installed", "installed engine"))
 
 _SNIPPET = r"""
 import hashlib, json, os, re, sys
 a = json.loads(sys.argv[1])
 out = {"current_release": None, "engine": None, "engine_version": None, "model_manifest": None, "config_hash": None, "config_drift": [],
+       "nvidia_driver": None, "cuda": None, "torch": None, "torch_cuda": None, "engine_installed": None,
        "supervisor_pid": None, "runtime_pid": None, "supervised": False, "runtime_running": False}
 
 def sha(path):
@@ -60,6 +66,10 @@ try:
     out["engine"] = info.get("engine_kind") or "deployctl-runtime"
     out["engine_version"] = info.get("engine_version") or (m.group(2) if m and out["engine"] == "deployctl-runtime" else None)
     out["config_hash"] = (info.get("config_hash") or "")[:12] or None
+    plat = info.get("platform") or {}
+    for k in ("nvidia_driver", "cuda", "torch", "torch_cuda"):
+        out[k] = plat.get(k)
+    out["engine_installed"] = plat.get("engine_version")
     for line in open(os.path.join(rdir, "manifest.sha256")):
         want, name = line.strip().split(None, 1)
         p = os.path.join(rdir, name)
@@ -120,6 +130,17 @@ def differences(rows: list[dict[str, Any]]) -> list[str]:
             if r.get(key) != common:
                 out.append(f"{r['host']}: {label} {r.get(key)} differs from the rest ({common} on "
                            f"{', '.join(holders)})")
+    for key, label in PLATFORM_COMPARED:  # version drift: hosts without the record are left out
+        known = [r for r in rows if r.get(key) is not None]
+        values = Counter(r[key] for r in known)
+        if len(values) < 2:
+            continue
+        common, _ = values.most_common(1)[0]
+        holders = [r["host"] for r in known if r[key] == common]
+        for r in known:
+            if r[key] != common:
+                out.append(f"{r['host']}: {label} {r[key]} differs from the rest ({common} on {', '.join(holders)}; "
+                           "recorded by the deploy's preflight)")
     for r in rows:
         if r.get("config_drift"):
             out.append(f"{r['host']}: release files edited since the deploy: {', '.join(r['config_drift'])}")

@@ -7,7 +7,8 @@ from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed
 
 
-def preflight_gate(cfg: DeployConfig, say) -> None:
+def preflight_gate(cfg: DeployConfig, say):
+    """Run the gate; returns the PreflightReport (its facts give release.json's ``platform``). Raises CheckFailed."""
     from deployctl.preflight import run_preflight
 
     say("info", f"preflight on {len(cfg.hosts)} hosts")
@@ -24,3 +25,4 @@ def preflight_gate(cfg: DeployConfig, say) -> None:
                           fix=c.fix or "run `deployctl preflight` for the full table")
     counts = report.counts()
     say("info", f"preflight passed: {counts['pass']} checks pass, {counts['warn']} warn")
+    return report

@@ -9,6 +9,9 @@ Which agreement rule applies comes from the two releases (their release director
 - the engine (``release.json`` ``engine``, else the runtime wheel's project name) or ``dtype`` (runtime.yaml)
   differ → ``prefix``;
 - else ``exact``.
+The reason also names which of the model's tokenizer.json, tokenizer_config.json (chat template),
+generation_config.json and config.json changed (release.json ``model_files``; releases without it say nothing):
+"exact: same weights, engine and dtype; changed: tokenizer_config.json (chat template)".
 The model has a chat template when the canary's model directory holds ``chat_template.jinja`` or a
 ``chat_template`` in tokenizer_config.json; then prompts go to /v1/chat/completions, else /v1/completions.
 Stable's answers are asked once per deploy (stable does not change during it). ``start`` runs the check in a
@@ -41,6 +44,7 @@ class Identity:
     weights: str
     engine: str
     dtype: str
+    files: tuple = ()  # sorted (name, sha256) of release.json model_files; () when the release has none
 
 
 def parse_identity(release_json: str, manifest: str, runtime_yaml: str) -> Identity:
@@ -60,7 +64,21 @@ def parse_identity(release_json: str, manifest: str, runtime_yaml: str) -> Ident
         key, _, val = ln.partition(":")
         if key.strip() == "dtype":
             dtype = val.strip().strip("'\"")
-    return Identity(weights, engine, dtype)
+    files = rel.get("model_files") if isinstance(rel.get("model_files"), dict) else {}
+    return Identity(weights, engine, dtype, tuple(sorted(files.items())))
+
+
+FILE_ROLES = {"tokenizer_config.json": "chat template", "generation_config.json": "generation defaults",
+              "tokenizer.json": "tokenizer", "config.json": "model config"}
+
+
+def changed_files(stable: Identity, canary: Identity) -> list[str]:
+    """The model files whose sha256 differs between the releases (added or removed count), with their role;
+    empty when either release did not record them."""
+    if not stable.files or not canary.files:
+        return []
+    a, b = dict(stable.files), dict(canary.files)
+    return [f"{n} ({FILE_ROLES.get(n, 'file')})" for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
 
 
 def rules_for(cfg: DeployConfig, stable: Identity, canary: Identity) -> Rules:
@@ -70,15 +88,18 @@ def rules_for(cfg: DeployConfig, stable: Identity, canary: Identity) -> Rules:
                   min_length_ratio=o.min_length_ratio, max_length_ratio=o.max_length_ratio)
     changed = [f"{k} {getattr(stable, k) or '?'} → {getattr(canary, k) or '?'}" for k in ("engine", "dtype")
                if getattr(stable, k) != getattr(canary, k)]
+    files = changed_files(stable, canary)
+    also = f"; changed: {', '.join(files)}" if files else ""
     if stable.weights != canary.weights:
         wc = f"weights changed {stable.weights or '?'} → {canary.weights or '?'}"
         if o.on_model_change == "skip":
-            return Rules("skip", f"{wc}, outputs.on_model_change skip", **common)
+            return Rules("skip", f"{wc}, outputs.on_model_change skip{also}", **common)
         return Rules("prefix" if changed else "exact",
-                     f"{wc}, outputs.on_model_change check" + (f"; {', '.join(changed)}" if changed else ""), **common)
+                     f"{wc}, outputs.on_model_change check" + (f"; {', '.join(changed)}" if changed else "") + also,
+                     **common)
     if changed:
-        return Rules("prefix", ", ".join(changed), **common)
-    return Rules("exact", "same weights, engine and dtype", **common)
+        return Rules("prefix", ", ".join(changed) + also, **common)
+    return Rules("exact", "same weights, engine and dtype" + also, **common)
 
 
 def _cat(host, paths: list[str]) -> list[str]:

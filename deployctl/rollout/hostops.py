@@ -70,7 +70,8 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
 
 
-def activate_beside(host, cfg: DeployConfig, release_id: str, port: int) -> Verified:
+def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
+                    should_stop: Optional[Callable[[], None]] = None) -> Verified:
     """Start ``release_id`` on ``host`` at ``port`` while the runtime there keeps serving (``current`` switched,
     wheel installed, a second supervisor started, verified there: ready + one short sample inference). The old
     runtime is left running: ``retire`` it once the router sends traffic to ``port``. On failure the new one is
@@ -85,7 +86,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int) -> Veri
         t.append(time.monotonic())
         timeout, why = verify_timeout(cfg, host)
         v = verify(host, cfg, timeout=timeout, expect_release=release_id, log_offset=offset, deadline_why=why,
-                   port=port)
+                   port=port, should_stop=should_stop)
     except BaseException:
         try:
             launcher.stop(host, cfg, port=port, beside=True, timeout=5)
@@ -111,13 +112,29 @@ def retire(host, cfg: DeployConfig, port: int, old_port: int) -> float:
     return round(time.monotonic() - t0, 2)
 
 
-def on_hosts(hosts: list, fn) -> tuple[dict, dict]:
-    """Run ``fn(host)`` on every host in parallel. Returns ({name: value}, {name: error})."""
+# seconds a group of quick remote reads/writes (state, current, ports) may take before a host is named and left out
+QUICK_DEADLINE_S = 120.0
+
+
+def activate_deadline_s(cfg: DeployConfig) -> float:
+    """Seconds ``activate`` may take on one host before the group goes on without it: the sum of the timeouts of
+    the remote calls it makes — switch + install (release.switch_and_install: 300 s + 30 s), stop
+    (engines.command.stop_wait_s + 5 s + 30 s, launcher.stop), start (30 s), the readiness wait (server.startup_timeout_s, the cap of verify_timeout or
+    DEPLOYCTL_VERIFY_TIMEOUT_S) — plus 60 s for the sample inference and the log reads."""
+    verify_s = max(settings.current().verify_timeout_s or 0, cfg.server.startup_timeout_s)
+    from deployctl.engines.command import stop_wait_s
+
+    return 330 + (stop_wait_s(cfg) + 35) + 30 + verify_s + 60
+
+
+def on_hosts(hosts: list, fn, *, deadline_s: Optional[float] = None, what: str = "") -> tuple[dict, dict]:
+    """Run ``fn(host)`` on every host in parallel, bounded by ``deadline_s`` (deployctl.hosts.run_on_hosts: a host
+    that misses it gets a HostDeadline error naming it). Returns ({name: value}, {name: error})."""
     from deployctl.hosts import run_on_hosts
 
     if not hosts:
         return {}, {}
-    outcomes = run_on_hosts(hosts, fn)
+    outcomes = run_on_hosts(hosts, fn, deadline_s=deadline_s, what=what)
     ok = {o.host: o.value for o in outcomes if o.error is None}
     bad = {o.host: o.error for o in outcomes if o.error is not None}
     return ok, bad

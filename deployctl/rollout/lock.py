@@ -39,13 +39,10 @@ class LockInfo:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether ``pid`` runs here; a zombie (killed, not yet reaped by a parent that does not wait) does not."""
+    from deployctl.rollout.detach import pid_running
+
+    return pid_running(pid)
 
 
 def judge(owner: dict, *, max_age_s: Optional[float] = None) -> tuple[bool, str]:
@@ -112,7 +109,7 @@ class DeployLock:
         from deployctl.hosts import run_on_hosts
 
         out = []
-        for o in run_on_hosts(self.hosts, self.read):
+        for o in run_on_hosts(self.hosts, self.read, deadline_s=3 * self.timeout + 15, what="the lock"):
             if o.error is None and o.value is not None:
                 stale, why = judge(o.value)
                 out.append(LockInfo(o.host, o.value, stale, why))
@@ -168,5 +165,5 @@ class DeployLock:
             path = shlex.quote(state_file(host.config, "lock"))
             host.run(f"grep -qF {shlex.quote(token)} {path} 2>/dev/null && rm -f {path} || true", timeout=self.timeout)
 
-        run_on_hosts(list(self.held), drop)  # best effort: an unreachable host keeps a lock that reads as stale
+        run_on_hosts(list(self.held), drop, deadline_s=3 * self.timeout + 15, what="releasing the lock")  # best effort: an unreachable host keeps a lock that reads as stale
         self.held = []

@@ -2,8 +2,10 @@
 
 Release id: ``YYYYmmddTHHMMSSZ-<8 hex>``, the UTC time of the deploy and the first 8 hex digits of
 sha256(runtime wheel sha256, rendered configuration, model manifest). A release directory is immutable once
-written: ``release.json`` records id, created, config hash, model manifest hash, wheel name and sha256 and the
-deployctl version. ``current`` is switched atomically: a new symlink beside it, then ``mv -T`` (rename(2)) over it.
+written: ``release.json`` records id, created, config hash, model manifest hash, wheel name and sha256, the
+deployctl version and ``model_files``: the sha256 of the model directory's tokenizer.json, tokenizer_config.json
+(the chat template), generation_config.json and config.json as the first host has them (a file it lacks is left
+out), so that a change of template or generation defaults shows beside unchanged weights. ``current`` is switched atomically: a new symlink beside it, then ``mv -T`` (rename(2)) over it.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -39,6 +41,7 @@ class ReleaseInfo:
     runtime_wheel: str
     runtime_wheel_sha256: str
     deployctl_version: str
+    model_files: dict = field(default_factory=dict)  # MODEL_FILES name -> sha256 (hex)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -111,7 +114,24 @@ def wheel_version(wheel: Path) -> str:
     return parts[1] if len(parts) >= 5 else "unknown"
 
 
-def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Optional[datetime] = None) -> ReleaseInfo:
+MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
+
+
+def read_model_files(host, cfg: DeployConfig) -> dict[str, str]:
+    """sha256 of each MODEL_FILES file in model.path on ``host`` ({name: hex}; absent files left out), one command."""
+    names = " ".join(shlex.quote(n) for n in MODEL_FILES)
+    r = host.run(f"cd {shlex.quote(cfg.model.path)} && sha256sum -- {names} 2>/dev/null; true", timeout=60,
+                 check=False)
+    out = {}
+    for line in r.stdout.splitlines():
+        digest, _, name = line.partition("  ")
+        if name in MODEL_FILES and len(digest) == 64:
+            out[name] = digest
+    return out
+
+
+def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Optional[datetime] = None,
+                      model_files: Optional[dict] = None) -> ReleaseInfo:
     from deployctl import __version__
 
     when = when or datetime.now(timezone.utc)
@@ -125,6 +145,7 @@ def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Op
         runtime_wheel=wheel.name,
         runtime_wheel_sha256=wheel_sha,
         deployctl_version=__version__,
+        model_files=dict(model_files or {}),
     )
 
 
@@ -146,13 +167,31 @@ def current_release(host, *, timeout: float = 15) -> Optional[str]:
 
 
 def list_releases(host, *, timeout: float = 15) -> list[str]:
+    """The release ids under releases/, oldest first (ids sort by time); leftovers of a killed upload
+    (``<id>.partial``, ``<id>.tar``: LEFTOVER_SUFFIXES) are not releases and are left out."""
     r = host.run(f"ls -1 {shlex.quote(releases_dir(host.config))} 2>/dev/null || true", timeout=timeout)
-    return sorted(line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith("."))
+    return sorted(line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith(".")
+                  and not line.strip().endswith(LEFTOVER_SUFFIXES))
 
 
-def release_files(info: ReleaseInfo, files: list) -> list:
-    """The rendered files with release.json completed (render's fields plus ``ReleaseInfo``) and
-    manifest.sha256 recomputed to cover the runtime wheel too."""
+# What a killed upload leaves under releases/: the half-extracted directory and the uploaded tar file. The next
+# upload to the host (a deploy holds the lock, so no other upload runs there) removes them.
+LEFTOVER_SUFFIXES = (".partial", ".tar")
+
+
+def remove_leftovers(host, *, timeout: float = 30) -> list[str]:
+    """Remove ``*.partial`` and ``*.tar`` under the host's releases/ (LEFTOVER_SUFFIXES). Returns their names."""
+    q = shlex.quote
+    r = host.run(f"cd {q(releases_dir(host.config))} 2>/dev/null || exit 0; "
+                 "for f in *.partial *.tar; do [ -e \"$f\" ] || continue; rm -rf -- \"$f\" && echo \"$f\"; done",
+                 timeout=timeout)
+    return [line for line in r.stdout.splitlines() if line]
+
+
+def release_files(info: ReleaseInfo, files: list, platform: Optional[dict] = None) -> list:
+    """The rendered files with release.json completed (render's fields plus ``ReleaseInfo`` plus ``platform``: the
+    host's driver, CUDA, torch and engine versions from the deploy's preflight, deployctl.preflight.platform_of;
+    null when preflight did not run) and manifest.sha256 recomputed to cover the runtime wheel too."""
     from deployctl.render import RenderedFile, release_manifest
 
     base: dict = {}
@@ -160,46 +199,61 @@ def release_files(info: ReleaseInfo, files: list) -> list:
         if f.path == "release.json":
             base = json.loads(f.content)
     kept = [f for f in files if f.path not in ("release.json", "manifest.sha256")]
-    kept.append(RenderedFile("release.json", json.dumps({**base, **asdict(info)}, indent=1, sort_keys=True) + "\n"))
+    doc = {**base, **asdict(info), "platform": platform}
+    kept.append(RenderedFile("release.json", json.dumps(doc, indent=1, sort_keys=True) + "\n"))
     return kept + [release_manifest(kept, {info.runtime_wheel: info.runtime_wheel_sha256})]
 
 
-def _tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path) -> None:
+def _tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path, platform: Optional[dict] = None) -> None:
     import io
     import tarfile
 
     fault = settings.current().runtime_fault
+    fake_gpu = settings.current().fake_gpu_memory  # tests: the stand-in GPU the runtime accounts its memory in
     with tarfile.open(out, "w") as tar:
         tar.add(str(wheel), arcname=wheel.name)
-        for f in release_files(info, files):
+        for f in release_files(info, files, platform):
             content = f.content
             if fault and posixpath.basename(f.path) == "runtime.env":
                 content = content.rstrip("\n") + f"\n{FAULT_ENV}={fault}\n"
+            if fake_gpu and posixpath.basename(f.path) == "runtime.env":
+                content = content.rstrip("\n") + f"\n{settings.FAKE_GPU_VAR}={fake_gpu}\n"
             data = content.encode()
             ti = tarfile.TarInfo(f.path)
             ti.size, ti.mode, ti.mtime = len(data), f.mode, 0
             tar.addfile(ti, io.BytesIO(data))
 
 
-def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300) -> str:
+# seconds one host's upload may take in a group (the leftovers' 30 s + the put's 300 s + the remote tar/mv calls'
+# 30 s and 60 s + slack)
+UPLOAD_DEADLINE_S = 450.0
+
+
+def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300,
+           platform: Optional[dict] = None, on_put=None) -> str:
     """Write the release directory on ``host`` (skipped when a complete one with this id exists): the runtime
     wheel and the rendered files (deployctl.render.RenderedFile; modes kept, runtime.env 0600) with release.json
     and manifest.sha256 completed (``release_files``), sent as one tar file, plus the model's manifest copied on
     the host as model.manifest.sha256 (the weights are never copied). The directory is filled under
-    ``<id>.partial`` and renamed into place. Returns the release dir. Raises RemoteError."""
+    ``<id>.partial`` and renamed into place; leftovers of earlier killed uploads are removed first
+    (remove_leftovers). ``on_put()`` is called once the tar file is on the host, before it is unpacked. Returns the
+    release dir. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, info.id)
     q = shlex.quote
     tmp = rdir + ".partial"
+    remove_leftovers(host)
     with tempfile.TemporaryDirectory() as work:
         tar = Path(work) / "release.tar"
-        _tarball(info, wheel, files, tar)
+        _tarball(info, wheel, files, tar, platform)
         r = host.run(f"test -f {q(posixpath.join(rdir, 'release.json'))} && echo present || "
                      f"mkdir -p {q(releases_dir(h))} {q(state_dir(h))} {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}",
                      timeout=30)
         if r.stdout.strip() == "present":
             return rdir
         host.put(tar, rdir + ".tar", mode=0o600, timeout=timeout)
+    if on_put is not None:
+        on_put()
     manifest = posixpath.join(cfg.model.path, cfg.model.manifest)
     host.run(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)} && tar -xf {q(rdir + '.tar')} -C {q(tmp)} && "
              f"rm -f {q(rdir + '.tar')} && cp {q(manifest)} {q(posixpath.join(tmp, 'model.manifest.sha256'))} && "
@@ -272,6 +326,11 @@ echo installed
 """
     r = host.run(["bash", "-c", script], timeout=timeout + 30)
     return "installed" in r.stdout
+
+
+def clear_current(host, *, timeout: float = 30) -> None:
+    """Remove ``current`` (a host that had no release before an aborted deploy serves nothing again, and says so)."""
+    host.run(["rm", "-f", current_link(host.config)], timeout=timeout)
 
 
 def switch_current(host, release_id: str, *, timeout: float = 30) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
-from deployctl.rollout import hostops, release
+from deployctl.rollout import gpufit, hostops, release, rollback_wake, standby
 from deployctl.service import launcher
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
@@ -39,7 +39,9 @@ class RollbackResult:
     problems: list[str] = field(default_factory=list)
     # seconds per phase (``rollback --json``): prepare_s (connect, state, checks), lock_s (wait for a deploy to let
     # go, take the lock), router_s (every nginx render + reload), batches [{"wall_s", "hosts": {host: timings}}]
-    # (hostops.activate: install, stop, start, ready with boot/load/warmup, verify), record_s (state + history)
+    # (hostops.activate: install, stop, start, ready with boot/load/warmup, verify), record_s (state + history),
+    # serving_s (from the start until nginx last moved: the rollback done for its users; draining and stopping the
+    # bad release, drain_s, and record_s follow it), paths ({host: {"path", "why"}})
     phases: dict = field(default_factory=dict)
 
 
@@ -80,6 +82,18 @@ def _wait_for_lock(fleet: Fleet, say, grace: float) -> None:
     say("warn", f"the deploy did not let go within {grace:.0f} s: taking over its lock")
 
 
+class _Look(NamedTuple):
+    """What a rollback reads from one host before it acts."""
+
+    current: Optional[str]  # the release ``current`` points at
+    has_target: bool  # the target release is installed there
+    beside: bool  # a start beside the serving runtime is possible (launcher.supports_beside)
+    standby: Optional[standby.Standby]  # standby.read's record, or None
+    wakeable: bool  # that standby is the target, valid and asleep
+    fit: Optional[gpufit.WakeFit]  # gpufit.wake_fit's verdict for a wakeable standby
+    served: Optional[str]  # the release the runtime answers with (None: not answering)
+
+
 def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[Progress] = None,
              grace_s: float = GRACE_S) -> RollbackResult:
     say = emitter(progress)
@@ -92,14 +106,21 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
 
         def look(h):
             rdir = release_dir(h.config, target)
-            return (release.current_release(h), h.exists(rdir + "/release.json"),
-                    launcher.supports_beside(h, cfg, rdir))
+            rec = standby.read(h)
+            cur = release.current_release(h)
+            wakeable = (rec is not None and rec.release == target and not rec.expired and cur != target
+                        and standby.asleep(h, cfg, rec))
+            fit = gpufit.wake_fit(h, cfg, rec.port) if wakeable else None
+            return _Look(cur, h.exists(rdir + "/release.json"), launcher.supports_beside(h, cfg, rdir), rec, wakeable,
+                         fit, _served(h, cfg))
 
         found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else DeployctlError(about(name, err))
-        current = {n: found[n][0] for n in fleet.hosts}
+        # a host whose ``current`` was switched but whose runtime still serves another release (a rollback killed
+        # between its switch and its restart) counts as on the release it serves, so that it is restarted
+        current = {n: found[n].served or found[n].current for n in fleet.hosts}
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
         in_progress = st is not None and st.in_progress
@@ -107,7 +128,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
                 and not fleet.inspect_lock()):
             say("info", f"every host already runs {target}: nothing to do")
             return RollbackResult(target, True)
-        missing = [n for n in fleet.hosts if current[n] != target and not found[n][1]]
+        missing = [n for n in fleet.hosts if current[n] != target and not found[n].has_target]
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
@@ -122,7 +143,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             # traffic first: the hosts already on the target take it all now; a running deploy stops at its next
             # check (within a second or two) and touches nothing more; we route again once we hold the lock
             tr = time.monotonic()
-            shares = fleet.router.apply(Split(tuple(on_target), (), 0))
+            shares = fleet.router.apply(Split(tuple(on_target), (), 0), guard_certificate=False)
             phases["router_s"] += time.monotonic() - tr
             say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
         tl = time.monotonic()
@@ -130,32 +151,133 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         fleet.lock("rollback", break_stale=True, take_over=True)
         phases["lock_s"] = time.monotonic() - tl
         try:
-            beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts if found[n][2]}
-            return _do(fleet, cfg, target, current, gen, say, t0, phases, beside)
+            wakeable = {n: found[n].standby for n in fleet.hosts if found[n].wakeable}
+            phases["paths"] = {n: _why_not(found[n].standby, target) for n in fleet.hosts if current[n] != target}
+            phases["paths"].update({n: {"path": "wake" if found[n].fit.beside else "wake_after_stop",
+                                        "why": found[n].fit.why} for n in wakeable})
+            fits = {n: found[n].fit for n in wakeable}
+            _stop_stale(fleet, cfg, {n: found[n].standby for n in fleet.hosts if found[n].standby and n not in wakeable},
+                        target, say, phases)
+            beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts if found[n].beside}
+            return _do(fleet, cfg, target, current, gen, say, t0, phases, beside, wakeable, fits)
         finally:
             fleet.unlock()
     finally:
         fleet.close()
 
 
+def _why_not(rec, target: str) -> dict:
+    """The path of a host without a standby of ``target`` to wake (``phases.paths``): a start, and why."""
+    if rec is None:
+        why = "no standby on the host"
+    elif rec.release != target:
+        why = f"its standby is {rec.release}, not {target}"
+    else:
+        why = "its standby expired" if rec.expired else "its standby does not answer asleep"
+    return {"path": "start", "why": why}
+
+
+def _stop_stale(fleet: Fleet, cfg, recs: dict, target: str, say, phases: dict) -> None:
+    """Stop the standbys that cannot serve this rollback (another release, expired, not answering asleep): their
+    port is the one a start beside needs, their memory the one a start needs."""
+    if not recs:
+        return
+    for n, rec in recs.items():
+        why = ("expired" if rec.expired else "not asleep on its port") if rec.release == target else "an older release"
+        say("host", f"{n}: stopping the standby of {rec.release} on port {rec.port} ({why})", host=n)
+    ts = time.monotonic()
+    _, bad = hostops.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.stop(h, cfg, recs[h.name]))
+    phases["standby_stop_s"] = round(time.monotonic() - ts, 2)
+    for n, e in bad.items():
+        say("warn", f"stopping the standby failed: {about(n, e)}")
+
+
+def _wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route, phases: dict,
+          keep: tuple = ()) -> tuple[list, list]:
+    """Every host with a standby of the target that fits awake beside the bad release (rollout.gpufit) at once:
+    wake it and verify it on its port (standby.wake), move the router to the woken ports (``keep``: hosts still
+    on the bad release that go on serving), then stop the bad release (standby.retire). A host whose wake fails
+    has its standby stopped and is left to the cold-start path, the reason said. Returns (woken hosts, problems)."""
+    for n, rec in recs.items():
+        say("host", f"{n}: waking the standby of {target} on port {rec.port}, verifying", host=n)
+    tb = time.monotonic()
+    ok, bad = hostops.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
+    phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake",
+                              "hosts": {n: v.timings for n, v in ok.items()}})
+    for n, v in ok.items():
+        say("host", f"{n}: awake and verified in {sum(v.timings.values()):.2f} s on port {recs[n].port} "
+                    f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
+    for n, e in bad.items():
+        say("warn", f"{n}: the wake failed, falling back to a cold start: {e}", host=n)
+        try:
+            standby.stop(fleet.hosts[n], cfg, recs[n])
+        except DeployctlError as e2:
+            say("warn", f"stopping the standby failed: {about(n, e2)}")
+    phases.setdefault("wake_failed", {}).update({n: str(e) for n, e in bad.items()})
+    if not ok:
+        return [], []
+    olds = {n: layout.service_port(cfg, fleet.hosts[n].config) for n in ok}
+    for n in ok:
+        fleet.hosts[n].config._active_port = recs[n].port
+    serving = [n for n, r in current.items() if r == target] + list(ok) + list(keep)
+    try:
+        route(serving)
+    except BaseException:
+        for n, p in olds.items():  # nothing moved: the bad release serves on; the woken ones sleep again
+            fleet.hosts[n].config._active_port = p
+        raise
+    td = time.monotonic()
+    _, failed = hostops.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
+    phases["drain_s"] = round(time.monotonic() - td, 2)
+    return list(ok), [f"{about(n, e)} (stopping the bad release; the woken one serves)" for n, e in failed.items()]
+
+
 def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float, phases: dict,
-        beside: dict) -> RollbackResult:
+        beside: dict, wakeable: Optional[dict] = None, fits: Optional[dict] = None) -> RollbackResult:
     st = RolloutState(action="rollback", release=target, from_release=majority(current.values()), generation=gen)
     fleet.store.write_rollout(st)
     on_target = [n for n, r in current.items() if r == target]
     others = [n for n in current if n not in on_target]
+    changed = others
 
     def route(names: list[str]) -> None:
         if fleet.router and names:
             tr = time.monotonic()
-            shares = fleet.router.apply(Split(tuple(names), (), 0))
+            shares = fleet.router.apply(Split(tuple(names), (), 0), guard_certificate=False)
             phases["router_s"] += time.monotonic() - tr
+            phases["serving_s"] = round(time.monotonic() - t0, 2)  # the last move: users are on what serves now
             st.weights = shares
             say("router", "traffic: " + ", ".join(f"{h} {w:g}%" for h, w in shares.items() if w), shares=shares)
 
+    if fleet.router and wakeable:
+        fits = fits or {}
+        near = {n: r for n, r in wakeable.items() if fits.get(n) is None or fits[n].beside}
+        swap = {n: r for n, r in wakeable.items() if n not in near}
+        woken, problems = _wake(fleet, cfg, target, current, near, say, route, phases, keep=tuple(swap)) \
+            if near else ([], [])
+        if swap:
+            rest = [n for n in others if n not in woken and n not in swap]
+            done, more = rollback_wake.wake_after_stop(fleet, cfg, target, swap, on_target + woken, rest, say,
+                                                       route, phases)
+            woken, problems = woken + done, problems + more
+            phases["paths"].update({n: {"path": "start", "why": f"the wake after the stop failed, cold-started: "
+                                                                f"{phases['wake_failed'][n]}"}
+                                    for n in swap if n in phases["wake_failed"]})
+        cold = [n for n in others if n not in woken and n not in swap]
+        if not cold or problems:
+            return _finish(fleet, st, target, current, others, problems, say, t0, phases)
+        changed = list(others)
+        on_target = on_target + woken  # the hosts whose wake failed: a cold start (stop, then start)
+        for n in woken:
+            current[n] = target
+        others = cold
+        # not beside the bad release: a wake that did not fit would not fit as a second start either
+        beside = {n: p for n, p in beside.items() if n not in phases.get("wake_failed", {})}
+        phases["paths"].update({n: {"path": "start", "why": f"the wake failed: {phases['wake_failed'][n]}"}
+                                for n in cold if n in phases.get("wake_failed", {})})
     if fleet.router and not on_target and others and all(beside.get(n) for n in others):
         problems = _beside(fleet, cfg, target, current, others, beside, say, route, phases)
-        return _finish(fleet, st, target, current, others, problems, say, t0, phases)
+        return _finish(fleet, st, target, current, changed, problems, say, t0, phases)
     serving = list(on_target)
     route(serving)
     # none on the target yet: a small first batch restarts while the rest keep serving, then the rest at once
@@ -178,7 +300,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         problems += [about(n, e) for n, e in bad.items()]
         serving += list(ok)
         route(serving)
-    return _finish(fleet, st, target, current, others, problems, say, t0, phases)
+    return _finish(fleet, st, target, current, changed, problems, say, t0, phases)
 
 
 def _beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], ports: dict, say, route,
@@ -240,6 +362,15 @@ def _finish(fleet: Fleet, st: RolloutState, target: str, current: dict, others: 
     return RollbackResult(target, False, others, dur, phases=phases)
 
 
+def _served(h, cfg: DeployConfig) -> Optional[str]:
+    """The release the runtime on ``h`` answers with (X-Deployctl-Release of /healthz); None when it does not say
+    (no answer, a foreign engine)."""
+    from deployctl.service.http import http
+    from deployctl.service.verify import RELEASE_HEADER
+
+    return http(h, cfg, "GET", "/healthz", timeout=5).header(RELEASE_HEADER)
+
+
 def signal(cfg: DeployConfig, command: str, *, progress: Optional[Progress] = None, wait_s: float = 120) -> str:
     """``promote`` or ``abort`` a running deploy from another shell. Returns a one-line outcome. ``abort`` waits
     for the deploy to finish aborting; when no live deploy holds the lock, it restores the fleet itself."""
@@ -254,7 +385,7 @@ def signal(cfg: DeployConfig, command: str, *, progress: Optional[Progress] = No
         if command == "promote":
             if not live:
                 raise CheckFailed("the deploy that started this rollout is not running; nothing can promote it",
-                                  fix="run `deployctl rollback` or `deployctl deploy` again")
+                                  fix="run `deployctl deploy --resume` to continue it, or `deployctl rollback`")
             c = fleet.store.send("promote")
             return f"promote sent (generation {c.generation}); the deploy moves to its next step"
         c = fleet.store.send("abort", reason="abort requested")

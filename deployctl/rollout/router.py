@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 
 from deployctl.config import DeployConfig, HostConfig, layout
 from deployctl.errors import CheckFailed, ConfigError
+from deployctl.render.release import access_log_path
 
 
 def shares(stable: list[str], canary: list[str], weight: int, drained: Iterable[str] = ()) -> dict[str, float]:
@@ -90,9 +91,20 @@ class Router:
             parts += ["-c", shlex.quote(r.nginx_conf)]
         return " ".join(parts)
 
-    def apply(self, split: Split) -> dict[str, float]:
-        """Render, write, ``nginx -t``, reload. Returns the shares. Raises CheckFailed or RemoteError."""
+    def apply(self, split: Split, *, guard_certificate: bool = True) -> dict[str, float]:
+        """Render, write, ``nginx -t``, reload. Returns the shares. With ``router.tls`` and ``guard_certificate``
+        the certificate file is read first and an expired (or not yet valid, or unreadable) one is refused before
+        anything changes: nginx -t accepts an expired certificate and a reload would serve it (rollback and the
+        runbooks pass False: moving traffic back to stable outranks it). Raises CheckFailed or RemoteError."""
         from deployctl.render import render_nginx
+
+        if guard_certificate and self.cfg.router.tls is not None:
+            from deployctl.preflight.certs import file_expiry_guard
+
+            bad = file_expiry_guard(self.host, self.cfg)
+            if bad is not None:
+                raise CheckFailed(f"refusing to reload nginx on {self.host.name}: {bad.message}; it keeps serving "
+                                  "the certificate it has", fix=bad.fix)
 
         by_name = {h.name: h for h in self.cfg.hosts}
         text = render_nginx(self.cfg, stable=[by_name[n] for n in split.stable],
@@ -171,9 +183,7 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
 
     def access_log_size(self) -> int:
         """Bytes in the access log now (the start offset of an analysis window); 0 when there is none."""
-        log = self.cfg.router.access_log
-        if not log:
-            return 0
+        log = access_log_path(self.cfg)
         r = self.host.run(f"stat -c %s {shlex.quote(log)} 2>/dev/null || echo 0", timeout=15)
         try:
             return int(r.stdout.strip() or 0)
@@ -181,10 +191,9 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
             return 0
 
     def access_log_since(self, offset: int) -> tuple[str, int]:
-        """(text appended to the access log since ``offset``, new offset)."""
-        log = self.cfg.router.access_log
-        if not log:
-            return "", 0
+        """(text appended to the access log since ``offset``, new offset). The log is where nginx writes it
+        (render.access_log_path: router.access_log, else nginx's default for the service)."""
+        log = access_log_path(self.cfg)
         r = self.host.run(f"tail -c +{int(offset) + 1} {shlex.quote(log)} 2>/dev/null || true", timeout=30)
         text = r.stdout
         cut = text.rfind("\n") + 1  # only whole lines; the rest is read next time

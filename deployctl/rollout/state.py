@@ -94,7 +94,8 @@ class StateStore:
     def _each(self, fn):
         from deployctl.hosts import run_on_hosts
 
-        return run_on_hosts(self.hosts, fn)
+        # a write is a mkdir + an SFTP put, each bounded by ``timeout``; a host that misses this is named
+        return run_on_hosts(self.hosts, fn, deadline_s=3 * self.timeout + 15, what="the state files")
 
     def _ensure_dir(self, host) -> None:
         if host.name not in self._dirs_made:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from deployctl.config import DeployConfig
-from deployctl.engines import KINDS, adapter
+from deployctl.engines import KINDS, adapter_for
+from deployctl.rollout import standby
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
 from deployctl.rollout.fleetcheck import differences, snapshot
@@ -16,19 +17,23 @@ from deployctl.rollout.lock import describe
 def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     snap = snapshot(h, cfg)
     kind = snap.get("engine")
-    route = adapter(kind if kind in KINDS else cfg.engine.kind).ready_route
-    r = http(h, cfg, "GET", route, timeout=3)
+    a = adapter_for(cfg, kind if kind in KINDS else None)
+    route = a.ready_route
+    r = http(h, cfg, "GET", route, timeout=max(3, a.probe_timeout_s))
     detail = r.describe(route)
     if snap["runtime_running"] and not snap["supervised"]:
         detail = (f"unsupervised: the runtime (pid {snap.get('runtime_pid')}) serves but its supervisor "
                   f"(launch.sh) is not running, so nothing restarts it when it dies; "
                   f"`deployctl runbook run connection-resets --host {h.name}` restarts it")
-    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail}
+    rec = standby.read(h)
+    sb = None if rec is None else {**rec.to_json(), "asleep": standby.asleep(h, cfg, rec)}
+    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb}
 
 
 def status(cfg: DeployConfig) -> dict[str, Any]:
     """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail", "supervised", "runtime_running",
-    "engine", "engine_version", "model_manifest", "config_hash", ...}], "rollout": {...}|None, "lock": {...}|None,
+    "engine", "engine_version", "model_manifest", "config_hash", "standby": {"release", "port", "since",
+    "expires_at", "expires", "expired", "asleep"}|None, ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""
@@ -64,9 +69,25 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
                     "command": i.owner.get("command"), "stale": i.stale, "why_stale": i.why_stale,
                     "text": describe(i.owner)}
         return {"hosts": hosts, "rollout": st.to_json() if st else None, "lock": lock,
-                "differences": differences(hosts)}
+                "differences": differences(hosts), "journal": journal_status(cfg, st)}
     finally:
         fleet.close()
+
+
+def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
+    """What this machine's rollout journal says of the hosts' rollout ``st`` (None when the journal is of another
+    release or absent): ``{"release", "done": [steps], "open_step", "finished", "runner_alive", "resumable"}``.
+    ``resumable``: the rollout is in progress on the hosts, its deploy process runs no more on this machine and its
+    journal is unfinished, so `deploy --resume` continues it."""
+    from deployctl.rollout import detach
+    from deployctl.rollout.journal import Progress, read
+
+    p = Progress.of(read(cfg.service.name))
+    if p.start is None or st is None or p.start["release"]["id"] != st.release:
+        return None
+    alive = detach.pid_running(int(st.pid or 0)) if st.in_progress else False
+    return {"release": st.release, "done": sorted(p.done), "open_step": p.open_step, "finished": not p.unfinished,
+            "runner_alive": alive, "resumable": st.in_progress and p.unfinished and not alive}
 
 
 def history(cfg: DeployConfig) -> list[dict[str, Any]]:

@@ -14,8 +14,14 @@ Probes (``judge_probes``), client-side medians over the window's successful prob
 
 Combination (``combine``): a fail from either source fails; a metrics pass passes (source ``metrics``, or
 ``metrics+probes`` when the probes passed too); a metrics window that is inconclusive only for lack of real
-traffic (too few requests or latency samples) takes the probes' verdict (source ``probes``); any other
-inconclusive (NaN, counter reset, stable without traffic) stays inconclusive with its reason.
+traffic (too few requests or latency samples) takes the probes' verdict (source ``probes``), except that a pass
+needs the canary to have served ``min_client_requests`` client requests (probes alone never promote unless it is 0:
+the window stays inconclusive); any other inconclusive (NaN, counter reset, stable without traffic) stays
+inconclusive with its reason.
+
+Streaks (``InconclusiveStreak``): ``inconclusive_limit`` inconclusive windows in a row pause the rollout for a
+human; when every one of them had fewer than ``min_client_requests`` client requests (``idle``) the deploy aborts
+instead: nothing judged the canary, and waiting longer would hold it untested.
 """
 from __future__ import annotations
 
@@ -24,7 +30,13 @@ from typing import Optional
 
 from deployctl.rollout.probes import ProbeStats
 
-LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_latency_samples")
+LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_latency_samples",
+               "canary client requests < min_client_requests")
+
+
+def idle(v, min_client_requests: int) -> bool:
+    """The window's canary served fewer than ``min_client_requests`` client requests (a probes-only window)."""
+    return v.canary.requests < min_client_requests
 
 
 def low_traffic(v) -> bool:
@@ -79,7 +91,7 @@ def probe_summary(p: Optional[dict]) -> str:
     return f" | probes canary {side(p['canary'])}; stable {side(p['stable'])}"
 
 
-def combine(v, probe: Optional[tuple[str, str, dict]]):
+def combine(v, probe: Optional[tuple[str, str, dict]], min_client_requests: int = 0):
     """Fold the probes' (result, reason, json) into the metrics Verdict ``v`` (rules in the module doc); returns v."""
     if probe is None:
         return v
@@ -92,7 +104,10 @@ def combine(v, probe: Optional[tuple[str, str, dict]]):
     elif v.result == "pass":
         v.source = "metrics+probes" if result == "pass" else "metrics"
     elif low_traffic(v):
-        if result == "pass":
+        if result == "pass" and idle(v, min_client_requests):
+            v.reason = (f"{v.reason}; probes passed, but {v.canary.requests} client requests < min_client_requests "
+                        f"{min_client_requests}: probes alone do not promote")
+        elif result == "pass":
             v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason})", "probes"
         else:
             v.reason = f"{v.reason}; probes: {reason}"
@@ -100,11 +115,17 @@ def combine(v, probe: Optional[tuple[str, str, dict]]):
 
 
 class InconclusiveStreak:
-    """Counts inconclusive windows in a row; ``add(result) -> True`` when the streak reaches ``limit`` (0: never)."""
+    """Counts inconclusive windows in a row; ``add(result, idle) -> True`` when the streak reaches ``limit`` (0:
+    never). ``all_idle``: every window of the streak was idle (too few client requests)."""
 
     def __init__(self, limit: int):
-        self.limit, self.count = limit, 0
+        self.limit, self.count, self.idle = limit, 0, 0
 
-    def add(self, result: str) -> bool:
+    def add(self, result: str, idle: bool = False) -> bool:
         self.count = self.count + 1 if result == "inconclusive" else 0
+        self.idle = self.idle + 1 if result == "inconclusive" and idle else 0
         return bool(self.limit) and self.count >= self.limit
+
+    @property
+    def all_idle(self) -> bool:
+        return bool(self.count) and self.idle >= self.count

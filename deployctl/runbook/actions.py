@@ -4,7 +4,7 @@
 restart / start / stop: the runtime on the host (deployctl.service.launcher, as the rollout). Starts wait for /readyz 200.
 free_port: stop the process holding server.port (observed by a ``port`` check): the runtime's group when it is
 ours, else SIGTERM then SIGKILL to the holder. adjust: set deploy.yaml keys, re-render the host's runtime.yaml,
-restart. rollback / abort: deployctl.rollout.rollback (fleet-wide, as the commands); drain: this host out of the
+restart. stop_standby: the host's expired standby (deployctl.rollout.standby). rollback / abort: deployctl.rollout.rollback (fleet-wide, as the commands); drain: this host out of the
 router's split (deployctl.rollout.router). escalate: nothing changes; the message is the result.
 """
 from __future__ import annotations
@@ -50,6 +50,8 @@ def describe(action: Action, obs: Observation, t: Target) -> str:
         return f"adjust {changes} in {t.config_path or 'deploy.yaml'}, re-render runtime.yaml on {name}, restart the runtime"
     if a in ("restart", "start", "stop"):
         return f"{a} the runtime on {name}"
+    if a == "stop_standby":
+        return f"stop the expired standby on {name} (deployctl.rollout.standby)"
     from deployctl.runbook.text import ACTION_TEXT
 
     return f"{ACTION_TEXT[a]}, from {name}" + ("" if a == "drain" else " (fleet-wide)")
@@ -70,14 +72,31 @@ def perform(action: Action, obs: Observation, t: Target) -> str:
         return _free_port(obs, t)
     if a == "adjust":
         return _adjust(action, t) + "; " + _wait_ready(t, action.timeout_s)
+    if a == "stop_standby":
+        return _stop_standby(t)
     return _rollout(a, t)
 
 
+def _stop_standby(t: Target) -> str:
+    """Stop the host's standby when it has expired (rollout.standby_s past); a valid one is left asleep.
+    Raises RemoteError."""
+    from deployctl.rollout import standby
+
+    rec = standby.read(t.host)
+    if rec is None:
+        return "no standby on this host"
+    if not rec.expired:
+        return f"the standby of {rec.release} is valid until {rec.to_json()['expires']}: left asleep"
+    standby.stop(t.host, t.cfg, rec)
+    return f"stopped the expired standby of {rec.release} on port {rec.port}"
+
+
 def _start(t: Target) -> str:
-    """Start the release ``current`` points at on ``t``. Raises RemoteError."""
+    """Start the release ``current`` points at on ``t``, on the port it serves on (the spare port after a rollback
+    there: launcher.start_in_place). Raises RemoteError."""
     from deployctl.service import launcher
 
-    launcher.start(t.host, t.cfg)
+    launcher.start_in_place(t.host, t.cfg)
     return f"started the runtime on {t.host_cfg.name} ({t.host_cfg.launcher} launcher)"
 
 
@@ -186,7 +205,7 @@ def _drain(t: Target) -> str:
                                          "drained": []}
         drained = sorted(set(split.get("drained") or []) | {t.host_cfg.name})
         shares = router.apply(Split(tuple(split["stable"]), tuple(split["canary"]), int(split["weight"]),
-                                    tuple(drained)))
+                                    tuple(drained)), guard_certificate=False)
     finally:
         host.close()
     return f"drained {t.host_cfg.name}: traffic " + ", ".join(f"{h} {w:g}%" for h, w in shares.items())

@@ -233,10 +233,11 @@ def _port(t: Target, step: Step) -> Observation:
 
 def _process(t: Target, step: Step) -> Observation:
     if t.host_cfg.launcher == "systemd":
+        from deployctl.config.layout import unit_name
         from deployctl.service import launcher
 
         alive = launcher.is_running(t.host, t.cfg)
-        return Observation(alive, {"pid": None}, f"{t.cfg.service.name}.service is {'active' if alive else 'not active'}")
+        return Observation(alive, {"pid": None}, f"{unit_name(t.cfg, t.host_cfg)} is {'active' if alive else 'not active'}")
     r = t.script(remote.PROCESS_ALIVE, {"pid_file": t.variables["pid_file"],
                                         "child_pid_file": t.variables["child_pid_file"]}, step.timeout_s)
     pid = r["pid"]

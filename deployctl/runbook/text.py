@@ -9,6 +9,7 @@ ACTION_TEXT = {
     "free_port": "free server.port (stop the process holding it)", "rollback": "roll back to the previous release",
     "abort": "abort the rollout (all traffic back to stable)", "drain": "drain this host (no new traffic)",
     "adjust": "set in deploy.yaml, re-render runtime.yaml and restart:",
+    "stop_standby": "stop the expired standby (the previous release asleep on the other port)",
 }
 
 

@@ -14,15 +14,18 @@ import posixpath
 import shlex
 from typing import Optional
 
-from deployctl.config import DeployConfig
+from deployctl.hostscripts.snippets import SH_ALIVE
+from deployctl.config import DeployConfig, layout
 from deployctl.config.layout import (child_pid_file, configured_port, current_link, log_file, pid_file, runtime_address,
                                      service_port, shared_dir, spare_pid_file)
 
 EXIT_MARKERS = ("runtime exited with", "giving up", "Traceback (most recent call last)")
 
 
-def _unit(cfg: DeployConfig) -> str:
-    return f"{cfg.service.name}.service"
+def _unit(cfg: DeployConfig, h) -> str:
+    from deployctl.config.layout import unit_name
+
+    return unit_name(cfg, h)
 
 
 def log_size(host) -> int:
@@ -31,6 +34,21 @@ def log_size(host) -> int:
         return int(r.stdout.strip() or 0)
     except ValueError:
         return 0
+
+
+# What a runtime started by launch.sh keeps of the environment of the command that starts it (deployctl's own on
+# ``address: local`` hosts, the SSH login's elsewhere): the login basics and launch.sh's own knobs. Everything else
+# a runtime gets comes from its release's runtime.env (and launch.sh's exports), so an operator's proxy, token or
+# test fault switch never reaches a release it was not rendered into (a restored stable one included).
+START_ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE",
+                   "LC_MESSAGES", "TZ", "TMPDIR", "DEPLOYCTL_LAUNCH_BACKOFF_S", "DEPLOYCTL_LAUNCH_MAX_FAILURES",
+                   "DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S", "DEPLOYCTL_LAUNCH_LOG_CHECK_S")
+
+
+def clean_env_prefix() -> str:
+    """``env -i NAME="$NAME" ...`` for the START_ENV_ALLOW names that are set (POSIX ``${NAME+...}``: an unset
+    name is left out, an empty one kept), to put before a command in a shell line."""
+    return "env -i " + " ".join(f'${{{n}+"{n}=${n}"}}' for n in START_ENV_ALLOW)
 
 
 def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
@@ -43,9 +61,12 @@ def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
     cur = current_link(h)
     if h.launcher == "systemd":
         offset = log_size(host)
-        unit = _unit(cfg)
-        host.sudo(["install", "-m", "0644", posixpath.join(cur, unit), f"/etc/systemd/system/{unit}"])
+        unit = _unit(cfg, h)
+        logs = layout.log_cap_units(cfg, h)  # the runtime log's cap (deploy.yaml logs:)
+        for name in [unit, *logs]:
+            host.sudo(["install", "-m", "0644", posixpath.join(cur, name), f"/etc/systemd/system/{name}"])
         host.sudo(["systemctl", "daemon-reload"])
+        host.sudo(["systemctl", "enable", "--now", logs[1]], check=False)
         # a unit left failed (start limit hit, RestartPreventExitStatus) refuses or miscounts the next start
         host.sudo(["systemctl", "reset-failed", unit], check=False)
         host.sudo(["systemctl", "restart", unit], timeout=120)
@@ -53,13 +74,14 @@ def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
     q = shlex.quote
     log = q(log_file(h))
     # one command: note the log size, then launch.sh start from the resolved release dir (a later switch of
-    # ``current`` cannot change what runs), without PYTHONPATH so the installed wheel is what runs
+    # ``current`` cannot change what runs), in a clean environment (START_ENV_ALLOW; so without PYTHONPATH: the
+    # installed wheel is what runs)
     links = " ".join(q(f) for f in (pid_file(h), child_pid_file(h)))
     env = f"DEPLOYCTL_LAUNCH_PORT={int(port)}" if port else ""
     script = (f"mkdir -p {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}; "
               f"stat -c %s {log} 2>/dev/null || echo 0; "
               + ("" if port else f"for f in {links}; do [ -L \"$f\" ] && [ ! -e \"$f\" ] && rm -f \"$f\"; done; ")
-              + f"rdir=$(readlink -f {q(cur)}) && env -u PYTHONPATH {env} bash \"$rdir/launch.sh\" start >/dev/null"
+              + f"rdir=$(readlink -f {q(cur)}) && {clean_env_prefix()} {env} bash \"$rdir/launch.sh\" start >/dev/null"
               + ("" if port else f"; readlink {q(pid_file(h))} || true"))
     r = host.run(script, timeout=30)
     lines = r.stdout.strip().splitlines()
@@ -69,6 +91,21 @@ def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
         return int(lines[0])
     except (ValueError, IndexError):
         return 0
+
+
+def start_in_place(host, cfg: DeployConfig) -> int:
+    """Start the release ``current`` points at on the port the host's runtime serves on (``layout.service_port``):
+    after a rollback onto ``spare_port`` that is the spare port — nginx and the readiness checks point there — so
+    the runtime starts there (a supervisor with DEPLOYCTL_LAUNCH_PORT) and is adopted as the service; else a plain
+    ``start`` on the configured port. For runbooks restarting a runtime where it was; a deploy's ``start`` returns
+    to the configured port instead. Returns the log size before the start. Raises RemoteError."""
+    h = host.config
+    port = service_port(cfg, h)
+    if h.launcher != "process" or port == configured_port(cfg, h):
+        return start(host, cfg)
+    offset = start(host, cfg, port=port)
+    adopt(host, cfg, port)
+    return offset
 
 
 def supports_beside(host, cfg: DeployConfig, release_dir: str) -> bool:
@@ -127,16 +164,19 @@ def adopt(host, cfg: DeployConfig, port: int) -> None:
 def stop(host, cfg: DeployConfig, *, timeout: float | None = None, port: Optional[int] = None,
          beside: bool = False) -> str:
     """Stop the runtime: SIGTERM to the supervisor (the runtime drains: /readyz 503, in-flight requests finish),
-    then wait for the process group to exit, up to ``server.drain_timeout_s`` + 5 s unless ``timeout``, then
+    then wait for the process group to exit, up to engines.command.stop_wait_s (server.drain_timeout_s + the
+    engine's exit after its drain) + 5 s unless ``timeout``, then
     SIGKILL. Once the runtime's port stops accepting connections the drain is over (the listener closes after the
     last request) and what is left of the process group is killed rather than waited for.
     ``port``: the port that runtime listens on (default: the one it serves on); ``beside``: the supervisor
     started on ``port`` beside the service (``start``'s ``port``) rather than the service's own.
     Returns "stopped", "killed" or "not running". Raises RemoteError."""
     h = host.config
-    wait = cfg.server.drain_timeout_s + 5 if timeout is None else timeout
+    from deployctl.engines.command import stop_wait_s
+
+    wait = stop_wait_s(cfg) + 5 if timeout is None else timeout
     if h.launcher == "systemd":
-        host.sudo(["systemctl", "stop", _unit(cfg)], timeout=wait + 30)
+        host.sudo(["systemctl", "stop", _unit(cfg, host.config)], timeout=wait + 30)
         return "stopped"
     pidf = shlex.quote(spare_pid_file(h, port) if beside and port else pid_file(h))
     ticks = max(1, int(wait * 10))
@@ -168,10 +208,9 @@ rm -f "$pidf"; echo stopped
 def kill_pid(host, pid: int, *, timeout: float = 30) -> str:
     """SIGTERM ``pid`` on ``host``, wait up to ``timeout`` s, then SIGKILL (a foreign process holding the service
     port). Returns "gone" (it was not running), "TERM" or "KILL": how it ended. Raises RemoteError."""
-    zombie = f"grep -q '^State:.*Z' /proc/{pid}/status 2>/dev/null"
-    running = f"kill -0 {pid} 2>/dev/null && ! {zombie}"
+    running = f"alive {pid}"
     script = (
-        f"{running} || {{ echo gone; exit 0; }}; kill -TERM {pid}; "
+        f"{SH_ALIVE}; {running} || {{ echo gone; exit 0; }}; kill -TERM {pid}; "
         f"end=$(( $(date +%s) + {int(timeout)} )); "
         f"while {running} && [ \"$(date +%s)\" -lt $end ]; do sleep 0.2; done; "
         f"if {running}; then kill -KILL {pid}; echo KILL; else echo TERM; fi"
@@ -190,7 +229,7 @@ def port_holder(host, cfg: DeployConfig, *, timeout: float = 30) -> dict:
 
     h = host.config
     params = {"sections": ["port", "service"], "deploy_root": h.deploy_root, "bind": cfg.server.bind,
-              "port": service_port(cfg, h), "unit": _unit(cfg) if h.launcher == "systemd" else ""}
+              "port": service_port(cfg, h), "unit": _unit(cfg, h) if h.launcher == "systemd" else ""}
     r = host.run(module_argv(h.python, probe, json.dumps(params)), timeout=timeout)
     facts = json.loads(r.stdout.strip().splitlines()[-1])
     holders, ours = facts["port"]["holders"], set(facts["service"]["pids"])
@@ -203,7 +242,7 @@ def is_running(host, cfg: DeployConfig) -> bool:
     """Whether the runtime's process group (or systemd unit) is alive."""
     h = host.config
     if h.launcher == "systemd":
-        return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg)], check=False).exit_code == 0
+        return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg, host.config)], check=False).exit_code == 0
     pidf = shlex.quote(pid_file(h))
     r = host.run(f'[ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null', timeout=30, check=False)
     return r.exit_code == 0
@@ -219,7 +258,7 @@ def liveness(host, cfg: DeployConfig, offset: int, *, port: Optional[int] = None
         return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
     pidf = shlex.quote(spare_pid_file(host.config, port) if port else pid_file(host.config))
     # the supervisor itself, not its process group: a runtime whose supervisor died is not a live service (C30)
-    r = host.run(f'if [ -f {pidf} ] && kill -0 "$(cat {pidf})" 2>/dev/null; then echo alive; else echo dead; fi; '
+    r = host.run(f'{SH_ALIVE}; if [ -f {pidf} ] && alive "$(cat {pidf})"; then echo alive; else echo dead; fi; '
                  + grep, timeout=15)
     lines = r.stdout.strip().splitlines()
     return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()
@@ -229,10 +268,10 @@ def runtime_pid(host, cfg: DeployConfig) -> Optional[int]:
     """The runtime process's pid (launch.sh's child pidfile, or systemd's MainPID); None when not running."""
     h = host.config
     if h.launcher == "systemd":
-        r = host.run(["systemctl", "show", "-p", "MainPID", "--value", _unit(cfg)], timeout=15, check=False)
+        r = host.run(["systemctl", "show", "-p", "MainPID", "--value", _unit(cfg, host.config)], timeout=15, check=False)
     else:
         child = shlex.quote(shared_dir(h, "run", "runtime.child.pid"))
-        r = host.run(f'p=$(cat {child} 2>/dev/null) && kill -0 "$p" 2>/dev/null && echo "$p" || true', timeout=15)
+        r = host.run(f'{SH_ALIVE}; p=$(cat {child} 2>/dev/null) && alive "$p" && echo "$p" || true', timeout=15)
     try:
         pid = int(r.stdout.strip() or 0)
     except ValueError:

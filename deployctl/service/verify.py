@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.config.layout import log_file
-from deployctl.engines import adapter
+from deployctl.engines import adapter, of
 from deployctl.errors import HealthError
 from deployctl.service import launcher
 from deployctl.service.http import http
@@ -44,7 +44,7 @@ def _fail(host, what: str, fix: str = "") -> HealthError:
 def _check_device(host, cfg: DeployConfig, ready) -> None:
     """The runtime's /readyz says where it runs (device, device_name, dtype; older runtimes say nothing and pass).
     Raises HealthError when it is not the engine.device deploy.yaml asked for (cuda asked, cpu running)."""
-    if not adapter(cfg.engine.kind).config_file:
+    if not of(cfg).config_file:
         return  # a foreign engine's readiness route says nothing about its device
     try:
         body = ready.json()
@@ -59,12 +59,12 @@ def _check_device(host, cfg: DeployConfig, ready) -> None:
 def _ready(host, cfg: DeployConfig, port: Optional[int] = None):
     """GET the readiness route: the bundled runtime's /readyz first (a host may still run a release of another
     engine, e.g. while an engine switch is restored), the configured engine's route when that route is unknown
-    (404): vLLM, SGLang and transformers serve /health, which the runtime answers 200 even while loading."""
+    (404): vLLM, SGLang and transformers serve /health (the runtime's /health, too, is 503 until it serves)."""
     first = adapter("deployctl-runtime").ready_route
     r = http(host, cfg, "GET", first, timeout=3, port=port)
-    route = adapter(cfg.engine.kind).ready_route
-    if r.status == 404 and route != first:
-        r = http(host, cfg, "GET", route, timeout=3, port=port)
+    a = of(cfg)
+    if r.status == 404 and a.ready_route != first:  # SGLang's /health runs a generation: its probe_timeout_s
+        r = http(host, cfg, "GET", a.ready_route, timeout=max(3, a.probe_timeout_s), port=port)
     return r
 
 
@@ -118,7 +118,7 @@ def sample_inference(host, cfg: DeployConfig, *, timeout: float = 30,
                      port: Optional[int] = None) -> tuple[int, Optional[str], str]:
     """One short chat completion; /v1/completions when the model has no chat template. Returns (completion
     tokens, release header, endpoint path). Raises HealthError."""
-    body = adapter(cfg.engine.kind).sample_body(cfg.model.name)
+    body = of(cfg).sample_body(cfg.model.name)
     path = CHAT
     r = http(host, cfg, "POST", path, body, timeout=timeout, port=port)
     if _no_chat_template(r):

@@ -26,6 +26,8 @@ class Endpoint:
     model: Optional[str] = None
     max_model_len: Optional[int] = None
     api_key: Optional[str] = None
+    # optional fields this server refuses (validate.accepts.refused_fields: field -> why), left out of every body
+    refused: tuple[tuple[str, str], ...] = ()
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -45,6 +47,7 @@ class Reply:
     error: str = ""
     error_code: Optional[str] = None
     stream_error: str = ""
+    no_done: bool = False  # a 200 stream that ended without ``data: [DONE]`` (OpenAI's end marker)
     chunks: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -88,7 +91,7 @@ def _take(reply: Reply, obj: dict, route: str, stream: bool) -> None:
 
 def post(client: httpx.Client, ep: Endpoint, route: str, body: dict[str, Any], stream: bool) -> Reply:
     """POST ``body`` (the model, ``stream`` and for streams ``stream_options`` are added) to the route."""
-    body = {**body, "stream": stream}
+    body = {**{k: v for k, v in body.items() if k not in dict(ep.refused)}, "stream": stream}
     if ep.model:
         body.setdefault("model", ep.model)
     if stream:
@@ -122,7 +125,9 @@ def post(client: httpx.Client, ep: Endpoint, route: str, body: dict[str, Any], s
                 reply.chunks += 1
                 _take(reply, obj, route, True)
             if not done:
-                reply.stream_error = reply.stream_error or "the stream ended without data: [DONE]"
+                reply.no_done = True
+                if reply.finish_reason is None:  # cut: neither a finish_reason nor the end marker came
+                    reply.stream_error = reply.stream_error or "the stream ended without data: [DONE]"
             return reply
     except httpx.HTTPError as exc:
         return Reply(0, error=f"{type(exc).__name__}: {exc}"[:300])

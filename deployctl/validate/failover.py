@@ -110,7 +110,7 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
         pid = launcher.runtime_pid(host, cfg)
         if pid is None:
             return LayerResult("failover", "fail", f"failover: no runtime runs on {name}", [f"failover: {name} not running"])
-        offset = fleet.router.access_log_size() if cfg.router.access_log else 0
+        offset = fleet.router.access_log_size()
         results: list = []
         loader = _load(router_url, model, api_key, concurrency, before_s + after_s, timeout, results)
         time.sleep(before_s)
@@ -130,13 +130,12 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
             time.sleep(0.2)
         loader.join(before_s + after_s + timeout + 30)
         text = ""
-        if cfg.router.access_log:  # nginx logs a request after its last byte: let the last lines land
-            settle = time.monotonic() + 5.0
-            while True:
-                text = fleet.router.access_log_since(offset)[0]
-                if access_facts(text, "", 0, 0)["log_requests"] >= len(results) or time.monotonic() > settle:
-                    break
-                time.sleep(0.2)
+        settle = time.monotonic() + 5.0  # nginx logs a request after its last byte: let the last lines land
+        while True:
+            text = fleet.router.access_log_since(offset)[0]
+            if access_facts(text, "", 0, 0)["log_requests"] >= len(results) or time.monotonic() > settle:
+                break
+            time.sleep(0.2)
     finally:
         fleet.close()
     addr = f"{url_host(network_address(hc))}:{service_port(cfg, hc)}"

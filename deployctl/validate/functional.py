@@ -16,6 +16,13 @@ streamed text equals the non-streamed text for the same seed). U+FFFD that the a
 (POST /detokenize) is the model's output, not the server's: a warning, not a failure (a tiny random model emits
 raw bytes); U+FFFD beyond that fails.
 
+What a server gives no way to judge is a warning that says ``cannot judge: ...``, never a failure: U+FFFD and a
+streamed text that differs where the answer holds U+FFFD when the server returns no token ids (it refuses
+``return_token_ids``: the model's bytes cannot be told from the server's); a stream that gave its finish_reason but
+no ``data: [DONE]`` (clients such as the openai SDK end the stream either way); the context limit when the server
+reports no ``max_model_len`` in /v1/models and none is given (``at-limit``, ``over-long`` and ``over-max-tokens``
+are not sent, ``long`` uses a 256-token prompt).
+
 Requests use seeded sampling (temperature 0.7, top_p 0.95, ``seed``): what users get, reproducible.
 """
 from __future__ import annotations
@@ -133,9 +140,17 @@ def _fit_prompt(client: httpx.Client, ep: Endpoint, route: str, target: int) -> 
     return msgs, n
 
 
+# The context assumed for ``long`` when the server reports no max_model_len: small enough for any server.
+UNKNOWN_CONTEXT = 512
+NO_LIMIT = ("cannot judge the context limit: the server reports no max_model_len in /v1/models (at-limit, over-long "
+            "and over-max-tokens not sent)")
+
+
 def build_cases(client: httpx.Client, ep: Endpoint, chat: bool, seed: int = 0) -> list[Case]:
-    """The case list of the module doc for a context of ``ep.max_model_len`` tokens (at least 64)."""
-    L = ep.max_model_len or 2048
+    """The case list of the module doc for a context of ``ep.max_model_len`` tokens (at least 64); without it
+    (the server does not say) the cases that need the limit are left out (NO_LIMIT)."""
+    known = ep.max_model_len is not None
+    L = ep.max_model_len or UNKNOWN_CONTEXT
     route = "chat" if chat else "completions"
     short_out = min(16, L // 8)
     user = [{"role": "user", "content": SHORT}]
@@ -145,17 +160,19 @@ def build_cases(client: httpx.Client, ep: Endpoint, chat: bool, seed: int = 0) -
     long_out = max(1, min(64, L - long_p - 1))
     cases += [Case("long", route, long_msgs, long_out, seed=seed + 1, prompt_tokens=long_p),
               Case("long-stream", route, long_msgs, long_out, True, seed=seed + 1, pair="long", prompt_tokens=long_p)]
-    lim_msgs, lim_p = _fit_prompt(client, ep, route, L - min(32, max(L // 8, 1)))
-    cases += [Case("at-limit", route, lim_msgs, L - lim_p, seed=seed + 2, prompt_tokens=lim_p),
-              Case("at-limit-stream", route, lim_msgs, L - lim_p, True, seed=seed + 2, pair="at-limit",
-                   prompt_tokens=lim_p)]
+    if known:
+        lim_msgs, lim_p = _fit_prompt(client, ep, route, L - min(32, max(L // 8, 1)))
+        cases += [Case("at-limit", route, lim_msgs, L - lim_p, seed=seed + 2, prompt_tokens=lim_p),
+                  Case("at-limit-stream", route, lim_msgs, L - lim_p, True, seed=seed + 2, pair="at-limit",
+                       prompt_tokens=lim_p)]
     if chat:
         cases.append(Case("multi-turn", "chat", MULTI_TURN, short_out, seed=seed + 3))
         cases.append(Case("empty", "chat", [], short_out, expect=400))
     cases.append(Case("completion", "completions", user, short_out, True, seed=seed + 4))
     cases.append(Case("empty-prompt", "completions", [{"role": "user", "content": ""}], short_out, expect=400))
-    cases.append(Case("over-long", route, [{"role": "user", "content": _filler(2 * L)}], short_out, expect=400))
-    cases.append(Case("over-max-tokens", route, lim_msgs, L - lim_p + 1, expect=400, prompt_tokens=lim_p))
+    if known:
+        cases.append(Case("over-long", route, [{"role": "user", "content": _filler(2 * L)}], short_out, expect=400))
+        cases.append(Case("over-max-tokens", route, lim_msgs, L - lim_p + 1, expect=400, prompt_tokens=lim_p))
     return cases
 
 
@@ -172,6 +189,9 @@ def judge(case: Case, r: Reply, max_repeats: int, decoded: Callable[[list[int]],
         return res
     if r.stream_error or r.finish_reason in (None, "error", "abort"):
         res.fail("error", r.stream_error or f"finish_reason {r.finish_reason}")
+    elif r.no_done:
+        res.warn("error", f"the stream ended after finish_reason {r.finish_reason} without data: [DONE] "
+                          "(OpenAI's end marker; the openai SDK ends the stream either way)")
     else:
         res.checks["error"] = "pass"
     n = r.completion_tokens if r.completion_tokens is not None else (len(r.token_ids) if r.token_ids else None)
@@ -206,11 +226,16 @@ def _judge_utf8(res: CaseResult, r: Reply, decoded: Callable[[list[int]], Option
     elif whole is not None:
         res.fail("invalid_utf8", f"text has {have} U+FFFD where its {len(r.token_ids or [])} tokens decode to "
                  f"{whole.count(chr(0xFFFD))}: the server garbles the text")
+    elif r.token_ids is None:
+        res.warn("invalid_utf8", f"cannot judge {have} U+FFFD: the server returns no token ids (return_token_ids) "
+                 "to tell the model's bytes from the server's")
     else:
         res.fail("invalid_utf8", f"text has {have} U+FFFD or invalid UTF-8")
 
 
-def _stream_equal(res: CaseResult, other: CaseResult, texts: dict[str, str]) -> None:
+def _stream_equal(res: CaseResult, other: CaseResult, texts: dict[str, str], ids: bool = True) -> None:
+    """``ids``: the server returned token ids (without them a difference at or after a U+FFFD cannot be told from
+    the two decoders' handling of bytes that are not UTF-8: a warning)."""
     a, b = texts.get(res.id), texts.get(other.id)
     if a is None or b is None:  # one of the two got no answer: its status check already failed
         return
@@ -218,6 +243,10 @@ def _stream_equal(res: CaseResult, other: CaseResult, texts: dict[str, str]) -> 
         res.checks["stream_equal"] = "pass"
         return
     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if not ids and "\ufffd" in a[:at + 2] + b[:at + 2]:
+        res.warn("stream_equal", f"cannot judge: streamed text differs from '{other.id}' at character {at}, where "
+                 "the text holds U+FFFD and the server returns no token ids")
+        return
     res.fail("stream_equal", f"streamed text differs from '{other.id}' (same seed) at character {at}: "
              f"{a[at:at + 12]!r} vs {b[at:at + 12]!r}")
 
@@ -246,17 +275,21 @@ def run_functional(ep: Endpoint, *, max_repeats: int = 8, timeout: float = 120.0
                 texts[case.id] = reply.text
             if case.pair:
                 other = next(r for r in results if r.id == case.pair)
-                _stream_equal(res, other, texts)
+                _stream_equal(res, other, texts, ids=reply.token_ids is not None)
             results.append(res)
             if on_case is not None:
                 on_case(res)
     problems = [p for r in results for p in r.problems]
+    warnings = [w for r in results for w in r.warnings] + ([] if ep.max_model_len else [NO_LIMIT])
     ok = sum(r.ok for r in results)
     route = "chat" if chat else "completions (no chat template: multi-turn and empty messages not sent)"
     summary = f"functional: {ok}/{len(results)} cases pass ({route})"
     if problems:
         summary += f"; FAIL: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+    cannot = [w for w in warnings if "cannot judge" in w]
+    if cannot:
+        summary += f"; cannot judge: {len(cannot)} check(s), e.g. {cannot[0]}"
     return LayerResult("functional", "fail" if problems else "pass", summary, problems,
                        {"route": "chat" if chat else "completions", "max_model_len": ep.max_model_len,
                         "cases": [r.to_json() for r in results],
-                        "warnings": [w for r in results for w in r.warnings]})
+                        "warnings": warnings})

@@ -31,9 +31,10 @@ def run_latency(ep: Endpoint, *, concurrencies: tuple[int, ...] = (1, 2, 4, 8), 
                 on_progress: Optional[ProgressFn] = None) -> LayerResult:
     """Run the ladder (synthetic prompts fitted to max_model_len, ``ignore_eos`` so outputs reach max_tokens).
     ``details``: the bench JSON document (levels, knee, recommendation)."""
-    target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key, ignore_eos=True)
+    target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key,
+                    ignore_eos="ignore_eos" not in dict(ep.refused))  # validate.accepts
     cfg = LadderConfig(target=target, concurrencies=concurrencies, requests_per_level=requests, timeout=timeout,
-                       seed=seed, objectives=objectives, metrics_url=metrics_url)
+                       seed=seed, objectives=objectives, metrics_url=metrics_url, warmup=1)
     need = max(cfg.level_requests(c) for c in concurrencies)
     work = prepare.build(need, seed, target, ep.max_model_len, min(timeout, 30.0), output_len=output_len)
     rep = run_bench(cfg, work.requests, on_progress, measure_loadgen=False, max_error_rate=max_error_rate)

@@ -57,6 +57,12 @@ def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, Laye
                         datetime.now(timezone.utc).isoformat(timespec="seconds"))
     t0 = time.monotonic()
     knee: Optional[int] = None
+    if any(n in opts.layers for n in ("functional", "latency", "stability")):
+        from dataclasses import replace
+
+        from deployctl.validate.accepts import left_out, refused_fields
+
+        ep = replace(ep, refused=refused_fields(ep, min(opts.timeout_s, 30.0)))
     for name in opts.layers:
         if on_layer:
             on_layer(name, None)
@@ -74,6 +80,9 @@ def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, Laye
                 res = _failover(ep, opts, cfg)
         except httpx.HTTPError as exc:
             res = LayerResult(name, "fail", f"{name}: {ep.base_url} did not answer: {exc}", [f"{name}: {exc}"])
+        if ep.refused and name != "failover":
+            res.details["left_out"] = dict(ep.refused)
+            res.summary += f" ({left_out(ep)})"
         run.layers.append(res)
         if on_layer:
             on_layer(name, res)
@@ -83,7 +92,8 @@ def validate(ep: Endpoint, opts: Options, on_layer: Optional[Callable[[str, Laye
 
 def _stability(ep: Endpoint, opts: Options, knee: Optional[int]) -> LayerResult:
     conc = max(1, int(opts.load_fraction * knee)) if knee else opts.load_concurrency
-    target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key, ignore_eos=True)
+    target = Target(base_url=ep.base_url, route="chat", model=ep.model, api_key=ep.api_key,
+                    ignore_eos="ignore_eos" not in dict(ep.refused))
     ladder = LadderConfig(target=target, concurrencies=(conc,), timeout=opts.timeout_s, seed=opts.seed)
     requests = _stability_requests(target, ep.max_model_len, opts)
     cfg = StabilityConfig(duration_s=opts.duration_s, concurrency=conc, burst_s=min(opts.burst_s, opts.duration_s),

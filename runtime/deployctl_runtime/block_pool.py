@@ -170,6 +170,13 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
+    def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Evict these blocks from the prefix cache (no later lookup finds them); ref counts are unchanged."""
+        for block in blocks:
+            if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash, block.token_ids, block.serial = None, (), 0
+
     def reset_prefix_cache(self) -> None:
         for block in self.cached.values():
             block.block_hash, block.token_ids, block.serial = None, (), 0

@@ -7,6 +7,7 @@ from typing import Callable, Iterable
 
 from deployctl_runtime import kv_sizing
 from deployctl_runtime.engine_args import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from deployctl_runtime.isolation import DEFAULT_FATAL_MARKERS, EngineFatalError, describe, execute_isolating
 from deployctl_runtime.kv_cache_manager import KVCacheManager, model_identity
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.request import Request, RequestStatus
@@ -113,6 +114,38 @@ class LLMEngine:
             log(f"cuda graphs: {len(self.runner.graphs.sizes)} decode batch sizes captured, {used} bytes")
         self._arrivals = 0
         self._pending_outputs: list[RequestOutput] = []
+        self.fatal_markers: tuple[str, ...] = DEFAULT_FATAL_MARKERS  # isolation.is_fatal; the server adds its own
+        self.num_isolated_errors = 0  # requests failed alone by an exception of theirs (since start)
+        self.is_sleeping = False
+
+    # -- sleep ------------------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Level 1 (vLLM's meaning): the KV cache is freed (CUDA graphs with it) and, on CUDA, the weights move to
+        pinned host memory; on CPU the weights stay. Raises RuntimeError while requests are unfinished."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("requests are in flight: sleep only an idle engine")
+        if self.is_sleeping:
+            return
+        self.runner.release_kv_cache()
+        self.runner.offload_weights()
+        self.is_sleeping = True
+
+    def wake_up(self) -> None:
+        """The weights back on the device, a new KV cache of the same number of blocks (the prefix cache starts
+        empty), CUDA graphs captured again. Outputs are the same as before the sleep (same weights, same seeds)."""
+        if not self.is_sleeping:
+            return
+        self.runner.reload_weights()
+        self.runner.allocate_kv_cache(self.kv_plan.num_blocks)
+        self.kv.reset()
+        if self._use_cuda_graphs:
+            self.runner.capture_cuda_graphs(self.args.max_num_seqs, self.max_model_len)
+        self.is_sleeping = False
+
+    def device_bytes(self) -> int:
+        """Weights + KV cache bytes this engine holds on its device while awake (the fake GPU ledger's figure)."""
+        return self.runner.weights_bytes() + self.kv_plan.num_blocks * self.kv_plan.block_size * \
+            self.kv_plan.kv_bytes_per_token
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, log: Callable[[str], None] | None = None) -> "LLMEngine":
@@ -138,6 +171,8 @@ class LLMEngine:
         """Queue a request. Raises ValueError for bad params or a duplicate id, RequestRejected when it can never
         be served (C02: prompt_len + 1 > max_model_len, or more blocks than the pool)."""
         params.validate()
+        if self.is_sleeping:
+            raise RequestRejected("sleeping", "the engine is asleep (POST /wake_up first)")
         if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         n = len(prompt_token_ids)
@@ -177,12 +212,16 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass, sample, update. Returns one output per request that got a token or
-        finished (aborted requests included once)."""
+        finished (aborted requests included once). A forward or sampling exception is bisected down to the
+        requests that raise alone (isolation.py): they finish with "error", the rest of the batch goes on. Raises
+        EngineFatalError when the exception poisons the device: the engine must not step again."""
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
-        result = self.runner.execute(sched)
+        result, failed = execute_isolating(self.runner.execute, sched.scheduled, self.fatal_markers)
+        if failed:
+            outputs.extend(self._fail_isolated(sched, failed))
         for req in self.scheduler.update_from_output(sched, result):
             if req.error is not None:  # nothing new was appended
                 outputs.append(self._output(req, [], None))
@@ -190,6 +229,28 @@ class LLMEngine:
             lp = [req.output_logprobs[-1]] if req.params.logprobs is not None else None
             top = [req.output_top_logprobs[-1]] if req.params.logprobs else None
             outputs.append(self._output(req, [req.output_token_ids[-1]], lp, top))
+        return outputs
+
+    def _fail_isolated(self, sched, failed) -> list[RequestOutput]:
+        """End each request whose step raised alone with finish_reason "error" (the exception as its error). The
+        blocks it was filling in this step are taken out of the prefix cache (their KV may be unwritten), and any
+        other request of this step that hit one of them is sent back to recompute (preempted), its sample dropped."""
+        bs = self.args.block_size
+        outputs, unfilled = [], set()
+        for item, exc in failed:
+            req = item.request
+            blocks = self.kv.req_to_blocks.get(req.request_id, [])
+            unfilled.update(id(b) for b in blocks[req.num_computed_tokens // bs:])
+            self.kv.uncache(blocks[req.num_computed_tokens // bs:])
+            req.error = f"the engine step raised for this request: {describe(exc)}"
+            self.scheduler.finish(req, "error")
+            self.num_isolated_errors += 1
+            outputs.append(self._output(req, [], None))
+        for item in sched.scheduled:
+            req = item.request
+            if req.status == RequestStatus.RUNNING and any(
+                    id(b) in unfilled for b in self.kv.req_to_blocks.get(req.request_id, [])):
+                self.scheduler.recompute(req)
         return outputs
 
     @staticmethod

@@ -46,6 +46,14 @@ class KVCacheManager:
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
+    def reset(self) -> None:
+        """A fresh pool of the same size: every block free, the prefix cache empty (after a sleep, whose KV is gone).
+        Only while no request holds blocks; the prefix-cache counters keep counting."""
+        if self.req_to_blocks:
+            raise RuntimeError(f"{len(self.req_to_blocks)} request(s) still hold KV blocks")
+        self.pool = BlockPool(self.pool.num_blocks, self.enable_caching)
+        self.chain_serials.clear()
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
@@ -118,6 +126,11 @@ class KVCacheManager:
                 chain.append(None if parent is None else self.pool.cache_full_block(
                     blocks[i], request.block_hashes[i], self._block_tokens(request, i), parent))
         return new_blocks
+
+    def uncache(self, blocks) -> None:
+        """Take these blocks out of the prefix cache (their KV cannot be trusted, e.g. the step filling them
+        failed); they stay allocated to whoever holds them."""
+        self.pool.uncache(blocks)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted before its shared prefix."""

@@ -29,6 +29,10 @@ def _apply_stop_strings(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
+def _has_stop(text: str, stops: list[str]) -> bool:
+    return any(s and s in text for s in stops)
+
+
 class LLM:
     """Run a batch of prompts to completion with continuous batching. engine_args use the serve flags' names."""
 
@@ -36,6 +40,18 @@ class LLM:
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=str(model), **engine_args), log)
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
+
+    def _stop_token_count(self, toks: list[int], stops: list[str]) -> int:
+        """The fewest leading tokens whose text holds a stop string (binary search: a prefix's text grows with it),
+        as the server stops generating at the token that completes one."""
+        lo, hi = 1, len(toks)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _has_stop(self.tokenizer.decode(toks[:mid]), stops):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[CompletionOutput]:
@@ -78,11 +94,15 @@ class LLM:
             reason, cached, error = finished[rid]
             toks = tokens[rid]
             text = self.tokenizer.decode(toks)
+            lps, top = logprobs[rid], tops[rid]
             if p.stop:
                 text, hit = _apply_stop_strings(text, p.stop)
                 if hit:
                     reason = "stop"
+                    k = self._stop_token_count(toks, p.stop)  # the tokens up to the one completing the stop
+                    toks, lps, top = toks[:k], lps[:k], top[:k]
+                    text, _ = _apply_stop_strings(self.tokenizer.decode(toks), p.stop)
             results.append(CompletionOutput(rid, prompt_ids, toks, text, reason,
-                                            logprobs[rid] if p.logprobs is not None else None, cached,
-                                            tops[rid] if p.logprobs else None, error))
+                                            lps if p.logprobs is not None else None, cached,
+                                            top if p.logprobs else None, error))
         return results

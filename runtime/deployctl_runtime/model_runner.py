@@ -54,11 +54,40 @@ class ModelRunner:
             layer.self_attn.k_cache = self.kv_cache[i, 0]
             layer.self_attn.v_cache = self.kv_cache[i, 1]
 
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the allocated KV cache tensor (0 when freed)."""
+        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def release_kv_cache(self) -> None:
+        """Free the KV cache and the CUDA graphs that point at it (sleep); torch.cuda.empty_cache() on CUDA."""
+        self._free_kv_cache()
+
+    def offload_weights(self) -> None:
+        """CUDA: copy every parameter and buffer to pinned host memory and drop the device copy (sleep level 1).
+        A no-op on CPU (the weights already live in host RAM)."""
+        if self.device.type != "cuda":
+            return
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            host.copy_(t.data, non_blocking=True)
+            t.data = host
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+
+    def reload_weights(self) -> None:
+        """CUDA: the parameters and buffers back on the device (wake); a no-op on CPU."""
+        if self.device.type != "cuda":
+            return
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            t.data = t.data.to(self.device, non_blocking=True)
+        torch.cuda.synchronize(self.device)
+
     def _free_kv_cache(self) -> None:
         self.kv_cache = self.graphs = None
         for layer in self.model.model.layers:
             layer.self_attn.k_cache = layer.self_attn.v_cache = torch.empty(0)
-        torch.cuda.empty_cache()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def profile_activation_peak(self, num_tokens: int) -> int:
@@ -97,7 +126,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        """One prefill-shaped forward on block 0 (free at start; overwritten before use)."""
+        """Check every weight is finite, then one prefill-shaped forward on block 0 (free at start; overwritten
+        before use). Raises ValueError naming the first tensors holding NaN or inf (a corrupt checkpoint would
+        otherwise report ready and answer every request 500 non_finite_logits)."""
+        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise ValueError(f"the checkpoint's weights hold NaN or inf in {len(bad)} tensor(s), first "
+                             f"{', '.join(bad[:3])}: the model files are corrupt; re-download or re-convert them")
         n = min(self.block_size, 8)
         pos = torch.arange(n, device=self.device)
         meta = AttentionMetadata(slot_mapping=pos.clone(), prefills=[PrefillChunk(0, n, n, None)])

@@ -54,12 +54,13 @@ class Sampler:
             tokens = self._sample(logits, scaled, requests, greedy)
         token_list = tokens.tolist()
         chosen, tops = self._logprobs(scaled, tokens, requests)
-        if self.structured is not None:
-            self.structured.accept(requests, token_list)
+        errors = self.structured.accept(requests, token_list) if self.structured is not None else None
         out = []
         for i, r in enumerate(requests):
             if not finite_list[i]:
                 out.append(SampledToken(0, None, None, NON_FINITE))
+            elif errors and errors[i]:
+                out.append(SampledToken(0, None, None, errors[i]))
             else:
                 out.append(SampledToken(token_list[i], chosen[i], tops[i], None))
         return out

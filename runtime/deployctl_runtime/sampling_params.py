@@ -8,7 +8,8 @@ from typing import Any
 
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 4  # OpenAI: up to 4 sequences
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
@@ -67,8 +68,9 @@ class SamplingParams:
         _num("repetition_penalty", self.repetition_penalty, 0.0, math.inf, low_open=True)
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed: must be an integer in [-2**63, 2**64 - 1] (torch.Generator.manual_seed's "
+                             f"range), got {self.seed!r}")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids: must be non-negative integers, got {self.stop_token_ids!r}")
         if len(self.stop) > MAX_STOP_STRINGS:

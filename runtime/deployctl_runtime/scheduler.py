@@ -99,6 +99,11 @@ class Scheduler:
         self.num_preemptions_total += 1
         self.waiting.appendleft(req)
 
+    def recompute(self, req: Request) -> None:
+        """Send a running request back to the head of the waiting queue with its blocks freed (a preemption)."""
+        self.running.remove(req)
+        self._preempt(req)
+
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
         """Advance num_computed_tokens, append sampled tokens, finish requests that stop. Returns the requests that
         got a token or finished in this step."""
@@ -116,8 +121,11 @@ class Scheduler:
                 self.finish(req, "error")
                 progressed.append(req)
                 continue
-            req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
-            reason = req.check_stop(self.max_model_len)
+            try:
+                req.append_output(sampled.token_id, sampled.logprob, sampled.top_logprobs)
+                reason = req.check_stop(self.max_model_len)
+            except Exception as exc:  # noqa: BLE001 - a stop check that raises fails this request alone
+                req.error, reason = f"the stop check raised for this request: {type(exc).__name__}: {exc}", "error"
             if reason is not None:
                 self.finish(req, reason)
             progressed.append(req)

@@ -102,8 +102,16 @@ class StructuredOutputs:
         idx = torch.tensor(rows, device=logits.device)
         logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
 
-    def accept(self, requests, tokens: list[int]) -> None:
-        """Advance each constrained request's matcher by its sampled token."""
+    def accept(self, requests, tokens: list[int]) -> list[str | None]:
+        """Advance each constrained request's matcher by its sampled token. Returns, per request, None or why its
+        matcher raised (that request alone ends with an error; the others' matchers have advanced once)."""
+        errors: list[str | None] = []
         for r, t in zip(requests, tokens):
+            err = None
             if r.params.structured_outputs is not None:
-                self._matcher(r).consume_token(t)
+                try:
+                    self._matcher(r).consume_token(t)
+                except Exception as exc:  # noqa: BLE001 - one request's grammar fails that request alone
+                    err = f"the grammar matcher raised for this request: {type(exc).__name__}: {exc}"
+            errors.append(err)
+        return errors

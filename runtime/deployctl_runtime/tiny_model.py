@@ -10,9 +10,13 @@ import json
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (  # ChatML; tools in a system block as Qwen2.5's template shows them
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"  # Qwen3's switch, set through chat_template_kwargs
 )
 VOCAB_SIZE = 1024
 SHAPES = {  # 2 layers, hidden 64, GQA 4:2; max_position_embeddings 4096 so servers can run max_model_len 2048+

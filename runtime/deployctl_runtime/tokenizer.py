@@ -59,6 +59,7 @@ class TokenBytes:
         kinds = {d.get("type") for d in (dec.get("decoders") or [dec])}
         self._bytelevel = _bytelevel_decoder() if "ByteLevel" in kinds else None
         self._added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+        self._special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
     def bytes(self, token_id: int) -> bytes:
         b = self._cache.get(token_id)
@@ -76,6 +77,10 @@ class TokenBytes:
                 b = self._tok.decode([token_id], skip_special_tokens=False).encode()
             self._cache[token_id] = b
         return b
+
+    def is_special(self, token_id: int) -> bool:
+        """True for a special token: the response text skips it (skip_special_tokens)."""
+        return token_id in self._special
 
     def text(self, token_id: int) -> str:
         return self.bytes(token_id).decode("utf-8", errors="backslashreplace")

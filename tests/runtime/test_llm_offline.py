@@ -26,3 +26,10 @@ def test_stop_strings_cut_text(tiny_llama):
     cut = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop]))[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[:full.text.find(stop)]
+    # the token ids end at the token that completed the stop string (they used to run on to max_tokens), as the
+    # server's do; logprobs are cut with them
+    k = next(k for k in range(1, 13) if stop in llm.tokenizer.decode(full.token_ids[:k]))
+    assert cut.token_ids == full.token_ids[:k] and k < 12
+    with_lp = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop],
+                                                   logprobs=1))[0]
+    assert len(with_lp.logprobs) == len(with_lp.top_logprobs) == k

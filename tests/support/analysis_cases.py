@@ -16,4 +16,15 @@ def config(engine: dict | None = None):
     runtime) is merged into its engine section."""
     from support.render import make_config
 
-    return make_config(rollout={"analysis": TABLE["analysis"]}, engine=engine or {"kind": "deployctl-runtime"})
+    return make_config(rollout={"analysis": TABLE["analysis"]}, slo=TABLE["slo"],
+                       engine=engine or {"kind": "deployctl-runtime"})
+
+
+def e2e(side: dict) -> float:
+    """The side's P99 E2E in seconds (the table's e2e_default when the row has none)."""
+    return side.get("e2e_p99_s", TABLE["e2e_default"])
+
+
+def kv(side: dict) -> float:
+    """The side's KV cache usage 0-1 (the table's kv_default when the row has none)."""
+    return side.get("kv_usage", TABLE["kv_default"])

@@ -127,6 +127,17 @@ class NginxRouter:
             return []
         return [json.loads(line) for line in self.access_log.read_text().splitlines() if line.strip()]
 
+    def wait_entries(self, since: int, until, timeout_s: float = 10.0) -> list[dict]:
+        """The access-log lines after the first ``since``, read again until ``until(lines)`` holds or timeout_s
+        passes. nginx writes a line when it finalizes the request, which can be after the client has read the whole
+        response, so a line a test counts on can land a moment after the client returns."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            entries = self.access_entries()[since:]
+            if until(entries) or time.monotonic() > deadline:
+                return entries
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.proc is None:
             return

@@ -73,16 +73,17 @@ def golden_problems(got: dict[str, str], golden_dir, label: str) -> list[str]:
     return problems
 
 
-def local_release(root, python: str, *, api_key: str | None, release_id: str = "r1"):
+def local_release(root, python: str, *, api_key: str | None, release_id: str = "r1", **sections: Any):
     """A process-launcher host under ``root`` running ``python``, and its release rendered into
-    ``root/releases/<release_id>`` (modes kept). Returns (cfg, release dir)."""
+    ``root/releases/<release_id>`` (modes kept); ``sections`` merged over the config's (e.g. a real model and
+    port). Returns (cfg, release dir)."""
     from pathlib import Path
 
     from deployctl.render import render_release
 
-    cfg = make_config(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
-                      hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": python,
-                              "launcher": "process"}])
+    cfg = make_config(**merge({"engine": {"device": "cpu"}, "server": {"bind": "127.0.0.1", "api_key_env": None},
+                               "hosts": [{"name": "h", "address": "local", "deploy_root": str(root),
+                                          "python": python, "launcher": "process"}]}, sections))
     rel = Path(root) / "releases" / release_id
     rel.mkdir(parents=True)
     for f in render_release(cfg, cfg.hosts[0], release_id, api_key=api_key):
@@ -111,3 +112,25 @@ def promtool_rule_tests(test_file, rules_path, tests: list[dict]):
     test_file.write_text(yaml.safe_dump({"rule_files": [str(rules_path)], "evaluation_interval": "1m",
                                          "tests": tests}, sort_keys=False))
     return run_rule_tests(test_file)
+
+
+def assert_config_refused(doc: dict, says: str, tmp_path) -> None:
+    """``doc`` (a deploy.yaml as a dict) is refused twice with a message containing ``says``: by parse_config
+    (ConfigError) and by `deployctl render` (exit 3, nothing written)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from deployctl.config import parse_config
+    from deployctl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        parse_config(yaml.safe_dump(doc), "d.yaml")
+    assert says in str(exc.value), str(exc.value)
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "deployctl", "render", "--out", str(tmp_path / "o"), "-c", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and says in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()

@@ -22,7 +22,23 @@ import yaml
 
 from support.nginx import NginxRouter, free_port
 
-__all__ = ["rollout_python", "rollout_model", "rollout_cache", "rollout_env", "RolloutEnv"]
+__all__ = ["rollout_python", "rollout_model", "rollout_cache", "rollout_env", "RolloutEnv", "local_tiny_config",
+           "standin_python", "standin_model", "standin_wheel"]
+
+
+def local_tiny_config(root: Path, name: str, model: Path, python: str, hosts: list[str], *, api_key_env: str,
+                      max_num_seqs: int = 4) -> dict:
+    """A deploy.yaml (as a dict) for the tiny model on CPU on ``address: local`` hosts ``hosts`` (process launcher,
+    deploy_root ``root/<host>``, a free server port each), the key in ``api_key_env``; add router/rollout to it."""
+    return {
+        "service": {"name": name},
+        "model": {"path": str(model), "served_name": "tiny-chat", "dtype": "float32"},
+        "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 256,
+                   "kv_cache_memory": "8MiB"},
+        "server": {"startup_timeout_s": 90, "drain_timeout_s": 2, "api_key_env": api_key_env},
+        "hosts": [{"name": h, "address": "local", "deploy_root": str(root / h), "launcher": "process",
+                   "python": python, "server_port": free_port()} for h in hosts],
+    }
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +58,39 @@ def rollout_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def rollout_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("deployctl-cache")
+
+
+@pytest.fixture(scope="session")
+def standin_python(tmp_path_factory) -> str:
+    """A host python env of its own for stand-in releases (installing the stand-in wheel there never replaces the
+    real runtime in rollout_python's env)."""
+    from deployctl.demo.localenv import overlay_venv
+
+    return str(overlay_venv(tmp_path_factory.mktemp("standin-hostenv") / "venv"))
+
+
+@pytest.fixture(scope="session")
+def standin_model(tmp_path_factory) -> Path:
+    """A model directory the stand-in engine serves: the files deployctl hashes and reads (config.json,
+    tokenizer_config.json with a chat template, manifest.sha256); no weights."""
+    import hashlib
+
+    d = tmp_path_factory.mktemp("model") / "standin-chat"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "standin", "max_position_embeddings": 256}) + "\n")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}"
+                                                                          "{% endfor %}"}) + "\n")
+    lines = [f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in ("config.json",
+                                                                                     "tokenizer_config.json")]
+    (d / "manifest.sha256").write_text("".join(lines))
+    return d
+
+
+@pytest.fixture(scope="session")
+def standin_wheel(tmp_path_factory) -> Path:
+    from support.standin_engine import standin_wheel as build
+
+    return build(tmp_path_factory.mktemp("standin-wheel"))
 
 
 class RolloutEnv:
@@ -113,25 +162,36 @@ class RolloutEnv:
 
 
 @pytest.fixture
-def rollout_env(ssh_fleet, tmp_path, rollout_python, rollout_model, rollout_cache, monkeypatch):
-    """Factory ``rollout_env(n=2, **rollout_overrides) -> RolloutEnv`` (see module doc)."""
+def rollout_env(ssh_fleet, tmp_path, rollout_cache, monkeypatch, request):
+    """Factory ``rollout_env(n=2, engine="runtime", **rollout_overrides) -> RolloutEnv`` (see module doc).
+    ``engine="standin"``: the hosts run the light stand-in engine (tests/support/standin_engine, deployed through
+    DEPLOYCTL_RUNTIME_WHEEL) instead of the runtime with the tiny model: for tests of the fleet, the router and the
+    state machine, where the engine is not the point; it starts in well under a second."""
     monkeypatch.setenv("DEPLOYCTL_CACHE", str(rollout_cache))
     monkeypatch.setenv("DEPLOYCTL_VERIFY_TIMEOUT_S", "90")
     monkeypatch.setenv("DEPLOYCTL_SKIP_PREFLIGHT", "1")
+    monkeypatch.setenv("DEPLOYCTL_STATE", str(tmp_path / "control-state"))  # journals, detached runners' logs
+    monkeypatch.delenv("DEPLOYCTL_TEST_KILL_AT", raising=False)
     monkeypatch.delenv("DEPLOYCTL_RUNTIME_FAULT", raising=False)
     envs: list[RolloutEnv] = []
 
-    def factory(n: int = 2, **rollout) -> RolloutEnv:
+    def factory(n: int = 2, engine: str = "runtime", **rollout) -> RolloutEnv:
+        if engine == "standin":
+            python, model = request.getfixturevalue("standin_python"), request.getfixturevalue("standin_model")
+            monkeypatch.setenv("DEPLOYCTL_RUNTIME_WHEEL", str(request.getfixturevalue("standin_wheel")))
+        else:
+            assert engine == "runtime", engine
+            python, model = request.getfixturevalue("rollout_python"), request.getfixturevalue("rollout_model")
         fleet = ssh_fleet(n)
         root = tmp_path / f"env{len(envs)}"
         root.mkdir()
         nginx = NginxRouter(root / "nginx")
-        hosts = fleet.host_yaml(python=rollout_python)
+        hosts = fleet.host_yaml(python=python)
         for h in hosts:
             h["server_port"] = free_port()
         cfg = {
             "service": {"name": "chat-tiny"},
-            "model": {"path": str(rollout_model), "served_name": "tiny-chat", "dtype": "float32"},
+            "model": {"path": str(model), "served_name": "tiny-chat", "dtype": "float32"},
             "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 256,
                        "kv_cache_memory": "8MiB", "enable_prefix_caching": True},
             "server": {"port": 18080, "drain_timeout_s": 5, "startup_timeout_s": 90, "request_timeout_s": 60},
@@ -145,6 +205,9 @@ def rollout_env(ssh_fleet, tmp_path, rollout_python, rollout_model, rollout_cach
         # Windows are re-judged every 2 s here (30 s by default): the default inconclusive_limit of 5 would pause a
         # canary that is still collecting its first latency samples; tests that pause set it themselves.
         cfg["rollout"]["analysis"] = {"min_p99_delta_s": 0.1, "inconclusive_limit": 0, **cfg["rollout"]["analysis"]}
+        # The SLO rule (the canary's own P99 over slo × max_slo_factor) with objectives a CPU runtime on a loaded
+        # 2-core machine always meets: tests of the SLO rule set their own slo.
+        cfg.setdefault("slo", {"ttft_p99_s": 30.0, "tpot_p99_s": 2.0})
         env = RolloutEnv(root, fleet, nginx, cfg)
         envs.append(env)
         nginx.start(env.load())
@@ -167,6 +230,36 @@ def rollout_state(env: RolloutEnv, host: int = 0) -> dict:
         return {}
 
 
+def served(port: int) -> str | None:
+    """The release the runtime on 127.0.0.1:``port`` answers with (its X-Deployctl-Release), None when nothing
+    listens there."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).headers.get("x-deployctl-release")
+    except httpx.TransportError:
+        return None
+
+
+def pid_link(env: RolloutEnv, name: str) -> str | None:
+    """Where ``runtime.pid`` on host ``name`` links to (``runtime.<port>.pid`` after a start on a second port), None
+    when it is a plain file."""
+    p = Path(env.host(name)["deploy_root"]) / "shared" / "run" / "runtime.pid"
+    return os.readlink(p) if p.is_symlink() else None
+
+
+def even_split(conf: str) -> bool:
+    """Whether the rendered upstream ``conf`` sends traffic evenly to every server: no server line marked ``down``
+    or weighted (the control-route refusal further down the file names routes such as /slow_down)."""
+    servers = [ln.split("#")[0] for ln in conf.splitlines() if ln.strip().startswith("server ")]
+    return bool(servers) and not any(" down" in ln or "weight=" in ln for ln in servers)
+
+
+def assert_consistent_on(env: RolloutEnv, release: str) -> None:
+    """Every host's ``current`` is ``release``, every runtime answers as ``release``, and nginx splits evenly."""
+    assert [env.current(n) for n in env.names] == [release] * len(env.names)
+    assert {env.release_served(n) for n in env.names} == {release}
+    assert even_split(env.upstream_conf()), env.upstream_conf()
+
+
 def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None):
     """Poll ``pred()`` until truthy; fail naming ``what`` (and the deploy's output when ``proc`` died)."""
     end = time.monotonic() + timeout
@@ -181,4 +274,4 @@ def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = No
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-__all__ += ["rollout_state", "wait_for"]
+__all__ += ["assert_consistent_on", "even_split", "pid_link", "rollout_state", "served", "wait_for"]

@@ -114,6 +114,7 @@ class Fleet:
         self._users: dict[str, str] = {}  # requested name -> real name
         self._passwords: dict[str, str] = {}
         self._sudoers: list[Path] = []
+        self.max_sessions: dict[str, int] = {}  # host name -> sshd_config MaxSessions (default 50)
         (root / "authorized_keys").mkdir(exist_ok=True)
         os.chmod(root / "authorized_keys", 0o755)
 
@@ -179,7 +180,7 @@ class Fleet:
             f"PidFile {host.dir / 'sshd.pid'}", f"AuthorizedKeysFile {self.root}/authorized_keys/%u",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UseDNS no",
-            "PrintMotd no", "MaxStartups 100:30:200", "MaxSessions 50",
+            "PrintMotd no", "MaxStartups 100:30:200", f"MaxSessions {self.max_sessions.get(host.name, 50)}",
             "Subsystem sftp internal-sftp", "",
         ]))
         return path
@@ -215,8 +216,46 @@ class Fleet:
                 time.sleep(0.02)
         raise RuntimeError(f"sshd for {name} did not answer on port {host.port} within {START_TIMEOUT_S} s")
 
+    def _tree(self, name: str) -> list[int]:
+        """The sshd of ``name`` and every process below it (per-connection sshd, sessions), parents first."""
+        proc = self.host(name).proc
+        if proc is None or proc.poll() is not None:
+            return []
+        out, todo = [], [proc.pid]
+        while todo:
+            pid = todo.pop(0)
+            out.append(pid)
+            todo.extend(_children(pid))
+        return out
+
+    def freeze(self, name: str) -> None:
+        """SIGSTOP the sshd of ``name`` and everything below it: the kernel still ACKs TCP, nothing answers (a hung
+        host). ``thaw`` undoes it; ``stop`` thaws first."""
+        for pid in self._tree(name):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def thaw(self, name: str) -> None:
+        for pid in self._tree(name):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def restart(self, name: str, *, max_sessions: Optional[int] = None) -> None:
+        """Stop and start the sshd of ``name``, with sshd_config's MaxSessions set to ``max_sessions`` (None: 50)."""
+        self.stop(name)
+        if max_sessions is None:
+            self.max_sessions.pop(name, None)
+        else:
+            self.max_sessions[name] = max_sessions
+        self.start(name)
+
     def stop(self, name: str) -> None:
         """Stop the sshd of ``name`` and drop its open connections: the host becomes unreachable."""
+        self.thaw(name)
         host = self.host(name)
         proc, host.proc = host.proc, None
         if proc is None or proc.poll() is not None:

@@ -62,16 +62,22 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
         return {"status": "ok", "phase": ctx.phase, **ctx.where()}
 
     @app.get("/health")
-    async def health():  # vLLM's: 200 (empty body) while the engine loop is alive, 503 once it died
+    async def health():
+        # vLLM's: 200 (empty body) once the engine serves and while its loop is alive. vLLM binds its port only
+        # after loading, so a probe or client copied from a vLLM deployment (guidellm's backend check) takes a 200
+        # here to mean "ready": 503 while loading, as /v1/models says, and once the engine died.
         if ctx.engine is not None and not ctx.engine.is_alive:
             return JSONResponse(error_body(f"the engine loop is dead: {ctx.engine.error}", "service_unavailable",
                                            None, "engine_dead"), 503)
+        if ctx.engine is None:
+            return JSONResponse(error_body(f"the model is still loading ({ctx.detail})", "service_unavailable",
+                                           None, "not_ready"), 503, headers={"Retry-After": str(RETRY_AFTER_LOADING_S)})
         return Response(status_code=200)
 
     @app.get("/readyz")
     async def readyz():
         body = ctx.readiness()
-        if ctx.phase == "ready" and ctx.engine.is_alive:
+        if body["status"] == "ready":  # one source for the code and the body
             return body
         return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_LOADING_S)})
 
@@ -110,6 +116,9 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     async def chat_completions(request: Request):
         return await _inference(ctx, request, chat=True)
 
+    from .sleep import add_sleep_routes
+
+    add_sleep_routes(app, ctx)
     inner = APIKeyMiddleware(app, api_keys, ctx.cfg.metrics_public)
     return RequestContextMiddleware(inner, ctx.cfg.release_id)  # type: ignore[return-value]
 
@@ -136,6 +145,7 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)
     builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.token_bytes)
+    ctx.check_serving()  # again: a sleep or drain may have begun while the body was read (no await from here on)
     ctx.http_started()
     try:
         await gen.start()

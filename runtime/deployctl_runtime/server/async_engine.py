@@ -5,6 +5,12 @@ applied between steps. Each step's outputs are handed to the event loop in one `
 the per-request `asyncio.Queue` given at `add` (several engine requests, e.g. the n choices of one HTTP request,
 may share one queue). `stats` is refreshed after every step and every command batch, so /metrics shows freed
 blocks right after an abort even when the engine is idle.
+
+Errors: a request whose step raised alone was already failed by the engine (isolation.py); the loop goes on. The
+loop dies (every open request gets EngineDead, then `on_fatal(message)` so the server exits to be restarted) when
+a step raises past the engine's isolation (EngineFatalError: a poisoned device; or any other exception, which
+leaves the engine's state unknown), or when `max_isolated_errors` requests failed alone within
+`isolated_error_window_s` (something is wrong beyond one request). `on_error(kind)` ("isolated", "fatal") counts.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 log = logging.getLogger("deployctl_runtime.server")
 
@@ -25,6 +31,13 @@ class _Add:
     prompts: list[list[int]]
     params: list[Any]
     queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+@dataclass
+class _Call:
+    fn: Any  # fn(engine) -> result, run on the loop thread between steps
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
 
@@ -47,8 +60,14 @@ class AsyncEngine:
 
     engine: Any
     step_delay_s: float = 0.0  # fault injection: sleep per step
+    on_fatal: Callable[[str], None] | None = None  # called on the loop thread once the open requests were failed
+    on_error: Callable[[str], None] | None = None  # called with "isolated" or "fatal" per error
+    max_isolated_errors: int = 10  # this many requests failed alone ...
+    isolated_error_window_s: float = 60.0  # ... within this many seconds: the engine is declared dead
     stats: Any = None
     error: str | None = None
+    _error_times: deque = field(default_factory=deque)  # monotonic times of the isolated errors in the window
+    _isolated_seen: int = 0  # engine.num_isolated_errors already counted
     _cmds: deque = field(default_factory=deque)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queues: dict = field(default_factory=dict)  # request id -> (loop, queue); loop thread only
@@ -66,6 +85,10 @@ class AsyncEngine:
 
     def _push(self, cmd) -> None:
         with self._cond:
+            if self.error is not None:  # the loop is gone: nothing would ever answer
+                if isinstance(cmd, _Add):
+                    raise RuntimeError(self.error)
+                return
             self._cmds.append(cmd)
             self._cond.notify()
 
@@ -77,6 +100,13 @@ class AsyncEngine:
         fut = loop.create_future()
         self._push(_Add(list(request_ids), list(prompts), list(params), queue, loop, fut))
         await fut
+
+    async def call(self, fn) -> Any:
+        """Run ``fn(engine)`` on the loop thread between steps (sleep, wake); returns its result or re-raises."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._push(_Call(fn, loop, fut))
+        return await fut
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Abort (no-op for finished or unknown ids); blocks are freed before the next step."""
@@ -92,6 +122,14 @@ class AsyncEngine:
 
     # ---- loop thread ----
     def _apply(self, cmd) -> None:
+        if isinstance(cmd, _Call):
+            try:
+                result = cmd.fn(self.engine)
+            except Exception as exc:  # the caller decides (e.g. a wake that did not fit)
+                cmd.loop.call_soon_threadsafe(_set_exception, cmd.future, exc)
+            else:
+                cmd.loop.call_soon_threadsafe(_set_value, cmd.future, result)
+            return
         if isinstance(cmd, _Abort):
             ids = [r for r in cmd.request_ids if r in self._queues]
             for r in ids:
@@ -137,10 +175,41 @@ class AsyncEngine:
                 self.stats = engine.stats()
             except Exception as exc:
                 log.exception("engine step loop crashed; failing all open requests")
-                self.error = f"engine step loop crashed: {type(exc).__name__}: {exc}"
-                self._fail_all(cmds)
+                self._die(f"engine step loop crashed: {type(exc).__name__}: {exc}", cmds)
                 return
             self._deliver(outputs)
+            if self._count_isolated(engine):
+                self._die(f"{len(self._error_times)} requests failed alone within {self.isolated_error_window_s:g} s "
+                          f"(--fatal-after-errors {self.max_isolated_errors}); the last: "
+                          f"{next((o.error for o in outputs if o.error), 'see the log')}", [])
+                return
+
+    def _count_isolated(self, engine) -> bool:
+        """Record the requests the last step failed alone; True when the window holds max_isolated_errors."""
+        total = getattr(engine, "num_isolated_errors", 0)
+        now = time.monotonic()
+        for _ in range(total - self._isolated_seen):
+            self._error_times.append(now)
+            if self.on_error:
+                self.on_error("isolated")
+        self._isolated_seen = total
+        while self._error_times and now - self._error_times[0] > self.isolated_error_window_s:
+            self._error_times.popleft()
+        return self.max_isolated_errors > 0 and len(self._error_times) >= self.max_isolated_errors
+
+    def _die(self, message: str, cmds) -> None:
+        with self._cond:  # from here on _push refuses; what was queued meanwhile is failed too
+            self.error = message
+            cmds = list(cmds) + list(self._cmds)
+            self._cmds.clear()
+        if self.on_error:
+            self.on_error("fatal")
+        self._fail_all(cmds)
+        if self.on_fatal:
+            try:
+                self.on_fatal(message)
+            except Exception:  # noqa: BLE001 - the loop is ending anyway
+                log.exception("on_fatal failed")
 
     def _deliver(self, outputs) -> None:
         batches: dict[asyncio.AbstractEventLoop, list] = {}
@@ -157,7 +226,7 @@ class AsyncEngine:
     def _fail_all(self, cmds) -> None:
         dead = EngineDead(self.error or "engine failed")
         for cmd in cmds:
-            if isinstance(cmd, _Add) and not cmd.future.done():
+            if isinstance(cmd, (_Add, _Call)) and not cmd.future.done():
                 cmd.loop.call_soon_threadsafe(_set_exception, cmd.future, RuntimeError(dead.message))
         items: dict = {}
         for loop, q in self._queues.values():
@@ -175,6 +244,11 @@ def _put_all(items) -> None:
 def _set_result(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _set_value(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:

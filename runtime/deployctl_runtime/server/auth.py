@@ -3,10 +3,13 @@
 Keys come from env `DEPLOYCTL_RUNTIME_API_KEY` (comma-separated) and/or `--api-key-file PATH` (one key per line,
 `#` comments); never from the command line. Every HTTP route needs `Authorization: Bearer KEY` except the open
 ones (/healthz, /readyz, /health, and /metrics when `--metrics-public`), so a route added later is protected by default.
-Keys are compared with `hmac.compare_digest` against every configured key, and never logged.
+Keys are compared with `hmac.compare_digest` against every configured key, and never logged: the access log names
+the key a request used by `key_id` (`key_id()`: the first 12 hex digits of its SHA-256), so clients and a key
+rotation (old and new key accepted at once) can be followed without the key itself.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -45,12 +48,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def key_id(key: str) -> str:
+    """The key's id in logs: the first 12 hex digits of SHA-256 of the key (not reversible to the key)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def matching_key(presented: str, keys: Iterable[str]) -> int:
+    """Index of the key ``presented`` equals, or -1; every key compared in constant time (no early exit that would
+    leak which key matched)."""
+    found = -1
+    for i, k in enumerate(keys):
+        if hmac.compare_digest(presented.encode(), k.encode()):
+            found = i
+    return found
+
+
 def key_matches(presented: str, keys: Iterable[str]) -> bool:
-    """Constant-time check against every key (no early exit that would leak which key matched)."""
-    ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(presented.encode(), k.encode())
-    return ok
+    """Constant-time check against every key."""
+    return matching_key(presented, keys) >= 0
 
 
 class APIKeyMiddleware:
@@ -59,6 +74,7 @@ class APIKeyMiddleware:
     def __init__(self, app, keys: list[str], metrics_public: bool = False):
         self.app = app
         self.keys = list(keys)
+        self.ids = [key_id(k) for k in self.keys]
         self.open_paths = ALWAYS_OPEN | ({"/metrics"} if metrics_public else set())
 
     async def __call__(self, scope, receive, send):
@@ -67,7 +83,11 @@ class APIKeyMiddleware:
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token and key_matches(token.strip(), self.keys):
+        found = matching_key(token.strip(), self.keys) if scheme.lower() == "bearer" and token else -1
+        if found >= 0:
+            rec = (scope.get("state") or {}).get("record")
+            if rec is not None:
+                rec.key_id = self.ids[found]
             return await self.app(scope, receive, send)
         message = "missing API key: send 'Authorization: Bearer <key>'" if not auth else "invalid API key"
         body = json.dumps(error_body(message, "authentication_error", None, "invalid_api_key")).encode()

@@ -17,6 +17,8 @@ needs 'Authorization: Bearer KEY' (/metrics too, unless --metrics-public).
 The port is bound first and the model loaded in the background: /healthz answers at once, /readyz and inference
 answer 503 until weights are loaded, the KV cache allocated and a warm-up forward pass done.
 SIGTERM drains: /readyz 503 at once, new requests 503, in-flight requests finish (up to --drain-timeout-s), exit 0.
+Exit codes: 0 drained, 1 failed to start, 2 bad settings (never restarted), 3 the engine died while serving (a
+poisoned device or repeated step errors; open requests were failed first; a supervisor restarts it).
 {FAULT_HELP}
 """
 
@@ -48,6 +50,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--enforce-eager", action=argparse.BooleanOptionalAction, help="CUDA: no decode CUDA graphs (default off)")
     a("--seed", type=int, help="engine seed (default 0)")
     a("--max-queued-requests", type=int, help="waiting requests beyond this get 429 + Retry-After (default 256)")
+    a("--max-prompt-tokens", type=int, help="prompts longer than this get 400 (default: max_model_len - 1)")
+    a("--max-completion-tokens", type=int,
+      help="max_tokens above this gets 400; the default max_tokens when omitted (default: the remaining context)")
     a("--request-timeout-s", type=float, help="end a request with an error finish after this (default 600)")
     a("--drain-timeout-s", type=float, help="on SIGTERM, wait this long for in-flight requests (default 30)")
     a("--sse-keepalive-s", type=float, help="SSE comment after this many idle seconds in a stream (default 15; 0 off)")
@@ -61,6 +66,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--log-file", help="also write the log to this file, rotated by size (stderr keeps it all too)")
     a("--log-max-bytes", metavar="BYTES", help="rotate the log file at this size, bytes or e.g. 100MiB (default)")
     a("--log-backup-count", type=int, help="rotated log files kept, runtime.log.1 newest (default 5)")
+    a("--ignore-unknown-fields", action=argparse.BooleanOptionalAction,
+      help="ignore request fields this server does not know, with a warning (vLLM's behaviour); default: 400")
+    a("--fatal-error-marker", action="append", metavar="TEXT",
+      help="a step exception whose message holds TEXT poisons the device: fail open requests, exit 3 (repeatable; "
+           "CUDA errors always do)")
+    a("--fatal-after-errors", type=int, metavar="K",
+      help="exit 3 when K requests failed alone within --fatal-error-window-s (default 10; 0 never)")
+    a("--fatal-error-window-s", type=float, help="the window of --fatal-after-errors (default 60)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -84,7 +97,8 @@ def _setup_logging(cfg) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Entry point of `serve`. Returns the exit code: 0 after a drain, 1 on a failed start, 2 on bad settings."""
+    """Entry point of `serve`. Returns the exit code: 0 after a drain, 1 on a failed start, 2 on bad settings, 3 when
+    the engine died while serving."""
     from .auth import is_loopback, load_api_keys
     from .config import load_config
     from .faults import Faults
@@ -96,6 +110,11 @@ def run_serve(args: argparse.Namespace) -> int:
         faults = Faults.from_env()
     except ValueError as exc:
         print(f"deployctl-runtime serve: {exc}", file=sys.stderr)
+        return 2
+    if not os.path.isdir(cfg.model):  # a configuration error (exit 2: never restarted), not a failed load
+        what = "is not a directory" if os.path.exists(cfg.model) else "does not exist"
+        print(f"deployctl-runtime serve: model directory {cfg.model} {what}; pass --model DIR (an HF-format "
+              "checkpoint directory)", file=sys.stderr)
         return 2
     try:
         _setup_logging(cfg)
@@ -114,7 +133,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from .lifecycle import serve
     from .state import ServerContext
 
-    rc = serve(ServerContext(cfg, faults), keys)
+    from .gpu_metrics import open_visible_gpus
+
+    ctx = ServerContext(cfg, faults)
+    gpus, covered = open_visible_gpus()
+    if gpus is not None:
+        ctx.metrics.add_collector(gpus)
+        log.info("GPU metrics from NVML for %s", covered)
+    else:
+        log.info("no GPU metrics: %s", covered)
+    rc = serve(ctx, keys)
     # Drained and shut down: leave now. Interpreter teardown (torch, the engine and loader threads) took
     # another 5-6 s after "Finished server process", which a rollback spends waiting on a restart.
     logging.shutdown()

@@ -25,6 +25,10 @@ class _ServeSettings(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     served_model_name: str | None = None
     max_queued_requests: int = Field(256, ge=0)
+    # Per-request caps (400 invalid_request_error above them): the prompt's tokens, and max_tokens; an omitted
+    # max_tokens defaults to min(remaining context, max_completion_tokens) instead of the whole remaining context.
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)
     # SSE comment (": keep-alive") after this many seconds without an event while a stream waits in the queue or
@@ -43,6 +47,15 @@ class _ServeSettings(BaseModel):
     log_file: str | None = None  # also log here, rotated by size (logging.handlers.RotatingFileHandler)
     log_max_bytes: int = Field(100 * 2**20, ge=1024)  # rotate when the file would grow past this
     log_backup_count: int = Field(5, ge=1, le=100)  # keep this many rotated files (.1 newest); older are deleted
+    # fault isolation (deployctl_runtime/isolation.py): extra message substrings that mark a step's exception as
+    # fatal (the device is poisoned: fail open requests, exit 3 to be restarted), besides the CUDA error markers
+    fatal_error_marker: list[str] = []
+    # this many requests failed alone (their step raised) within fatal_error_window_s: exit 3 as well; 0: never
+    fatal_after_errors: int = Field(10, ge=0)
+    fatal_error_window_s: float = Field(60.0, gt=0)
+    # a request field not in the field table (fields.py): 400 unsupported_parameter naming it (default), or, when
+    # true, ignored with one warning per field name as vLLM does
+    ignore_unknown_fields: bool = False
 
     @field_validator("kv_cache_memory", "log_max_bytes", mode="before", check_fields=False)
     @classmethod

@@ -8,6 +8,12 @@
   clamp_max_tokens=N generate at most N tokens whatever max_tokens says (a silent truncation: finish_reason length).
   garble_text=1      every text delta starts with U+FFFD (a detokenizer emitting invalid UTF-8).
   leak_kv_blocks=N   every finished request keeps its last N KV blocks forever (a block leak: KV usage climbs).
+  raise_on_token=ID  the forward pass raises RuntimeError whenever its batch holds token ID (one poisoned request:
+                     the engine isolates it by bisecting the batch; the others go on).
+  cuda_error_on_token=ID  the forward pass raises "CUDA error: an illegal memory access was encountered" whenever
+                     its batch holds token ID (a sticky device error: the runtime fails open requests and exits 3).
+  fail_wake=1        POST /wake_up answers 503 gpu_memory_exhausted and the runtime stays asleep (a wake whose memory
+                     was taken between the rollback's look and its wake).
 
 Never set in production; the server logs a WARNING at start when any is active.
 """
@@ -23,7 +29,8 @@ HELP = (
     "fail_start=1 (exit non-zero during load), error_rate=F (share of inference requests answered 500), "
     "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID), clamp_max_tokens=N "
     "(at most N tokens generated), garble_text=1 (U+FFFD in every text delta), leak_kv_blocks=N (finished requests "
-    "keep N KV blocks)."
+    "keep N KV blocks), raise_on_token=ID (forward raises when its batch holds token ID), cuda_error_on_token=ID (forward "
+    "raises a sticky CUDA error when its batch holds token ID), fail_wake=1 (POST /wake_up refused 503)."
 )
 
 
@@ -37,6 +44,9 @@ class Faults:
     clamp_max_tokens: float = 0.0
     garble_text: bool = False
     leak_kv_blocks: float = 0.0
+    raise_on_token: float = -1.0
+    cuda_error_on_token: float = -1.0
+    fail_wake: bool = False
 
     @property
     def active(self) -> bool:
@@ -58,6 +68,8 @@ class Faults:
         """Apply the faults that live inside the engine (leak_kv_blocks) to an LLMEngine, once, before serving."""
         if self.leak_kv_blocks >= 1:
             _leak_blocks(engine, int(self.leak_kv_blocks))
+        if self.raise_on_token >= 0 or self.cuda_error_on_token >= 0:
+            _raise_in_forward(engine.runner, int(self.raise_on_token), int(self.cuda_error_on_token))
 
     def should_fail_request(self) -> bool:
         return self.error_rate > 0 and random.random() < self.error_rate
@@ -77,7 +89,7 @@ class Faults:
                 raise ValueError(f"{ENV_VAR}: {key}={val!r} is not a number") from None
         if not 0 <= values.get("error_rate", 0) <= 1:
             raise ValueError(f"{ENV_VAR}: error_rate must be within 0..1, got {values['error_rate']}")
-        for flag in ("fail_start", "garble_text"):
+        for flag in ("fail_start", "garble_text", "fail_wake"):
             if flag in values:
                 values[flag] = bool(values[flag])
         return cls(**values)  # type: ignore[arg-type]
@@ -99,3 +111,21 @@ def _leak_blocks(engine, n: int) -> None:
         return finish(req, reason)
 
     sched.finish = leaky_finish
+
+
+def _raise_in_forward(runner, plain_id: int, cuda_id: int) -> None:
+    """Wrap the model runner's forward so that it raises when its batch's input ids hold one of the given token ids
+    (-1: off): a plain RuntimeError for `plain_id`, a message with "CUDA error" (fatal, isolation.is_fatal) for
+    `cuda_id`."""
+    forward = runner.forward
+
+    def faulty_forward(inputs):
+        ids = set(inputs.input_ids.tolist())
+        if cuda_id in ids:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (fault injection: "
+                               f"cuda_error_on_token={cuda_id})")
+        if plain_id in ids:
+            raise RuntimeError(f"fault injection: raise_on_token={plain_id} is in the batch")
+        return forward(inputs)
+
+    runner.forward = faulty_forward

@@ -56,10 +56,18 @@ class Generation:
             self._release(self._open)
             param = "messages" if self.prep.chat else "prompt"
             reason = getattr(exc, "reason", None)
+            if reason == "sleeping":  # raced a POST /sleep: the engine refuses while asleep
+                from .errors import unavailable
+
+                ctx.metrics.request_rejected.labels(reason="sleeping").inc()
+                raise unavailable(getattr(exc, "message", str(exc)), 5, code="sleeping") from None
             if reason is not None:  # RequestRejected: this request can never be served (e.g. too_many_blocks)
                 ctx.metrics.request_rejected.labels(reason=reason).inc()
                 raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param,
                                reason) from None
+            if ctx.engine.error is not None:  # the engine died meanwhile
+                raise APIError(503, f"the server cannot serve: {ctx.engine.error}", "service_unavailable", None,
+                               "engine_dead") from None
             if isinstance(exc, ValueError):  # the engine's own validation: "<field>: <why>"
                 field_name = str(exc).split(":", 1)[0]
                 raise APIError(400, str(exc), "invalid_request_error",
@@ -111,7 +119,12 @@ class Generation:
         events = []
         for rid in ids:
             ch = self._by_id[rid]
-            delta = ch.feed([], finished=True) if reason != "abort" else ""
+            delta = ""
+            if reason != "abort" and ch.error is None:
+                try:
+                    delta = ch.feed([], finished=True)
+                except Exception:  # noqa: BLE001 - the flush of a broken detokenizer: end without the rest
+                    log.exception("request %s: flushing the detokenizer failed", self.rec.request_id)
             self._finish(ch, reason)
             events.append(Event(ch.index, delta, reason, [], None))
         self._release(ids)
@@ -171,7 +184,15 @@ class Generation:
                     self.engine_error = out.error
                     log.error("request %s: %s; the request ends with an error (finish_reason error)",
                               self.rec.request_id, out.error)
-            delta = ch.feed(new, out.finished)
+            try:
+                delta = ch.feed(new, out.finished)
+            except Exception as exc:  # noqa: BLE001 - detokenizing or a stop string raised: this request alone
+                log.exception("request %s: detokenizing failed", self.rec.request_id)
+                self.ctx.metrics.engine_errors.labels(kind="isolated").inc()
+                ch.error = f"detokenizing the output raised: {type(exc).__name__}: {exc}"
+                self.engine_error = self.engine_error or ch.error
+                events.extend(self._end_open("error"))
+                break
             if self.ctx.faults.garble_text and delta:  # test-only fault: streamed and whole text alike
                 garbled = self.ctx.faults.rewrite_text(delta)
                 ch.text, delta = ch.text[: len(ch.text) - len(delta)] + garbled, garbled

@@ -4,6 +4,8 @@ Order (C10): uvicorn binds the port first, then a loader thread verifies the mod
 builds the engine (weights, KV pool, one warm-up forward pass; the engine logs the KV pool size in blocks and
 tokens and the max concurrency at max_model_len) and starts the step loop; only then does the phase become
 `ready`. A load failure logs one clear line and ends the process with exit code 1.
+An engine that dies while serving (a sticky device error, repeated step errors: see async_engine.py) makes the
+phase `failed` and ends the process with exit code 3 after its open requests were answered 500.
 
 SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
 up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]), and
@@ -24,6 +26,9 @@ import uvicorn
 from .state import ServerContext
 
 log = logging.getLogger("deployctl_runtime.server")
+EXIT_LOAD_FAILED = 1
+EXIT_ENGINE_DEAD = 3  # the engine died while serving (not 2: launch.sh and RestartPreventExitStatus never restart 2)
+FATAL_EXIT_WATCHDOG_S = 10.0
 
 
 def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
@@ -56,6 +61,13 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         from .chat_template import ChatTemplate
 
         engine = LLMEngine.from_engine_args(EngineArgs(**cfg.engine_args()), log=log.info)
+        from deployctl_runtime.gpu_ledger import Ledger
+
+        ledger = Ledger.from_env()
+        if ledger is not None:  # the stand-in GPU: refuse a start that would not fit, as CUDA would
+            ledger.set(engine.device_bytes(), "weights+kv", cfg.release_id or "")
+            ctx.ledger = ledger
+            log.info("fake GPU %s: holding %d bytes (weights + KV cache)", ledger.path, engine.device_bytes())
         faults.install(engine)
         from deployctl_runtime.tokenizer import TokenBytes
 
@@ -69,7 +81,12 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         ctx.max_model_len = engine.max_model_len
         ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)
                              if engine.chat_template else None)
-        aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0)
+        engine.fatal_markers = engine.fatal_markers + tuple(cfg.fatal_error_marker)
+        aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0,
+                           on_fatal=lambda message: engine_died(ctx, server, message),
+                           on_error=lambda kind: ctx.metrics.engine_errors.labels(kind=kind).inc(),
+                           max_isolated_errors=cfg.fatal_after_errors,
+                           isolated_error_window_s=cfg.fatal_error_window_s)
         aeng.start()
         ctx.engine = aeng
         ctx.detail = "serving"
@@ -82,6 +99,19 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         if os.environ.get("DEPLOYCTL_RUNTIME_DEBUG"):
             log.exception("load traceback")
         server.should_exit = True
+
+
+def engine_died(ctx: ServerContext, server: "DrainingServer", message: str) -> None:
+    """The engine loop is dead (its open requests were already failed): readyz says so, and the process exits
+    EXIT_ENGINE_DEAD so that systemd (Restart=on-failure) or launch.sh restart it. uvicorn's graceful shutdown lets
+    the failed answers go out; a watchdog ends the process should that shutdown hang."""
+    ctx.phase, ctx.detail, ctx.exit_code = "failed", f"the engine died: {message}", EXIT_ENGINE_DEAD
+    log.error("the engine died: %s; exiting %d so that the supervisor restarts the runtime", message,
+              EXIT_ENGINE_DEAD)
+    server.should_exit = True
+    timer = threading.Timer(FATAL_EXIT_WATCHDOG_S, os._exit, (EXIT_ENGINE_DEAD,))
+    timer.daemon = True
+    timer.start()
 
 
 def device_facts(engine) -> dict:
@@ -175,6 +205,8 @@ def serve(ctx: ServerContext, api_keys: list[str]) -> int:
         yield
         if ctx.engine is not None:
             ctx.engine.shutdown()
+        if ctx.ledger is not None:
+            ctx.ledger.release()
 
     app = create_app(ctx, api_keys, lifespan=lifespan)
     config = uvicorn.Config(app, host=ctx.cfg.host, port=ctx.cfg.port, log_config=None, access_log=False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics,
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
                                generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -79,11 +79,21 @@ class Metrics:
         self.queue_time = Histogram(PREFIX + "request_queue_time_seconds",
                                     "Engine arrival to first scheduling (recorded by the scheduler), as vLLM.",
                                     buckets=QUEUE_BUCKETS, registry=r)
+        self.engine_errors = Counter(PREFIX + "engine_errors", "Engine step errors: isolated (one request failed "
+                                     "alone) or fatal (the engine died; the process exits 3).", ["kind"], registry=r)
+        self.is_sleeping = Gauge(PREFIX + "is_sleeping", "1 while asleep (POST /sleep: KV cache freed, weights kept "
+                                 "in host memory), else 0.", registry=r)
         # make the labelled series visible at 0 from the start
+        for kind in ("isolated", "fatal"):
+            self.engine_errors.labels(kind=kind)
         for reason in ("stop", "length", "abort", "error"):
             self.request_success.labels(finish_reason=reason)
-        for reason in ("invalid_request", "context_length_exceeded", "queue_full", "not_ready", "draining"):
+        for reason in ("invalid_request", "context_length_exceeded", "queue_full", "not_ready", "draining", "sleeping"):
             self.request_rejected.labels(reason=reason)
+
+    def add_collector(self, collector) -> None:
+        """Register another scrape-time collector (gpu_metrics.NvmlCollector: the GPU gauges)."""
+        self.registry.register(collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,7 +3,8 @@
 A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect,
 which would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it
 sent a sane one) and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method,
-path, status, prompt and completion tokens, TTFT and total time; never prompt or output text, never keys.
+path, status, prompt and completion tokens, TTFT and total time, and the API key's id (auth.key_id, `-` without
+one); never prompt or output text, never keys.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class RequestContextMiddleware:
                 access_log.log(
                     level,
                     "request_id=%s method=%s path=%s status=%d prompt_tokens=%d completion_tokens=%d ttft_ms=%s "
-                    "total_ms=%.1f finish=%s",
+                    "total_ms=%.1f finish=%s key_id=%s",
                     rid, scope.get("method"), path, code, rec.prompt_tokens, rec.completion_tokens, ttft,
-                    (time.monotonic() - rec.arrival) * 1000, ",".join(rec.finish_reasons) or "-",
+                    (time.monotonic() - rec.arrival) * 1000, ",".join(rec.finish_reasons) or "-", rec.key_id or "-",
                 )

@@ -1,7 +1,9 @@
 """Request and response models of the OpenAI-compatible API (pydantic v2).
 
-Requests are parsed in strict JSON mode: unknown fields are ignored as OpenAI does, wrong types and impossible values
-raise `APIError` 400 with `param` naming the field (`parse_request`). Responses are plain dicts built in `serving`.
+Requests are parsed in strict JSON mode: wrong types and impossible values raise `APIError` 400 with `param` naming
+the field (`parse_request`). Top-level fields the models do not declare are kept (`model_extra`) for the field
+table (fields.py), which honours, ignores or refuses every field by name. Responses are plain dicts built in
+`serving`.
 """
 from __future__ import annotations
 
@@ -52,19 +54,22 @@ class ResponseFormat(_Strict):
         return self
 
 
-UNSUPPORTED_FIELDS = {  # fields that change what an answer means and that this server does not do
-    "suffix": "suffix (insertion) is not supported by this server",
-    "functions": "the legacy 'functions' field is not supported; send 'tools'",
-    "function_call": "the legacy 'function_call' field is not supported; send 'tool_choice'",
-    "audio": "audio output is not supported by this server",
-    "prediction": "predicted outputs are not supported by this server",
-    "web_search_options": "web search is not supported by this server",
-}
+class StructuredOutputsRequest(_Strict):
+    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, grammar, json_object."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions. Types are checked here; values by the one
-    validator the offline API uses too (SamplingParams.validate), so both refuse the same with the same message."""
+    validator the offline API uses too (SamplingParams.validate), so both refuse the same with the same message.
+    Undeclared top-level fields are kept in `model_extra` for the field table (fields.py)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -85,12 +90,13 @@ class _SamplingFields(_Strict):
     return_token_ids: bool = False  # vLLM extension: each choice (and stream chunk) carries its token ids
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    suffix: Any = None
-    functions: Any = None
-    function_call: Any = None
-    audio: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
+    max_completion_tokens: int | None = None
+    stop_token_ids: list[int] | None = None  # vLLM: stop at any of these token ids (checked against the vocabulary)
+    guided_json: dict[str, Any] | str | None = None  # vLLM's guided decoding fields: the grammar path, structured.py
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
     modalities: list[str] | None = None
     best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
 
@@ -107,16 +113,28 @@ class _SamplingFields(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _max_completion_tokens(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise _CrossFieldError("max_completion_tokens",
+                                       "max_tokens and max_completion_tokens disagree; send one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+    @model_validator(mode="after")
     def _openai_strictness(self):
-        for name, why in UNSUPPORTED_FIELDS.items():
-            if getattr(self, name, None) is not None:
-                raise _CrossFieldError(name, why, "unsupported_parameter")
         if self.modalities and set(self.modalities) != {"text"}:
             raise _CrossFieldError("modalities", "only the text modality is supported by this server",
                                    "unsupported_parameter")
         if self.stream_options is not None and not self.stream:
             raise _CrossFieldError("stream_options", "stream_options is only allowed when stream is true")
         return self
+
+    def sent_fields(self) -> dict[str, Any]:
+        """The top-level fields the client sent (declared or not), name -> parsed value, for fields.check_fields."""
+        out = {k: getattr(self, k) for k in self.model_fields_set if k in type(self).model_fields}
+        out.update(self.model_extra or {})
+        return out
 
     @property
     def stop_list(self) -> list[str]:
@@ -134,13 +152,6 @@ class _SamplingFields(_Strict):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
-
-    @model_validator(mode="after")
-    def _echo(self):
-        if self.echo:
-            raise _CrossFieldError("echo", "echo is not supported by this server", "unsupported_parameter")
-        return self
 
     @field_validator("prompt")
     @classmethod
@@ -198,13 +209,13 @@ class NamedToolChoice(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra variables for the chat template
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):
@@ -212,15 +223,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise _CrossFieldError("top_logprobs", "top_logprobs requires logprobs to be true")
         if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
             raise _CrossFieldError("tool_choice", "tool_choice is only allowed when tools are given")
-        return self
-
-    @model_validator(mode="after")
-    def _max_completion_tokens(self):
-        if self.max_completion_tokens is not None:
-            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
-                raise _CrossFieldError("max_completion_tokens",
-                                       "max_tokens and max_completion_tokens disagree; send one of them")
-            self.max_tokens = self.max_completion_tokens
         return self
 
 

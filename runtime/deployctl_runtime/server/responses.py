@@ -9,6 +9,7 @@ its JSON is complete (finish_reason "tool_calls"); a text answer streams as usua
 """
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from dataclasses import replace
@@ -23,14 +24,28 @@ def _usage(rec: RequestRecord) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": rec.cached_tokens}}
 
 
-def _completion_logprobs(tb, ids: list[int], lps, tops, offset: int) -> dict[str, Any] | None:
+def new_offset_state() -> list:
+    """[UTF-8 incremental decoder, characters of text so far]: text_offset across a choice's tokens (and chunks)."""
+    return [codecs.getincrementaldecoder("utf-8")(errors="replace"), 0]
+
+
+def _text_offsets(tb, ids: list[int], state: list) -> list[int]:
+    """Where each token's text starts in the choice's text, in characters: its bytes are decoded as the text was
+    (a token holding part of a character adds nothing until the character completes; special tokens, skipped in
+    the text, add nothing), not the length of its displayed `\\xNN` escapes."""
+    offsets = []
+    for t in ids:
+        offsets.append(state[1])
+        if not tb.is_special(t):
+            state[1] += len(state[0].decode(tb.bytes(t)))
+    return offsets
+
+
+def _completion_logprobs(tb, ids: list[int], lps, tops, state: list) -> dict[str, Any] | None:
     if lps is None:
         return None
     tokens = [tb.text(t) for t in ids]
-    offsets, pos = [], offset
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
+    offsets = _text_offsets(tb, ids, state)
     top = [{tb.text(t): lp for t, lp in alts} for alts in tops] if tops else None
     return {"tokens": tokens, "token_logprobs": list(lps[: len(ids)]), "top_logprobs": top, "text_offset": offsets}
 
@@ -69,15 +84,15 @@ class ResponseBuilder:
         self._role_sent: set[int] = set()
         self._calls_possible = prep.tools is not None and prep.tools.kind != "none"
         self._held: dict[int, list] = {}  # choice index -> [text held while it may be a tool call, or None]
-        self._text_len: dict[int, int] = {}
+        self._offsets: dict[int, list] = {}  # choice index -> new_offset_state(), streamed text_offset
 
-    def _lp(self, ids, lps, tops, offset=0):
+    def _lp(self, ids, lps, tops, state=None):
         if not self.want_logprobs:
             return None
         tops = tops if self.want_top else None
         if self.prep.chat:
             return _chat_logprobs(self.tb, ids, lps or [], tops)
-        return _completion_logprobs(self.tb, ids, lps or [], tops, offset)
+        return _completion_logprobs(self.tb, ids, lps or [], tops, new_offset_state() if state is None else state)
 
     # ---- whole responses ----
     def full(self, choices: list[Choice], rec: RequestRecord) -> dict[str, Any]:
@@ -90,6 +105,10 @@ class ResponseBuilder:
                 calls = self.prep.tools.parse(ch.text) if self.prep.tools is not None else None
                 if calls:
                     message, reason = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+                elif reason == "length" and self.prep.tools is not None:
+                    cut = self.prep.tools.parse_truncated(ch.text)  # a forced call cut by max_tokens
+                    if cut:
+                        message = {"role": "assistant", "content": None, "tool_calls": cut}
                 out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
             else:
                 out.append({"index": index, "text": ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
@@ -122,8 +141,11 @@ class ResponseBuilder:
                 if self._calls_possible:
                     ev, calls = self._hold_for_tool_calls(ev)
                     if calls is not None:
-                        out.append(self._chunk([{"index": ev.index, "delta": {"tool_calls": calls},
-                                                 "logprobs": None, "finish_reason": "tool_calls"}], usage))
+                        reason = "length" if ev.finish_reason == "length" else "tool_calls"
+                        out.append(self._chunk([self._ids({
+                            "index": ev.index, "delta": {"tool_calls": calls},
+                            "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
+                            "finish_reason": reason}, ev)], usage))
                         continue
                     if ev is None:
                         continue
@@ -138,9 +160,8 @@ class ResponseBuilder:
                 if not ev.text and ev.finish_reason is None and not (
                         (self.want_ids or self.want_logprobs) and ev.token_ids):
                     continue
-                start = self._text_len.get(ev.index, 0)
-                self._text_len[ev.index] = start + len(ev.text)
-                lp = self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs, start)
+                state = self._offsets.setdefault(ev.index, new_offset_state())
+                lp = self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs, state)
                 out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text, "logprobs": lp,
                                                    "finish_reason": ev.finish_reason}, ev)], usage))
         return out
@@ -148,18 +169,26 @@ class ResponseBuilder:
     def _hold_for_tool_calls(self, ev: Event) -> tuple[Event | None, list | None]:
         """Streaming with tools: text that may still become a tool call (it starts with "[") is held; at the end
         it is either the tool_calls delta (returned second, each call whole, with its "index") or streamed as text.
-        Text that cannot be a call is streamed as it comes. Held tokens' logprobs are not streamed."""
-        held = self._held.setdefault(ev.index, [""])
+        Text that cannot be a call is streamed as it comes. The held tokens' ids and logprobs go out with what the
+        held text becomes (the tool_calls delta, or the text), so a stream carries every token's, as a whole
+        response does."""
+        held = self._held.setdefault(ev.index, ["", [], [], []])  # text, token ids, logprobs, top logprobs
         if held[0] is None:  # decided: plain text
             return ev, None
         held[0] += ev.text
+        held[1] += ev.token_ids
+        held[2] += ev.logprobs or []
+        held[3] += ev.top_logprobs or []
         text = held[0]
+        ev = replace(ev, token_ids=list(held[1]), logprobs=list(held[2]) or None, top_logprobs=list(held[3]) or None)
         if text.lstrip() and not text.lstrip().startswith("["):
             held[0] = None
             return replace(ev, text=text), None
         if ev.finish_reason is None:
             return None, None
         calls = self.prep.tools.parse(text)
+        if not calls and ev.finish_reason == "length":
+            calls = self.prep.tools.parse_truncated(text)
         if calls:
             return ev, [{"index": k, **call} for k, call in enumerate(calls)]
         return replace(ev, text=text), None

@@ -7,7 +7,9 @@ text deltas: incremental detokenizer (C06), stop strings with hold-back (C05), r
 
 Context-length rule (C03 d; the offline API's too, sampling_params.context_length_error): prompt >= max_model_len
 is rejected (param "prompt"/"messages"); an explicit max_tokens with prompt + max_tokens > max_model_len is
-rejected naming both (param "max_tokens"); an omitted max_tokens defaults to the remaining context. A text so long
+rejected naming both (param "max_tokens"); an omitted max_tokens defaults to the remaining context
+(at most --max-completion-tokens; a prompt above --max-prompt-tokens or max_tokens above --max-completion-tokens is a
+400 naming the cap). A text so long
 that it cannot fit whatever the tokenizer does is rejected the same way before tokenizing (`_check_text_bound`).
 
 Choices: a list of prompts times k gives engine choice prompt_i * k + j, k = best_of or n; with a seed, choice j
@@ -29,6 +31,7 @@ from deployctl_runtime.tokenizer import encode_prompt
 from . import params as sampling
 from .detokenizer import IncrementalDetokenizer
 from .errors import APIError, invalid
+from .fields import check_fields
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from .state import ServerContext
 from .stop_strings import StopStringMatcher
@@ -49,6 +52,7 @@ class RequestRecord:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     finish_reasons: list[str] = field(default_factory=list)
     status_override: int = 0  # 499 when the client went away before the response
+    key_id: str | None = None  # auth.key_id of the API key the request used (None: no keys, or refused)
 
 
 @dataclass
@@ -89,9 +93,18 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
     if chat:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
-        extra = {"tools": tools.template_tools} if tools is not None else {}
-        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt,
-                                        **extra)
+        messages = [m.template_dict() for m in req.messages]
+        extra = dict(req.chat_template_kwargs or {})
+        for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
+            extra.pop(reserved, None)  # set by the request's own fields and the model
+        if tools is not None:
+            extra["tools"] = tools.template_tools
+        text = ctx.chat_template.render(messages, req.add_generation_prompt, **extra)
+        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt,
+                                                                  **{**extra, "tools": None}):
+            raise invalid("'tools': this model's chat template does not show tools to the model (the prompt is the "
+                          "same with and without them); serve a model whose template renders `tools`, or describe "
+                          "the functions in the messages", "tools", "unsupported_parameter")
         _check_text_bound(ctx, text, "messages")
         return [encode_prompt(tok, text, bos, add_special_tokens=False)]
     p = req.prompt
@@ -109,6 +122,10 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
 def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat: bool) -> list[int]:
     """Return max_tokens per prompt. Raises APIError 400 context_length_exceeded (see module docstring)."""
     limit, param = ctx.max_model_len, ("messages" if chat else "prompt")
+    bad_stop = next((t for t in req.stop_token_ids or [] if t >= ctx.vocab_size), None)
+    if bad_stop is not None:
+        raise invalid(f"'stop_token_ids': token id {bad_stop} is out of range: the vocabulary has {ctx.vocab_size} "
+                      "tokens", "stop_token_ids", "invalid_token_id")
     out = []
     for ids in prompts:
         if not ids:
@@ -120,7 +137,15 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
         too_long = context_length_error(len(ids), req.max_tokens, limit, param)
         if too_long is not None:
             raise invalid(too_long[1], too_long[0], "context_length_exceeded")
-        out.append(req.max_tokens if req.max_tokens is not None else limit - len(ids))
+        cap_prompt, cap_out = ctx.cfg.max_prompt_tokens, ctx.cfg.max_completion_tokens
+        if cap_prompt is not None and len(ids) > cap_prompt:
+            raise invalid(f"your {param} has {len(ids)} tokens, above this server's max_prompt_tokens {cap_prompt}; "
+                          f"shorten it to at most {cap_prompt} tokens", param, "context_length_exceeded")
+        if cap_out is not None and req.max_tokens is not None and req.max_tokens > cap_out:
+            raise invalid(f"max_tokens {req.max_tokens} is above this server's max_completion_tokens {cap_out}; "
+                          f"lower it to at most {cap_out}", "max_tokens", "invalid_value")
+        default = limit - len(ids) if cap_out is None else min(limit - len(ids), cap_out)
+        out.append(req.max_tokens if req.max_tokens is not None else default)
     return out
 
 
@@ -143,6 +168,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     from .tools import tool_mode
 
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+    check_fields(req.sent_fields(), chat, ctx.cfg.ignore_unknown_fields)
     if req.model is not None and req.model != ctx.served_name:
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
                        "(see /v1/models)", "not_found_error", "model", "model_not_found")

@@ -1,6 +1,7 @@
 """What the routes share: the lifecycle phase, the engine once loaded, counters for back-pressure and drain.
 
-Phases: loading -> ready -> draining (SIGTERM) ; loading -> failed (load error: the process exits non-zero).
+Phases: loading -> ready -> draining (SIGTERM) ; loading -> failed (load error: the process exits 1) ;
+ready -> failed (the engine died: the process exits 3) ; ready <-> sleeping (POST /sleep, POST /wake_up: sleep.py).
 Only `ready` serves inference; the others answer 503 with Retry-After.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ServerContext:
     generations: set = field(default_factory=set)  # live Generation objects (drain timeout cuts them off)
     exit_code: int = 0
     metrics: Metrics = None  # type: ignore[assignment]
+    ledger: Any = None  # gpu_ledger.Ledger with DEPLOYCTL_FAKE_GPU_MEMORY (a stand-in GPU for tests), else None
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -52,12 +54,22 @@ class ServerContext:
     def served_name(self) -> str:
         return self.cfg.served_model_name or self.model_name
 
+    @property
+    def status(self) -> str:
+        """The phase as /readyz reports it: `failed` as soon as the engine loop is dead, even before the phase
+        changes, so /readyz's status code (200 only for `ready`) and its body always agree."""
+        if self.phase == "ready" and (self.engine is None or not self.engine.is_alive):
+            return "failed"
+        return self.phase
+
     def readiness(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"status": self.phase, "detail": self.detail,
+        status = self.status
+        detail = self.detail if status == self.phase else f"the engine died: {getattr(self.engine, 'error', None)}"
+        body: dict[str, Any] = {"status": status, "detail": detail,
                                 "uptime_s": round(time.monotonic() - self.started_at, 3)}
         if self.cfg.release_id:
             body["release"] = self.cfg.release_id
-        if self.phase == "ready":
+        if status == "ready":
             body["model"] = self.served_name
         body.update(self.where())
         return body
@@ -81,6 +93,10 @@ class ServerContext:
             self.metrics.request_rejected.labels(reason="draining").inc()
             raise unavailable("the server is draining for shutdown; send the request to another replica",
                               RETRY_AFTER_DRAINING_S, code="draining")
+        if self.phase == "sleeping":
+            self.metrics.request_rejected.labels(reason="sleeping").inc()
+            raise unavailable("the server is asleep (a standby release); send the request to another replica",
+                              RETRY_AFTER_LOADING_S, code="sleeping")
         if self.phase != "ready" or not self.engine.is_alive:
             raise APIError(503, f"the server cannot serve: {self.engine.error if self.engine else self.detail}",
                            "service_unavailable", None, "engine_dead", {"Retry-After": str(RETRY_AFTER_LOADING_S)})

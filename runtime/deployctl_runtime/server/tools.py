@@ -11,6 +11,7 @@ is complete (responses.py).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,33 @@ class ToolMode:
                         "function": {"name": call["name"],
                                      "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
         return out
+
+
+    def parse_truncated(self, text: str) -> list[dict[str, Any]] | None:
+        """The calls of a forced tool call (required / named) cut by max_tokens: each call whose name was generated,
+        its `arguments` as far as they got (the last one is not valid JSON), as OpenAI returns them with
+        finish_reason "length". None when not even a name came out (or the mode allows plain text)."""
+        if self.kind not in ("required", "named") or not text.lstrip().startswith("["):
+            return None
+        starts = [m for m in _CALL_START.finditer(text) if m.group(1) in self.names]
+        if not starts:
+            return None
+        out = []
+        for i, m in enumerate(starts):
+            if i + 1 < len(starts):  # a complete call: `{...}},` up to the next call's start
+                args = text[m.end():starts[i + 1].start()].rstrip().removesuffix(",").rstrip().removesuffix("}")
+            else:
+                args = text[m.end():]
+                try:  # the arguments came out whole (only the closing brackets are missing): as parse() shows them
+                    args = json.dumps(json.JSONDecoder().raw_decode(args)[0], ensure_ascii=False)
+                except ValueError:
+                    pass
+            out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                        "function": {"name": m.group(1), "arguments": args}})
+        return out
+
+
+_CALL_START = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
 
 
 def _closed(schema: Any) -> Any:

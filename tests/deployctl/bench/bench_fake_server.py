@@ -7,7 +7,8 @@ wait counts in their TTFT); a request's first token comes ``ttft_s`` after it is
 order) answer ``pattern[n % len(pattern)]``: 200, 429, 500, "hang" (headers, then nothing), "drop" (two
 tokens, then the connection breaks), "empty" (200, no text, usage with 0 completion tokens, [DONE]) or "nodone"
 (a normal answer whose stream ends after the finish_reason chunk and usage, without [DONE], as HF transformers
-serve). ``strict`` answers 422 naming any field outside the OpenAI API (as pydantic extra="forbid" servers do).
+serve). ``cold_s``: the first request that generates waits that much longer for its first token (a cold server:
+kernels compiled and memory allocated on first use). ``strict`` answers 422 naming any field outside the OpenAI API (as pydantic extra="forbid" servers do).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 
 OPENAI_FIELDS = {"model", "messages", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p",
@@ -37,6 +38,7 @@ class FakeConfig:
     model: str = "fake-model"
     max_model_len: int | None = None
     strict: bool = False
+    cold_s: float = 0.0
     num_arrived: int = 0
     max_in_flight_seen: int = 0
     statuses: list = field(default_factory=list)
@@ -44,6 +46,10 @@ class FakeConfig:
     arrivals: list = field(default_factory=list)
     bodies: list = field(default_factory=list)
     client_ports: list = field(default_factory=list)
+    # a GPU memory gauge like the bundled runtime's (fake_gpu_memory_used_bytes{gpu="0"}): base bytes plus this
+    # much per request in flight; None: no such gauge
+    vram_base: int | None = None
+    vram_per_request: int = 0
 
 
 def _error(status: int, message: str, type_: str) -> JSONResponse:
@@ -59,6 +65,10 @@ def build_app(cfg: FakeConfig) -> FastAPI:
                           registry=registry)
     e2e_hist = Histogram("fake_e2e_request_latency_seconds", "E2E", buckets=(0.1, 0.2, 0.4, 0.8, 1.6, 3.2),
                          registry=registry)
+
+    if cfg.vram_base is not None:
+        Gauge("fake_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=registry).labels(gpu="0") \
+            .set_function(lambda: cfg.vram_base + cfg.vram_per_request * state["in_flight"])
 
     @app.get("/metrics")
     async def metrics():
@@ -82,6 +92,9 @@ def build_app(cfg: FakeConfig) -> FastAPI:
             cfg.max_in_flight_seen = max(cfg.max_in_flight_seen, state["in_flight"])
             try:
                 t0 = time.perf_counter()
+                if not state.get("warm"):
+                    state["warm"] = True
+                    t0 += cfg.cold_s
                 if chat:  # a role-only first chunk carries no token: TTFT must not count it
                     yield f"data: {json.dumps({'object': obj, 'created': created, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}}]})}\n\n"
                 for i in range(n):

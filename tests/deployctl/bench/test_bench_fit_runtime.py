@@ -77,4 +77,4 @@ def test_from_log_reads_the_runtimes_own_request_log(run_bench, small_context):
                              "--no-loadgen-check", "--json", timeout=300)
     assert rc == 0, err
     assert doc["workload"]["log_requests"] == len(logged.entries) and doc["loop"] == "open"
-    assert doc["levels"][0]["num_errors"] == 0
+    assert doc["levels"][0]["num_errors"] == 0, (doc["levels"][0].get("errors"), doc.get("warmup"), err[-2000:])

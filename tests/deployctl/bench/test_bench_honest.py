@@ -31,7 +31,9 @@ def test_open_loop_that_cannot_keep_its_rate_reports_lag_and_warns(run_bench):
     # a rate the server keeps up with: no warning, small lag, achieved close to the schedule's rate
     (ok,) = calm["levels"]
     assert ok["loop"] == "open" and not [w for w in calm["warnings"] if "open loop" in w]
-    assert ok["schedule_lag_ms"]["p99"] < 50 and ok["achieved_rate"] == pytest.approx(ok["scheduled_rate"], rel=0.05)
+    # diagnose's slip rule: P99 lag over 50 ms *and* over one mean gap (250 ms at 4 req/s); one late send on a
+    # loaded 2-core machine is not a slip
+    assert ok["schedule_lag_ms"]["p99"] < 1000 / 4 and ok["achieved_rate"] == pytest.approx(ok["scheduled_rate"], rel=0.05)
 
 
 def test_closed_loop_is_labelled_and_has_no_schedule(run_bench):

@@ -46,6 +46,24 @@ def test_knee_at_the_servers_concurrency_limit_and_injected_latencies(run_bench,
     assert "knee: concurrency 4" in err
 
 
+def test_a_warm_up_request_keeps_a_cold_servers_first_answer_out_of_level_1_and_the_knee(run_bench):
+    args = ("--concurrency", "1,2", "--requests", "4", "--output-len", "3", "--no-loadgen-check", "--json")
+    with FakeServer(FakeConfig(ttft_s=0.05, tpot_s=0.01, cold_s=1.5)) as srv:  # the default: --warmup 1
+        rc, doc, err = run_bench("--url", srv.url, *args)
+    assert rc == 0, err
+    assert doc["warmup"]["requests"] == 1 and doc["warmup"]["ok"] == 1 and doc["warmup"]["e2e_s"][0] >= 1.5
+    assert _level(doc, 1)["ttft_ms"]["p99"] < 1000 and _level(doc, 1)["num_requests"] == 4  # not counted there
+    assert "warm-up: 1 request(s) before level 1, counted in no level" in err
+    cold_cfg = FakeConfig(ttft_s=0.05, tpot_s=0.01, cold_s=1.5)
+    with FakeServer(cold_cfg) as srv:
+        rc, doc, err = run_bench("--url", srv.url, *args, "--warmup", "0")
+    assert rc == 0, err
+    assert doc["warmup"]["requests"] == 0 and cold_cfg.num_arrived == 4 + 4
+    assert _level(doc, 1)["ttft_ms"]["p99"] >= 1500  # without it the cold answer sets level 1's P99
+    rc, _, err = run_bench("--url", srv.url, *args, "--warmup", "-1")
+    assert rc != 0 and "--warmup -1" in err
+
+
 def test_objectives_set_the_knee_and_goodput_on_the_completions_route(run_bench):
     cfg = FakeConfig(ttft_s=TTFT_S, tpot_s=TPOT_S, max_concurrency=LIMIT)
     with FakeServer(cfg) as srv:
@@ -116,7 +134,7 @@ def test_api_key_is_read_from_the_environment(run_bench):
         rc, _, err = run_bench("--url", srv.url, "--concurrency", "1", "--requests", "2", "--output-len", "2",
                                "--no-loadgen-check", "--api-key-env", "BENCH_KEY", env={"BENCH_KEY": "sk-bench"})
         assert rc == 0, err
-        assert cfg.auth_seen == ["Bearer sk-bench"] * 2
+        assert cfg.auth_seen == ["Bearer sk-bench"] * 3  # the warm-up request and the two measured ones
         rc, _, err = run_bench("--url", srv.url, "--concurrency", "1", "--requests", "1", "--output-len", "2",
                                "--no-loadgen-check", env={"OPENAI_API_KEY": "sk-openai"})
         assert rc == 0, err

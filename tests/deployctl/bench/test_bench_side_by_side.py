@@ -23,11 +23,18 @@ def test_side_by_side_same_requests_ratios_knees_and_verdict(run_bench, tmp_path
                                  "--input-len", "2-40", "--output-len", str(OUT), "--seed", "7", "--no-loadgen-check",
                                  "--json", "--plot", str(plot))
     assert rc == 0, err
-    # the same requests in the same order on both sides: exactly at concurrency 1, as a set at 2
-    assert len(a.bodies) == len(b.bodies) == 8 and len(set(_prompts(a))) > 2
-    assert _prompts(a)[:4] == _prompts(b)[:4] and sorted(_prompts(a)[4:]) == sorted(_prompts(b)[4:])
-    # interleaved level by level: A's level 1 ended before B's began, B's level 1 before A's level 2
-    assert a.arrivals[3] < b.arrivals[0] and b.arrivals[3] < a.arrivals[4]
+    # one warm-up request each, the same one, counted in no level; then the same requests in the same order on both
+    # sides: exactly at concurrency 1, as a set at 2
+    assert doc["sides"]["A"]["warmup"]["requests"] == doc["sides"]["B"]["warmup"]["requests"] == 1
+    assert len(a.bodies) == len(b.bodies) == 9 and _prompts(a)[0] == _prompts(b)[0]
+    assert sum(level["num_ok"] for level in doc["sides"]["A"]["levels"]) == 8
+    pa, pb = _prompts(a)[1:], _prompts(b)[1:]
+    assert len(set(pa)) > 2 and pa[:4] == pb[:4] and sorted(pa[4:]) == sorted(pb[4:])
+    # warm-ups first, then interleaved level by level: A's level 1 ended before B's began, B's level 1 before A's
+    # level 2
+    aa, ba = a.arrivals[1:], b.arrivals[1:]
+    assert a.arrivals[0] < aa[0] and b.arrivals[0] < aa[0]
+    assert aa[3] < ba[0] and ba[3] < aa[4]
     cmp = doc["comparison"]
     for ratio in cmp["levels"]:
         assert ratio["tpot_p50"] == pytest.approx(TPOT_B / TPOT_A, rel=0.2)

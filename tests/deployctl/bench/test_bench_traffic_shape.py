@@ -61,7 +61,7 @@ def test_from_log_rebuilds_lengths_within_5pct_and_the_rate_within_10pct(tmp_pat
     assert len(shape.entries) == 200  # the 400 and the other lines are skipped
     assert shape.rate == pytest.approx(RATE, rel=0.2)  # the log's own Poisson sample
     est = TokenEstimate(per_word=1.9, overhead=12, measured=True)  # the server makes 1.9 tokens of a word
-    reqs = fromlog.requests_from_log(shape, 2000, seed=3, words_for=est.words_for)
+    reqs = fromlog.requests_from_log(shape, 2000, seed=3, words_for=lambda prompt, _out: est.words_for(prompt))
     got_prompt_tokens = [est.tokens(len(r.prompt.split())) for r in reqs]
     assert _close(got_prompt_tokens, prompts, 0.05) == []
     assert _close([r.max_tokens for r in reqs], outs, 0.05) == []

@@ -49,7 +49,7 @@ def test_dataset_requests_are_sent_as_written(run_bench, tmp_path):
     cfg = FakeConfig(ttft_s=0.01, tpot_s=0.005)
     with FakeServer(cfg) as srv:
         rc, doc, err = run_bench("--url", srv.url, "--dataset", str(data), "--concurrency", "1", "--requests", "3",
-                                 "--no-loadgen-check", "--json")
+                                 "--warmup", "0", "--no-loadgen-check", "--json")
     assert rc == 0, err
     sent = sorted((json.dumps(b["messages"]), b["max_tokens"]) for b in cfg.bodies)
     want = sorted((json.dumps(workload.BenchRequest(r.get("prompt"), r.get("messages"), r["max_tokens"]).as_messages()),
@@ -91,3 +91,23 @@ def test_server_histograms_are_scraped_around_each_level():
         assert 100 < level.server["ttft_ms"]["p50"] <= 200 and 100 < level.server["ttft_ms"]["client_p50"] <= 200
     assert "no deployctl_runtime_* latency histograms" in wrong.server["error"]
     assert "404" in missing.server["error"] and missing.num_ok == 3
+
+
+def test_vram_peak_per_level_is_sampled_during_the_level_or_said_not_measured():
+    """The gauge is at its base before and after a level and higher only while requests run: the peak the level
+    records is the in-flight value, which neither scrape around the level can see."""
+    base, per = 1_000_000_000, 250_000_000
+    cfg = FakeConfig(ttft_s=0.3, tpot_s=0.01, max_concurrency=2, vram_base=base, vram_per_request=per)
+    with FakeServer(cfg) as srv:
+        ladder = LadderConfig(target=Target(srv.url, model=cfg.model), concurrencies=(1, 2), requests_per_level=2,
+                              metrics_url=srv.url + "/metrics", metrics_prefix="fake_", vram_every_s=0.05)
+        one, two = run_ladder(ladder, workload.synthetic(2, "4", "3", seed=0))
+    assert one.server["vram"]["peak_bytes"] == {"0": base + per} and one.server["vram"]["samples"] >= 3
+    assert two.server["vram"]["peak_bytes"] == {"0": base + 2 * per}
+    plain = FakeConfig(ttft_s=0.05, tpot_s=0.01)  # no GPU memory gauge, as vLLM or a runtime on cpu
+    with FakeServer(plain) as srv:
+        (level,) = run_ladder(LadderConfig(target=Target(srv.url, model=plain.model), concurrencies=(1,),
+                                           requests_per_level=2, metrics_url=srv.url + "/metrics",
+                                           metrics_prefix="fake_"), workload.synthetic(2, "4", "3", seed=0))
+    assert level.server["vram"] == {"not_measured": "the server exports no fake_gpu_memory_used_bytes (the bundled "
+                                    "runtime's NVML gauge; none on cpu or without NVML)"}

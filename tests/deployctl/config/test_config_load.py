@@ -19,7 +19,7 @@ def test_example_loads_frozen():
     assert cfg.service.name == "chat-7b"
     assert [h.name for h in cfg.hosts] == ["gpu-a", "gpu-b"]
     assert cfg.engine.max_model_len == 8192 and cfg.engine.block_size == 16
-    assert cfg.rollout.steps == [5, 25, 50, 100]
+    assert cfg.rollout.weights == [5, 25, 50, 100]
     assert cfg.rollout.analysis.max_p99_ttft_ratio == 2.0
     with pytest.raises(Exception):
         cfg.engine.max_model_len = 4096  # frozen

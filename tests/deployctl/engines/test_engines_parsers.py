@@ -6,6 +6,7 @@ here). The adapters' metric names are checked against the names the installed pa
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import subprocess
@@ -17,6 +18,7 @@ import yaml
 from deployctl.config import load_config, parse_config
 from deployctl.engines import adapter
 from deployctl.engines.base import Flag, Switch
+from deployctl.engines.base import DEFAULT_UNRENDERED
 from deployctl.engines.command import setting_values
 from deployctl.config import layout
 from deployctl.render import render_all
@@ -59,7 +61,9 @@ def _variants(kind: str) -> list:
     flipped = dict(base, engine={**base["engine"], "enable_prefix_caching": not base["engine"]["enable_prefix_caching"],
                                  "enable_chunked_prefill": not base["engine"]["enable_chunked_prefill"],
                                  "tensor_parallel_size": 1, "extra_args": [], "gpu_memory_utilization": 0.5,
-                                 "block_size": 32 if kind == "vllm" else 16, "max_model_len": 4096})
+                                 "block_size": 32 if kind == "vllm" else 16, "max_model_len": 4096,
+                                 "kv_cache_dtype": "fp8", "enforce_eager": not base["engine"].get("enforce_eager", False)},
+                   server={**base["server"], "drain_timeout_s": 42.5})  # --shutdown-timeout 43: whole seconds
     out.append(parse_config(yaml.safe_dump(flipped), "flipped.yaml"))
     return out
 
@@ -93,6 +97,10 @@ def _expected(cfg, host, port: int) -> dict[str, object]:
     values = setting_values(cfg, host, port)
     want: dict[str, object] = {}
     for setting, spell in a.flags.items():
+        if setting in DEFAULT_UNRENDERED and values[setting] == DEFAULT_UNRENDERED[setting]:
+            continue  # not rendered at its default
+        if isinstance(spell, Flag) and spell.only_if and not values[spell.only_if]:
+            continue  # not rendered (e.g. SGLang's chunk size with chunked prefill off)
         if isinstance(spell, Switch):
             flag = spell.on if values[setting] else spell.off
             if flag and "=" in flag:
@@ -100,7 +108,7 @@ def _expected(cfg, host, port: int) -> dict[str, object]:
             elif flag:
                 want[flag] = not flag.startswith("--no-")
         elif isinstance(spell, Flag) and not spell.positional:
-            want[spell.name] = values[setting]
+            want[spell.name] = (spell.values or {}).get(values[setting], values[setting])
     return want
 
 
@@ -132,6 +140,13 @@ def test_rendered_commands_parse_with_every_value(tmp_path, kind):
             assert _same(parsed, value), (option, dest, parsed, value)
         if kind == "vllm":
             assert res["positional"] == cfg.model.path
+            # the drain: vLLM's parser reads --shutdown-timeout (default 0 = abort in-flight requests on SIGTERM)
+            # as server.drain_timeout_s in whole seconds, on every rendered start (unit, launch.sh, compose, pod)
+            assert res["options"]["--shutdown-timeout"] == ["shutdown_timeout", math.ceil(cfg.server.drain_timeout_s)]
+        else:  # SGLang: max_num_batched_tokens is the prefill chunk, or chunked prefill is off (-1)
+            want = cfg.engine.max_num_batched_tokens if cfg.engine.enable_chunked_prefill else -1
+            assert res["options"]["--chunked-prefill-size"] == ["chunked_prefill_size", want], res["options"]
+            assert "--max-prefill-tokens" not in res["options"]
         for extra in cfg.engine.extra_args:  # engine.extra_args reach the engine's parser as they are
             assert extra.split("=")[0] in res["options"], extra
     assert not typo_value["ok"] and typo_value["exit"] == 2 and "64x" in typo_value["error"]
@@ -155,6 +170,8 @@ def test_adapter_metric_names_exist_in_the_installed_engine(kind):
     a = adapter(kind)
     named = {role: n for role, n in a.metrics.names.items() if n}
     assert {"ttft", "e2e", "kv_usage", "waiting", "running"} <= set(named)
+    if a.error_share:  # the counter the canary analysis judges the error share on (render.analysis)
+        named["error_share"] = a.error_share.counter
     missing = {role: n for role, n in named.items() if n not in defined}
     assert not missing, f"{kind} {a.metrics.prefix}: names not defined by the installed package: {missing}"
 
@@ -165,3 +182,34 @@ def test_api_key_reaches_each_engine_the_way_its_source_reads_it():
     assert adapter("vllm").api_key_env == "VLLM_API_KEY" and "envs.VLLM_API_KEY" in src
     fields = (SITE / "sglang" / "srt" / "arg_groups" / "fields" / "serving.py").read_text()
     assert adapter("sglang").api_key_flag == "--api-key" and re.search(r"^\s+api_key: ", fields, re.M)
+
+
+@pytest.mark.slow
+def test_a_generic_server_declaration_of_vllm_parses_with_its_values(tmp_path):
+    """engine.kind openai (issue 26): vLLM declared as a generic server, its {placeholders} filled from deploy.yaml,
+    reaches vLLM's own parser with every value (the unit and launch.sh)."""
+    base = yaml.safe_load((DATA / "deploy-vllm.yaml").read_text())
+    command = ["{python}", "-m", "vllm.entrypoints.cli.main", "serve", "{model}", "--host", "{host}", "--port",
+               "{port}", "--max-model-len", "{max_model_len}", "--tensor-parallel-size", "{tensor_parallel_size}",
+               "--gpu-memory-utilization", "{gpu_memory_utilization}", "--shutdown-timeout", "{shutdown_timeout}"]
+    doc = dict(base, engine={"kind": "openai", "tensor_parallel_size": 2, "max_model_len": 4096,
+                             "gpu_memory_utilization": 0.85,
+                             "server": {"command": command, "api_key_env": "VLLM_API_KEY", "metrics_route": "/metrics",
+                                        "metrics": {"ttft": "vllm:time_to_first_token_seconds"}}},
+               server={**base["server"], "drain_timeout_s": 42.5})
+    cfg = parse_config(yaml.safe_dump(doc), "generic.yaml")
+    out = tmp_path / "out"
+    render_all(cfg, out, target="systemd", release_id="r1", env=KEY)
+    argvs = []
+    for h in cfg.hosts:
+        d = out / "hosts" / h.name
+        unit = (d / f"{cfg.service.name}.service").read_text()
+        argvs.append(shlex.split(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)))
+        argvs.append(shlex.split(re.search(r"^ENGINE_CMD=\((.*)\)$", (d / "launch.sh").read_text(), re.M).group(1)))
+    results = _parse("vllm", [_engine_args("vllm", a) for a in argvs])
+    for argv, res in zip(argvs, results):
+        assert res["ok"], (argv, res)
+        assert res["positional"] == cfg.model.path
+        for option, value in (("--port", 8000), ("--max-model-len", 4096), ("--tensor-parallel-size", 2),
+                              ("--gpu-memory-utilization", 0.85), ("--shutdown-timeout", 43), ("--host", "0.0.0.0")):
+            assert _same(res["options"][option][1], value), (option, res["options"][option])

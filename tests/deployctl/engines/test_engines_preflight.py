@@ -72,3 +72,35 @@ def test_probe_reads_the_version_with_the_hosts_python():
     assert got["version"] == pydantic.VERSION and got["importable"]
     absent = probe_engine(sys.executable, "vllm-not-installed-here", "vllm_not_here")
     assert absent["version"] is None and not absent["importable"] and "not installed" in absent["error"]
+
+
+def test_transformers_told_more_blocks_than_the_plan_holds_fails_naming_the_plans_count():
+    """transformers serve allocates exactly --cb-num-blocks: 128 × ceil(8192 / 16) = 65,536 blocks (128 GiB of KV for
+    Llama-3-8B) on an 80 GB H100 is an OOM at start; preflight names the plan's count instead (issue 26)."""
+    def checks(extra: str) -> dict:
+        cfg = parse_config(f"""
+service: {{name: llama-8b}}
+model: {{path: /models/llama-3-8b-instruct, served_name: /models/llama-3-8b-instruct, dtype: bfloat16}}
+engine: {{kind: transformers, version: "5.24.0", max_model_len: 8192, max_num_seqs: 128, gpu_memory_utilization: 0.9{extra}}}
+server: {{port: 8080}}
+hosts:
+  - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/llama-8b, python: /opt/deployctl/venv/bin/python,
+      gpus: [4]}}
+""")
+        rep = check_facts(cfg, [(cfg.hosts[0], copy.deepcopy(FACTS))], {})
+        return {c.name: c for c in rep.hosts[0].checks}
+
+    c = checks("")["capacity"]
+    assert c.status == "fail" and "transformers is told 65,536 KV blocks" in c.message, c.message
+    assert "128.0 GiB" in c.message or "128 GiB" in c.message, c.message
+    plan_blocks = int(c.fix.split("num_gpu_blocks_override: ")[1].split(" ")[0])
+    assert 20_000 < plan_blocks < 40_000  # (80 GiB × 0.9 − 16.06 GB weights) / (16 × 128 KiB per token)
+    c = checks(f", num_gpu_blocks_override: {plan_blocks}")["capacity"]
+    assert c.status != "fail", c.message  # told the plan's count: it allocates what fits
+
+
+def test_gpus_listed_beyond_tensor_parallel_are_named_idle():
+    c = _checks([0, 1, 2, 3, 4, 5, 6, 7], 2)["gpus"]
+    assert c.status == "warn" and "lists 8 GPUs" in c.message and "GPU(s) 2,3,4,5,6,7 would sit idle" in c.message
+    assert "list 2 GPU ids in hosts[gpu-a].gpus" in c.fix
+    assert _checks([4, 5], 2)["gpus"].status == "pass"

@@ -65,7 +65,7 @@ def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
     assert not problems, "rendered files differ (DEPLOYCTL_UPDATE_GOLDEN=1 if intended):\n" + "\n".join(problems)
 
 
-def test_transformers_render_has_an_explicit_cache_and_empty_rules(tmp_path):
+def test_transformers_render_has_an_explicit_cache_and_only_host_rules(tmp_path):
     text = (DATA / "engines" / "deploy-vllm.yaml").read_text()
     doc = yaml.safe_load(text)
     doc["engine"] = {"kind": "transformers", "version": "5.24.0", "device": "cpu", "max_model_len": 256,
@@ -80,4 +80,75 @@ def test_transformers_render_has_an_explicit_cache_and_empty_rules(tmp_path):
     assert "engine/bin/python -m transformers.cli.transformers serve /models/Meta-Llama-3-8B-Instruct" in launch
     assert "--cb-num-blocks 64 " in launch and "--continuous-batching" in launch  # 4 × 256/16
     rules = out / "prometheus" / "alerts.rules.yaml"
-    assert yaml.safe_load(rules.read_text())["groups"][0]["rules"] == [] and check_alert_rules(rules).ok
+    # no engine metrics: only node_exporter's disk rules for the hosts and mtail's router rules (prometheus/scrape.yaml),
+    # none on the engine
+    names = [r["alert"] for r in yaml.safe_load(rules.read_text())["groups"][0]["rules"]]
+    assert names == ["DeployctlDiskNearlyFull", "DeployctlDiskFull", "DeployctlRouterErrorRateHigh",
+                     "DeployctlRouterMetricsDown"] and check_alert_rules(rules).ok
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_stop_drains_on_every_target(tmp_path, kind):
+    """Issue 26: SIGTERM reaches the engine's main process only (KillMode=mixed: vLLM's TP workers and SGLang's
+    schedulers keep serving while it drains) and every stop budget covers the drain plus the engine's own exit."""
+    doc = yaml.safe_load((DATA / "engines" / f"deploy-{kind}.yaml").read_text())
+    doc["server"]["drain_timeout_s"] = 42.5
+    cfg = parse_config(yaml.safe_dump(doc), "d.yaml")
+    a = adapter(kind)
+    budget = 43 + a.stop_overhead_s + 15  # ceil(drain) + the engine's exit (vLLM 5 s, SGLang 20 s) + margin
+    assert a.sigterm_drains and a.stop_overhead_s == {"vllm": 5, "sglang": 20}[kind]
+    out = tmp_path / "systemd"
+    render_all(cfg, out, target="systemd", release_id="r1", env=ENV)
+    results = validate_tree(cfg, out)  # systemd-analyze verify on every unit, among others
+    # per host: the runtime's unit, and the log cap's service and timer
+    assert sum(r.tool == "systemd-analyze verify" for r in results) == 3 * len(cfg.hosts), [r.tool for r in results]
+    assert all(r.ok for r in results), [(r.tool, r.path, r.output) for r in results if not r.ok]
+    for h in cfg.hosts:
+        unit = (out / "hosts" / h.name / f"{cfg.service.name}.service").read_text().splitlines()
+        assert "KillMode=mixed" in unit and "KillSignal=SIGTERM" in unit
+        assert f"TimeoutStopSec={budget}" in unit
+        launch = (out / "hosts" / h.name / "launch.sh").read_text()
+        assert f"STOP_TIMEOUT_S=${{DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S:-{budget}}}" in launch
+        exec_start = next(line for line in unit if line.startswith("ExecStart="))
+        if kind == "vllm":  # vLLM aborts in-flight requests on SIGTERM unless told how long to drain
+            assert " --shutdown-timeout 43 " in exec_start + " " and "--shutdown-timeout 43" in launch
+        else:
+            assert "--shutdown-timeout" not in exec_start  # SGLang drains on SIGTERM by itself
+    out = tmp_path / "container"
+    render_all(cfg, out, target="container", release_id="r1", env=ENV)
+    svc = yaml.safe_load((out / "hosts" / cfg.hosts[0].name / "compose.yaml").read_text())["services"]["runtime"]
+    assert (svc["stop_signal"], svc["stop_grace_period"]) == ("SIGTERM", f"{budget}s")
+    probe_s = {"vllm": 5, "sglang": 25}[kind]  # SGLang's /health runs a generation for up to 20 s
+    assert a.probe_timeout_s == probe_s and svc["healthcheck"]["timeout"] == f"{probe_s}s"
+    assert f"timeout={probe_s - 1})" in svc["healthcheck"]["test"][-1]
+    assert ("--shutdown-timeout" in svc["entrypoint"]) == (kind == "vllm")
+    out = tmp_path / "k8s"
+    render_all(cfg, out, target="k8s-rollout", release_id="r1", env=ENV)
+    pod = yaml.safe_load((out / "k8s" / "rollout.yaml").read_text())["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}  # only the endpoints' drop: the engine drains
+    assert pod["terminationGracePeriodSeconds"] == 5 + budget
+    assert all(c[p]["timeoutSeconds"] == probe_s for p in ("startupProbe", "readinessProbe", "livenessProbe"))
+    if kind == "vllm":
+        assert c["command"][c["command"].index("--shutdown-timeout") + 1] == "43"
+
+
+def test_adapters_stop_claims_match_the_pinned_sources():
+    """What the adapters say about SIGTERM, read from the pinned engines in .venv-engines (no import: text)."""
+    site = next((paths.REPO / ".venv-engines" / "lib").glob("python3*/site-packages"), None)
+    if site is None:
+        pytest.fail(".venv-engines is missing: run `bash tests/setup_test_venvs.sh`")
+    args = (site / "vllm" / "engine" / "arg_utils.py").read_text()
+    assert '"--shutdown-timeout"' in args and "0 = abort, >0 = wait" in args and "shutdown_timeout: int = 0" in args
+    core = (site / "vllm" / "v1" / "engine" / "core.py").read_text()
+    assert 'mode = "abort" if shutdown_timeout == 0 else "drain"' in core
+    assert adapter("vllm").flags["shutdown_timeout"].name == "--shutdown-timeout"
+    tm = (site / "sglang" / "srt" / "managers" / "tokenizer_manager.py").read_text()
+    assert "Draining requests and shutting down" in tm and "_SCHEDULER_EXIT_TIMEOUT_SECS = 15" in tm
+    assert "shutdown_timeout" not in adapter("sglang").flags  # no such flag: it drains with no bound of its own
+    schedule = (site / "sglang" / "srt" / "arg_groups" / "fields" / "schedule.py").read_text()
+    assert "chunked_prefill_size: A[" in schedule and "maximum of this value and the model's maximum" in schedule
+    assert adapter("sglang").flags["max_num_batched_tokens"].name == "--chunked-prefill-size"
+    http = (site / "sglang" / "srt" / "entrypoints" / "http_server.py").read_text()
+    assert 'HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))' in http
+    assert adapter("sglang").probe_timeout_s > 20

@@ -31,6 +31,8 @@ def test_probe_facts_on_this_machine(tmp_path):
     f = run_probe(deploy_root=str(tmp_path / "root" / "x"), model_path=str(model), port=port, python=sys.executable)
     assert set(FACT_KEYS) <= set(f)
     assert f["os"]["system"] == "Linux" and f["os"]["kernel"]
+    # host RAM (a sleeping standby keeps its weights there): MemAvailable, bytes
+    assert 0 < f["memory"]["available_bytes"] <= f["memory"]["total_bytes"] and f["memory"]["error"] is None
     # no GPU here: NVML's own error text, not a crash
     assert f["nvidia"]["available"] is False and f["nvidia"]["error"]
     assert f["torch"]["ok"] and f["torch"]["version"].startswith("2.") and f["torch"]["python"] == sys.executable

@@ -47,7 +47,7 @@ CASES = {  # name: (issue kwargs, server_name, {check: status}, words in the fai
 def test_certificate_checks_on_the_router_host(ca, case):
     issue, server_name, want, words = CASES[case]
     cert, key = ca.issue(case, **issue)
-    host, checks, facts = router_certificate(_cfg(cert, key, server_name))
+    host, checks, facts = router_certificate(_cfg(cert, key, server_name), served=False)
     got = _by_name(checks)
     assert host == "router" and {n: c.status for n, c in got.items()} == want, checks
     bad = [c for c in checks if c.status != "pass"]
@@ -63,7 +63,7 @@ def test_certificate_checks_on_the_router_host(ca, case):
 def test_a_key_of_another_pair_fails_naming_both_files(ca):
     cert, _ = ca.issue("mine", names=["llm.example.com"])
     _, other_key = ca.issue("theirs", names=["llm.example.com"])
-    _, checks, _ = router_certificate(_cfg(cert, other_key))
+    _, checks, _ = router_certificate(_cfg(cert, other_key), served=False)
     key = _by_name(checks)["tls_key"]
     assert key.status == "fail" and str(other_key) in key.message and str(cert) in key.message, key
     assert "does not match" in key.message and key.fix
@@ -72,14 +72,14 @@ def test_a_key_of_another_pair_fails_naming_both_files(ca):
 def test_missing_and_unparsable_files_are_one_failed_check_each(ca, tmp_path):
     cert, key = ca.issue("ok", names=["llm.example.com"])
     missing = tmp_path / "nope.pem"
-    _, checks, _ = router_certificate(_cfg(missing, key))
+    _, checks, _ = router_certificate(_cfg(missing, key), served=False)
     assert [(c.name, c.status) for c in checks] == [("tls_certificate", "fail")]
     assert str(missing) in checks[0].message and "No such file" in checks[0].message
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
-    _, checks, _ = router_certificate(_cfg(garbage, key))
+    _, checks, _ = router_certificate(_cfg(garbage, key), served=False)
     assert checks[0].status == "fail" and "holds no PEM certificate" in checks[0].message
-    _, checks, _ = router_certificate(_cfg(cert, garbage))
+    _, checks, _ = router_certificate(_cfg(cert, garbage), served=False)
     assert _by_name(checks)["tls_key"].status == "fail" and "not a PEM private key" in _by_name(checks)["tls_key"].message
 
 
@@ -106,7 +106,7 @@ def test_router_certificate_over_ssh_reads_a_root_only_key_with_sudo(ssh_fleet, 
     from deployctl.config import DeployConfig
 
     cfg = DeployConfig.model_validate(doc)
-    name, checks, facts = router_certificate(cfg)
+    name, checks, facts = router_certificate(cfg, served=False)
     assert name == h.name
     assert {c.name: c.status for c in checks} == {"tls_certificate": "warn", "tls_key": "pass", "tls_name": "pass"}
     assert json.dumps(facts)  # JSON-ready for preflight --json

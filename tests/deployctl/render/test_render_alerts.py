@@ -33,7 +33,7 @@ def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
     rules_path = tmp_path / "alerts.rules.yaml"
     rules_path.write_text(rendered.content)
     checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 7 rules found" in checked.output, checked.output
+    assert checked.ok and "SUCCESS: 19 rules found" in checked.output, checked.output
     rules = yaml.safe_load(rendered.content)
     m = "deployctl_runtime_"
     tests = [
@@ -98,3 +98,126 @@ def test_alert_thresholds_follow_slo_settings():
     cfg = make_config(slo={"ttft_p99_s": 0.75, "max_kv_cache_usage": 0.9, "prometheus_job": "llm"})
     text = render_alerts(cfg).content
     assert "> 0.75\n" in text and "> 0.9\n" in text and 'job="llm"' in text and 'job="chat-7b"' not in text
+
+
+def _expected_all(rules: dict, alertname: str, **labels: str) -> dict:
+    """_expected with every ``{{ $labels.NAME }}`` of the annotations filled from ``labels`` (and the rule's own)."""
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == alertname
+                and all(r["labels"].get(k, v) == v for k, v in labels.items()))
+    all_labels = {**rule["labels"], **labels}
+    annotations = {}
+    for k, v in rule["annotations"].items():
+        for name, value in all_labels.items():
+            v = v.replace("{{ $labels.%s }}" % name, value)
+        annotations[k] = v
+    return {"exp_labels": all_labels, "exp_annotations": annotations}
+
+
+def test_down_absent_error_finish_e2e_and_disk_alerts_fire(tmp_path):
+    """A runtime that stays down, a host whose series disappear, a whole service gone, requests that end with an
+    error mid-generation, E2E P99 over its objective, a filling disk: each fires in `promtool test rules`."""
+    cfg = make_config(slo={"e2e_p99_s": 20.0, "down_for_m": 5})
+    rendered = render_alerts(cfg)
+    rules_path = tmp_path / "alerts.rules.yaml"
+    rules_path.write_text(rendered.content)
+    checked = check_alert_rules(rules_path)
+    assert checked.ok, checked.output
+    rules = yaml.safe_load(rendered.content)
+    m = "deployctl_runtime_"
+    up = 'up{%s,instance="%s",deployctl_host="%s"}'
+    gib = 2**30
+    tests = [
+        {   # gpu-a's series disappear at 10 m (its target left Prometheus); gpu-b is up: one host, not the service
+            "interval": "1m",
+            "input_series": [{"series": up % (JOB, "10.0.0.11:8080", "gpu-a"), "values": "1x10 _x30"},
+                             {"series": up % (JOB, "10.0.0.12:8080", "gpu-b"), "values": "1x40"}],
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "DeployctlRuntimeAbsent", "exp_alerts": []},
+                {"eval_time": "25m", "alertname": "DeployctlRuntimeAbsent",
+                 "exp_alerts": [_expected_all(rules, "DeployctlRuntimeAbsent", job="chat-7b", deployctl_host="gpu-a")]},
+                {"eval_time": "25m", "alertname": "DeployctlServiceDown", "exp_alerts": []},
+                {"eval_time": "25m", "alertname": "DeployctlRuntimeDown", "exp_alerts": []}],
+        },
+        {   # gpu-b fails its scrapes from 10 m, gpu-a's series are gone: the service is down
+            "interval": "1m",
+            "input_series": [{"series": up % (JOB, "10.0.0.11:8080", "gpu-a"), "values": "1x10 _x30"},
+                             {"series": up % (JOB, "10.0.0.12:8080", "gpu-b"), "values": "1x10 0x30"}],
+            "alert_rule_test": [
+                {"eval_time": "12m", "alertname": "DeployctlServiceDown", "exp_alerts": []},
+                {"eval_time": "25m", "alertname": "DeployctlServiceDown",
+                 "exp_alerts": [_expected_all(rules, "DeployctlServiceDown")]},
+                {"eval_time": "25m", "alertname": "DeployctlRuntimeDown",
+                 "exp_alerts": [_expected_all(rules, "DeployctlRuntimeDown", job="chat-7b", instance="10.0.0.12:8080",
+                                              deployctl_host="gpu-b")]}],
+        },
+        {   # no target at all for the job (never scraped, or the job removed): the service is down
+            "interval": "1m",
+            "input_series": [{"series": 'up{job="other"}', "values": "1x40"}],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "DeployctlServiceDown",
+                 "exp_alerts": [_expected_all(rules, "DeployctlServiceDown")]}],
+        },
+        {   # 3% of requests end with an error mid-generation, no rejection: the error alert counts them
+            "interval": "1m",
+            "input_series": [
+                {"series": f'{m}request_success_total{{{JOB},instance="a",finish_reason="stop"}}', "values": "0+97x40"},
+                {"series": f'{m}request_success_total{{{JOB},instance="a",finish_reason="error"}}', "values": "0+3x40"},
+                {"series": f'{m}request_rejected_total{{{JOB},instance="a",reason="queue_full"}}', "values": "0x40"},
+                *_hist(f"{m}e2e_request_latency_seconds", "a", {"5": 90, "30": 10, "+Inf": 0})],
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "DeployctlErrorRateHigh",
+                 "exp_alerts": [_expected(rules, "DeployctlErrorRateHigh")]},
+                {"eval_time": "20m", "alertname": "DeployctlE2EP99OverObjective",
+                 "exp_alerts": [_expected(rules, "DeployctlE2EP99OverObjective")]}],
+        },
+        {   # disk: 0.5 GiB free on gpu-a's /opt (full), 3 GiB on gpu-b's / (nearly); tmpfs and another host quiet
+            "interval": "1m",
+            "input_series": [
+                {"series": f'node_filesystem_avail_bytes{{job="node",deployctl_host="gpu-a",mountpoint="/opt",fstype="ext4"}}',
+                 "values": f"{gib // 2}x40"},
+                {"series": f'node_filesystem_avail_bytes{{job="node",deployctl_host="gpu-b",mountpoint="/",fstype="xfs"}}',
+                 "values": f"{3 * gib}x40"},
+                {"series": f'node_filesystem_avail_bytes{{job="node",deployctl_host="gpu-b",mountpoint="/run",fstype="tmpfs"}}',
+                 "values": "0x40"},
+                {"series": f'node_filesystem_avail_bytes{{job="node",deployctl_host="db-1",mountpoint="/",fstype="ext4"}}',
+                 "values": "0x40"}],
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "DeployctlDiskFull",
+                 "exp_alerts": [_expected_all(rules, "DeployctlDiskFull", job="node", deployctl_host="gpu-a",
+                                              mountpoint="/opt", fstype="ext4")]},
+                {"eval_time": "20m", "alertname": "DeployctlDiskNearlyFull",
+                 "exp_alerts": [_expected_all(rules, "DeployctlDiskNearlyFull", job="node", deployctl_host=h,
+                                              mountpoint=mp, fstype=fs)
+                                for h, mp, fs in (("gpu-a", "/opt", "ext4"), ("gpu-b", "/", "xfs"))]}],
+        },
+    ]
+    result = promtool_rule_tests(tmp_path / "alerts.test.yaml", rules_path, tests)
+    assert result.ok, result.output
+
+
+def test_scrape_config_names_every_host_and_prometheus_accepts_it(tmp_path):
+    """prometheus/scrape.yaml carries the deployctl_host label the per-host rules select on; promtool check config
+    accepts it with the rules file loaded."""
+    import shutil
+    import subprocess
+
+    from deployctl.render.targets import render_scrape
+
+    cfg = make_config()
+    doc = yaml.safe_load(render_scrape(cfg).content)
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+    assert set(jobs) == {"chat-7b", "node", "mtail", "dcgm"} and jobs["chat-7b"]["metrics_path"] == "/metrics"
+
+    def targets(job):
+        return [(s["targets"], s["labels"]["deployctl_host"]) for s in jobs[job]["static_configs"]]
+
+    assert targets("chat-7b") == [(["10.0.0.11:8080"], "gpu-a"), (["10.0.0.12:8080"], "gpu-b")]
+    # mtail on the router host (router.host: local), dcgm-exporter on every CUDA host at their default ports
+    assert targets("mtail") == [(["127.0.0.1:3903"], "router")]
+    assert targets("dcgm") == [(["10.0.0.11:9400"], "gpu-a"), (["10.0.0.12:9400"], "gpu-b")]
+    (tmp_path / "alerts.rules.yaml").write_text(render_alerts(cfg).content)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(
+        {"rule_files": ["alerts.rules.yaml"], "scrape_configs": doc["scrape_configs"]}))
+    r = subprocess.run([shutil.which("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -17,7 +17,7 @@ import yaml
 from deployctl.render.analysis import HASH_LABEL
 from deployctl.render.targets import render_files
 from deployctl.render.validate import run_rule_tests
-from support.analysis_cases import CASES, config
+from support.analysis_cases import CASES, config, e2e, kv
 from support.render import API_KEY
 
 CONDITION = re.compile(r"^result\[0\] (<=|>=|<|>) ([0-9.eE+-]+)$")
@@ -66,31 +66,49 @@ def _series(cfg, side: dict | None, hash_: str) -> list[dict]:
 
     if side is None:
         return []
-    m = adapter(cfg.engine.kind).metrics
+    a = adapter(cfg.engine.kind)
+    m = a.metrics
     base = {"namespace": cfg.container.namespace, "deployctl_service": cfg.service.name, HASH_LABEL: hash_}
     samples = side["requests"] - side["errors"]
-    out = [_counter(m["success"], base, samples)] if m["success"] else [_counter(m["e2e"] + "_count", base, samples)]
+    if cfg.engine.kind == "vllm":  # every finished request by finished_reason; the errors are "error"
+        out = [_counter(m["success"], {**base, "finished_reason": "stop"}, samples),
+               _counter(m["success"], {**base, "finished_reason": "error"}, side["errors"])]
+    else:
+        out = [_counter(m["success"], base, samples)] if m["success"] else [_counter(m["e2e"] + "_count", base, samples)]
+    if cfg.engine.kind == "sglang":  # every HTTP response by endpoint and status code
+        route = {**base, "endpoint": "/v1/chat/completions", "method": "POST"}
+        out += [_counter(a.error_share.counter, {**route, "status_code": "200"}, samples),
+                _counter(a.error_share.counter, {**route, "status_code": "500"}, side["errors"]),
+                _counter(a.error_share.counter, {**base, "endpoint": "/health", "method": "GET", "status_code": "503"},
+                         side["errors"] * 10)]  # not an OpenAI route: no part of the share
     if m["rejected"]:
         out.append(_counter(m["rejected"], {**base, "reason": "internal"}, side["errors"]))
-    for role in ("ttft", "tpot"):
-        le = side[f"{role}_p99_s"] / 0.99
+    for role in ("ttft", "tpot", "e2e"):
+        if not m[role]:
+            continue
+        le = (e2e(side) if role == "e2e" else side[f"{role}_p99_s"]) / 0.99
         for bound in (repr(le), "+Inf"):
             out.append(_counter(m[role] + "_bucket", {**base, "le": bound}, samples))
         out.append(_counter(m[role] + "_count", base, samples))
+    if m["kv_usage"]:
+        body = ", ".join(f'{k}="{v}"' for k, v in base.items())
+        out.append({"series": f"{m['kv_usage']}{{{body}}}", "values": f"{kv(side)}x8"})
     return out
 
 
+SLO = {"p99-ttft-slo", "p99-tpot-slo", "p99-e2e-slo", "kv-usage"}
 ENGINES = {  # engine.kind -> (its engine settings, the Prometheus metrics its template has)
-    "deployctl-runtime": ({}, {"error-rate", "p99-ttft-ratio", "p99-tpot-ratio"}),
-    "vllm": ({"version": "0.11.0"}, {"p99-ttft-ratio", "p99-tpot-ratio"}),
-    "sglang": ({"version": "0.5.23"}, {"p99-ttft-ratio", "p99-tpot-ratio"}),
+    "deployctl-runtime": ({}, {"error-rate", "p99-ttft-ratio", "p99-tpot-ratio", *SLO}),
+    "vllm": ({"version": "0.33.0"}, {"error-rate", "p99-ttft-ratio", "p99-tpot-ratio", *SLO}),
+    "sglang": ({"version": "0.5.23"}, {"error-rate", "p99-ttft-ratio", "p99-tpot-ratio", *SLO}),
 }
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))
 def test_analysis_template_promql_gives_the_table_verdicts(tmp_path, kind):
-    """One promtool run per engine, a named test group per case. vLLM and SGLang export no error counter (their
-    errors show in the golden-output Job): the cases whose verdict rests on errors alone are left out for them."""
+    """One promtool run per engine, a named test group per case. vLLM's error share is
+    vllm:request_success_total{finished_reason="error"} over all of it, SGLang's the 5xx of its OpenAI routes in
+    sglang:http_responses_total (Adapter.error_share): every case, the ones decided by errors alone included."""
     engine, names = ENGINES[kind]
     cfg = config(engine={"kind": kind, **engine})
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rules(_template(cfg), names)))
@@ -106,4 +124,4 @@ def test_analysis_template_promql_gives_the_table_verdicts(tmp_path, kind):
         "rule_files": ["rules.yaml"], "evaluation_interval": f"{STEP_S}s", "tests": groups}))
     result = run_rule_tests(tmp_path / "test.yaml")
     assert result.ok, f"{kind}: a case's PromQL verdict differs from the table\n{result.output}"
-    assert len(cases) >= (len(CASES) if kind == "deployctl-runtime" else len(CASES) - 1)
+    assert len(cases) == len(CASES)

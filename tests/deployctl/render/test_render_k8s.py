@@ -69,11 +69,28 @@ def test_argo_rollout_has_canary_steps_and_a_valid_pod_template(tmp_path):
     assert ro["spec"]["strategy"]["canary"]["steps"] == [{"setWeight": 10}, analysis, {"setWeight": 50}, analysis]
     template = yaml.safe_load(files["k8s/analysis-template.yaml"].content)
     assert {m["name"]: m["count"] for m in template["spec"]["metrics"]} == {  # 120 s pause / 30 s interval
-        "error-rate": 4, "p99-ttft-ratio": 4, "p99-tpot-ratio": 4, "golden-outputs": 1}
+        "error-rate": 4, "p99-ttft-ratio": 4, "p99-tpot-ratio": 4, "p99-ttft-slo": 4, "p99-tpot-slo": 4,
+        "kv-usage": 4, "golden-outputs": 1}
     broken = files["k8s/rollout.yaml"].content.replace("setWeight: 10", "setWeight: 110")
     path = tmp_path / "broken.yaml"
     path.write_text(broken)
     assert "setWeight: 0..100, got 110" in check_k8s_manifest(path).output
+
+
+def test_argo_rollout_steps_with_their_own_pause_pass_their_measurement_count(tmp_path):
+    """rollout.steps with different pauses: the AnalysisTemplate's count is an argument each Rollout step sets
+    (Argo's count is an int-or-string); both documents validate against Argo's schema."""
+    files = _by_path("k8s-rollout", rollout={"steps": [{"weight": 10, "pause": "4m"}, {"weight": 50, "pause": "1m"},
+                                                       100], "analysis": {"interval_s": 30}})
+    for path in ("k8s/rollout.yaml", "k8s/analysis-template.yaml"):
+        result = check_k8s_manifest(_write(tmp_path, files[path]))
+        assert result.ok, result.output
+    ro = yaml.safe_load(files["k8s/rollout.yaml"].content)
+    counts = [a["value"] for s in ro["spec"]["strategy"]["canary"]["steps"] if "analysis" in s
+              for a in s["analysis"]["args"] if a["name"] == "measurements"]
+    assert counts == ["8", "2"]
+    template = yaml.safe_load(files["k8s/analysis-template.yaml"].content)
+    assert {m["count"] for m in template["spec"]["metrics"] if m["name"] != "golden-outputs"} == {"{{args.measurements}}"}
 
 
 def test_k8s_needs_a_pod_reachable_bind():

@@ -132,3 +132,97 @@ def test_launcher_kills_the_runtime_group_after_the_stop_timeout(release):
     assert time.monotonic() - t0 < 10
     assert not _alive(child) and not _alive(worker)  # the whole process group, not only the runtime
     assert "still running after 1s: SIGKILL" in release["log"].read_text()
+
+
+def test_launcher_restarts_the_real_runtime_after_a_sticky_engine_error(tmp_path, rollout_model):
+    """Issue 27: the bundled runtime ends itself with exit 3 when its device is poisoned (a sticky CUDA error, here
+    the runtime's own fault switch), and launch.sh brings it back: a second runtime process serves the next request."""
+    import sys
+
+    import httpx
+
+    from support.ports import free_port
+
+    root, port = tmp_path / "root", free_port()
+    _, rel = local_release(root, sys.executable, api_key=None,
+                           model={"path": str(rollout_model), "served_name": "tiny-chat", "dtype": "float32"},
+                           engine={"max_model_len": 256, "max_num_seqs": 4, "num_gpu_blocks_override": 64},
+                           server={"port": port})
+    poison = 7  # the forward raises "CUDA error: ..." whenever its batch holds this token id
+    env = {**os.environ, "DEPLOYCTL_LAUNCH_BACKOFF_S": "0.1", "DEPLOYCTL_RUNTIME_FAULT": f"cuda_error_on_token={poison}"}
+    child_file, log = root / "shared/run/runtime.child.pid", root / "shared/logs/runtime.log"
+    url = f"http://127.0.0.1:{port}"
+
+    def ready_child() -> int:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                    return int(child_file.read_text())
+            except (httpx.TransportError, OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError("the runtime did not become ready:\n" + log.read_text()[-3000:])
+
+    started = subprocess.run([str(rel / "launch.sh"), "start"], capture_output=True, text=True, env=env, timeout=30)
+    assert started.returncode == 0, started.stderr
+    supervisor = int(started.stdout.strip())
+    try:
+        first = ready_child()
+        body = {"model": "tiny-chat", "max_tokens": 2}
+        bad = httpx.post(url + "/v1/completions", json={**body, "prompt": [50, 51, poison, 52]}, timeout=60)
+        assert bad.status_code == 500 and "CUDA error" in bad.json()["error"]["message"], bad.text
+        second = ready_child()  # exit 3, then launch.sh's restart: a new process serves
+        assert second != first and not _alive(first) and _alive(supervisor)
+        ok = httpx.post(url + "/v1/completions", json={**body, "prompt": [100, 101, 102]}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is not None, ok.text
+        text = log.read_text()
+        assert "the engine died" in text and "runtime exited with 3; restart 1/4" in text, text[-3000:]
+    finally:
+        subprocess.run([str(rel / "launch.sh"), "stop"], capture_output=True, env=env, timeout=60)
+
+
+def test_the_runtime_log_is_capped_by_copytruncate_while_the_runtime_runs(tmp_path):
+    """Issue 27: launch.sh appended the engine's output to one file with no cap. With logs.max_bytes 8 KiB and two
+    backups, a runtime printing steadily never stops or restarts, runtime.log stays near the cap, at most two
+    copies are kept, and the newest lines are still in runtime.log."""
+    root = tmp_path / "root"
+    chatty = tmp_path / "chatty-python"
+    chatty.write_text("#!/bin/bash\ni=0; trap 'exit 0' TERM\n"
+                      "while :; do i=$((i+1)); printf 'line %06d %0100d\\n' $i 0; sleep 0.002; done\n")
+    chatty.chmod(0o755)
+    _, rel = local_release(root, str(chatty), api_key=None, logs={"max_bytes": 8192, "backup_count": 2})
+    env = {**os.environ, "DEPLOYCTL_LAUNCH_LOG_CHECK_S": "0.2"}
+    log = root / "shared/logs/runtime.log"
+    started = subprocess.run([str(rel / "launch.sh"), "start"], capture_output=True, text=True, env=env, timeout=30)
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 30
+        while not (root / "shared/logs/runtime.log.2").exists():
+            assert time.monotonic() < deadline, sorted(p.name for p in log.parent.iterdir())
+            time.sleep(0.1)
+        time.sleep(1.5)
+        child = int((root / "shared/run/runtime.child.pid").read_text())
+        names = sorted(p.name for p in log.parent.iterdir())
+        assert names == ["runtime.log", "runtime.log.1", "runtime.log.2"], names
+        # a 0.2 s check at ~50 lines/s of 112 bytes stays within a few KiB of the cap
+        assert log.stat().st_size < 8192 + 16384, log.stat().st_size
+        for p in log.parent.iterdir():
+            assert p.stat().st_size < 8192 + 16384, (p.name, p.stat().st_size)
+        newest = [int(l.split()[1]) for l in log.read_text().splitlines() if l.startswith("line ")]
+        older = [int(l.split()[1]) for l in (log.parent / "runtime.log.1").read_text().splitlines() if l.startswith("line ")]
+        assert newest and older and min(newest) > max(older) - 50  # runtime.log holds what came after .1
+        assert "rotated to" in (log.parent / "runtime.log.1").read_text() + log.read_text()
+        assert _alive(child) and int((root / "shared/run/runtime.child.pid").read_text()) == child  # never restarted
+    finally:
+        stopped = subprocess.run([str(rel / "launch.sh"), "stop"], capture_output=True, text=True, env=env, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    time.sleep(0.5)
+    leftover = subprocess.run(["pgrep", "-f", str(rel / "launch.sh")], capture_output=True, text=True).stdout.split()
+    assert leftover == [], leftover  # the keeper ends with its supervisor
+    # the systemd launcher's timer runs the same rule once: `launch.sh rotate-log`
+    log.write_text("x" * 9000 + "\n")
+    for _ in range(3):
+        assert subprocess.run([str(rel / "launch.sh"), "rotate-log"], env=env, timeout=30).returncode == 0
+    assert "x" * 100 not in log.read_text() and (log.parent / "runtime.log.1").read_text().startswith("x" * 9000)
+    assert sorted(p.name for p in log.parent.iterdir()) == ["runtime.log", "runtime.log.1", "runtime.log.2"]

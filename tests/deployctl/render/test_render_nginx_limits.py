@@ -106,10 +106,13 @@ def test_max_conns_extra_requests_get_429_and_admitted_ones_complete(stack):
     # Nothing that reached the runtime was dropped: the runtime finished exactly the admitted requests, and
     # every access-log line naming a runtime address is a 200.
     assert _successes(runtime) - before_ok == len(ok)
-    entries = router.access_entries()[log_before:]
+    def limited_lines(entries: list[dict]) -> int:
+        return sum(e["status"] == 429 and e["upstream_addr"].startswith("deployctl_") for e in entries)
+
+    entries = router.wait_entries(log_before, lambda es: len(es) >= len(results) and limited_lines(es) >= len(limited))
     reached = [e for e in entries if e["upstream_addr"].startswith("127.0.0.1:")]
     assert len(reached) == len(ok) and all(e["status"] == 200 for e in reached), entries
-    assert sum(e["status"] == 429 and e["upstream_addr"].startswith("deployctl_") for e in entries) == len(limited)
+    assert limited_lines(entries) == len(limited), entries
 
 
 def test_a_runtime_that_is_down_is_a_json_502_not_429(stack, tmp_path):

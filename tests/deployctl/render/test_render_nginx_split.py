@@ -142,7 +142,7 @@ def test_real_nginx_splits_traffic_by_rendered_weights(nginx_router, backends):
     nginx_router.start(cfg, render_nginx(cfg, stable=stable, canary=canary, canary_weight=25))
     # Smooth weighted round robin (3:3:2 here) is exact over whole cycles of 8 requests.
     assert _hit(nginx_router.url, 80) == {"rel-old": 60, "rel-new": 20}
-    entries = nginx_router.access_entries()
+    entries = nginx_router.wait_entries(0, lambda es: len(es) >= 80)
     assert len(entries) == 80
     by_upstream = collections.Counter(e["upstream_addr"] for e in entries)
     assert by_upstream == {f"127.0.0.1:{b.port}": n for b, n in zip(backends, (30, 30, 20))}

@@ -124,7 +124,7 @@ def test_openai_client_over_https_through_nginx_streaming_included(stack):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].choices[0].finish_reason == "length"
     assert _spread(arrivals) > 0.5 and arrivals[-1] - arrivals[0] > 0.15, arrivals  # tokens as they come
-    entry = stack["router"].access_entries()[-1]
+    entry = stack["router"].wait_entries(0, lambda es: any(e["uri"].endswith("/chat/completions") for e in es))[-1]
     assert entry["status"] == 200 and entry["upstream_addr"].startswith("127.0.0.1:")
     with pytest.raises(openai.APIConnectionError):  # a client that does not trust the test CA refuses the router
         openai.OpenAI(base_url=stack["base"] + "/v1", api_key="x", max_retries=0).models.list()
@@ -201,7 +201,7 @@ def test_renewed_certificate_is_served_after_router_reload(stack):
 
 def test_router_reload_refuses_a_renewal_gone_wrong(stack, tmp_path):
     """Another pair's certificate: nginx -t fails, the conf and the served certificate stay (exit 1). An expired one
-    (nginx loads it): reloaded, and the certificate check fails with the file and the fix (exit 1)."""
+    (nginx -t accepts it): refused before the reload, so nginx keeps serving the valid one (exit 1)."""
     port, cert = stack["router"].port, stack["cert"]
     kept = cert.read_bytes()
     served = _served_serial(port)
@@ -214,8 +214,9 @@ def test_router_reload_refuses_a_renewal_gone_wrong(stack, tmp_path):
         expired, _ = stack["ca"].issue("expired", ["localhost"], days=-1, not_before_days=30, key=stack["key"])
         cert.write_bytes(expired.read_bytes())
         result = run_cli("router", "reload", "-c", str(stack["path"]))
-        assert result.returncode == 1 and "router certificate:" in result.stderr, result.stderr
+        assert result.returncode == 1 and "refusing to reload nginx" in result.stderr, result.stderr
         assert f"{cert} expired on" in result.stderr and "certbot renew" in result.stderr
+        assert _served_serial(port) == served
     finally:
         cert.write_bytes(kept)
         assert run_cli("router", "reload", "-c", str(stack["path"])).returncode == 0

@@ -50,7 +50,7 @@ def test_cuda_unit_has_the_production_lessons():
     assert unit["Service.Restart"] == ["on-failure"] and int(unit["Service.RestartSec"][0]) >= 5
     assert int(unit["Service.TimeoutStartSec"][0]) >= 900
     assert int(unit["Service.TimeoutStopSec"][0]) > 40
-    assert unit["Service.KillMode"] == ["control-group"]
+    assert unit["Service.KillMode"] == ["mixed"]
     assert unit["Service.EnvironmentFile"] == ["/opt/deployctl/chat-7b/releases/r20261130-abc/runtime.env"]
     assert unit["Service.DevicePolicy"] == ["closed"]
     assert {"/dev/nvidiactl rw", "/dev/nvidia0 rw", "/dev/nvidia-uvm rw"} <= set(unit["Service.DeviceAllow"])

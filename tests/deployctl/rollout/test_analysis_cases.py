@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deployctl.rollout.analysis import GroupStats, judge
-from support.analysis_cases import CASES, IDS, config
+from support.analysis_cases import CASES, IDS, config, e2e, kv
 
 
 def _stats(side: dict | None, hosts: list[str]) -> GroupStats:
@@ -14,7 +14,8 @@ def _stats(side: dict | None, hosts: list[str]) -> GroupStats:
     samples = side["requests"] - side["errors"]
     return GroupStats(hosts=hosts, requests=side["requests"], errors=side["errors"],
                       p99_ttft_s=side["ttft_p99_s"] if samples else None,
-                      p99_tpot_s=side["tpot_p99_s"] if samples else None, ttft_count=samples)
+                      p99_tpot_s=side["tpot_p99_s"] if samples else None,
+                      p99_e2e_s=e2e(side) if samples else None, ttft_count=samples, kv_usage=kv(side))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

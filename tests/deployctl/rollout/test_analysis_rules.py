@@ -220,3 +220,81 @@ def test_inconclusive_windows_in_a_row_pause(cfg):
     assert [s.add(r) for r in ("inconclusive", "inconclusive", "pass", "inconclusive", "inconclusive")] == [False] * 5
     assert s.add("inconclusive") and s.count == 3
     assert not any(InconclusiveStreak(0).add("inconclusive") for _ in range(10))  # 0: never pause
+
+
+def test_release_json_model_files_name_what_changed(cfg):
+    """release.json's model_files (sha256 of tokenizer.json, tokenizer_config.json, generation_config.json,
+    config.json): the output check's rule says which changed beside unchanged weights; a release without them says
+    nothing (not 'unchanged')."""
+    base = {"tokenizer.json": "1" * 64, "tokenizer_config.json": "2" * 64, "generation_config.json": "3" * 64,
+            "config.json": "4" * 64}
+    manifest = "aa  model.safetensors\n"
+
+    def ident(files):
+        rel = {"runtime_wheel": "deployctl_runtime-0.1.0-py3-none-any.whl", **({"model_files": files} if files else {})}
+        return parse_identity(json.dumps(rel), manifest, "dtype: float32\n")
+
+    old = ident(base)
+    assert rules_for(cfg, old, ident(dict(base))).why == "same weights, engine and dtype"
+    r = rules_for(cfg, old, ident({**base, "tokenizer_config.json": "9" * 64}))
+    assert r.mode == "exact" and r.why == "same weights, engine and dtype; changed: tokenizer_config.json (chat template)"
+    r = rules_for(cfg, old, ident({**base, "generation_config.json": "8" * 64, "config.json": "7" * 64}))
+    assert r.why.endswith("changed: config.json (model config), generation_config.json (generation defaults)"), r.why
+    gone = dict(base)
+    del gone["tokenizer.json"]
+    assert "changed: tokenizer.json (tokenizer)" in rules_for(cfg, old, ident(gone)).why
+    assert rules_for(cfg, ident(None), old).why == "same weights, engine and dtype"  # an old release: unknown
+
+
+def test_read_model_files_hashes_what_the_model_dir_holds(tmp_path):
+    import hashlib
+
+    from deployctl.config import HostConfig
+    from deployctl.hosts import Host
+    from deployctl.rollout.release import read_model_files
+    from support.render import make_config
+
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "x"}')
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"w")
+    cfg = make_config(model={"path": str(tmp_path)})
+    host = Host.from_config(HostConfig(name="here", address="local", deploy_root=str(tmp_path / "root")))
+    got = read_model_files(host, cfg)
+    assert got == {"tokenizer_config.json": hashlib.sha256(b'{"chat_template": "x"}').hexdigest(),
+                   "config.json": hashlib.sha256(b"{}").hexdigest()}
+
+
+def test_analysis_reads_the_access_log_nginx_writes_when_router_access_log_is_unset(tmp_path):
+    """router.access_log unset: nginx logs to /var/log/nginx/<service>.access.json (render), and the analysis read
+    nothing there, so with rollout.analysis.min_client_requests every window of a real canary was inconclusive."""
+    import os
+    import re
+    import uuid
+
+    from deployctl.config import HostConfig
+    from deployctl.hosts import Host
+    from deployctl.render import render_nginx
+    from deployctl.rollout.router import Router
+    from support.render import make_config
+
+    name = "t" + uuid.uuid4().hex[:12]
+    cfg = make_config(service={"name": name}, router={"host": "local", "upstream_conf": str(tmp_path / "up.conf"),
+                                                      "access_log": None})
+    assert cfg.router.access_log is None
+    conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
+    path = re.search(r"access_log (\S+) ", conf).group(1)
+    assert path == f"/var/log/nginx/{name}.access.json"
+    if not os.access(os.path.dirname(path), os.W_OK):
+        pytest.skip(f"{os.path.dirname(path)} is not writable here")
+    router = Router(cfg, Host.from_config(HostConfig(name="router", address="local", deploy_root=str(tmp_path))))
+    try:
+        with open(path, "w") as f:
+            f.write('{"status":200}\n')
+        start = router.access_log_size()
+        assert start == len('{"status":200}\n')
+        with open(path, "a") as f:
+            f.write('{"status":502}\n{"status":200}\n{"part')
+        text, offset = router.access_log_since(start)
+        assert text == '{"status":502}\n{"status":200}\n' and offset == start + len(text)  # whole lines only
+    finally:
+        os.unlink(path)

@@ -13,27 +13,18 @@ from pathlib import Path
 import httpx
 import pytest
 
+from support.rollout import served as _served, pid_link as _pid_link
+
 from deployctl.demo.run import Traffic
 from support.nginx import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _served(port: int):
-    """The release the runtime on ``port`` answers with, or None when nothing listens there."""
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).headers.get("x-deployctl-release")
-    except httpx.TransportError:
-        return None
-
-
-def _pid_link(env, name: str):
-    p = Path(env.host(name)["deploy_root"]) / "shared" / "run" / "runtime.pid"
-    return os.readlink(p) if p.is_symlink() else None
 
 
 def test_rollback_starts_beside_switches_the_router_and_loses_no_request(rollout_env):
-    env = rollout_env(2, steps=[100], pause_s=0)
+    env = rollout_env(2, steps=[100], pause_s=0, standby_s=0)  # no sleeping standby: the start-beside path
     for h in env.cfg["hosts"]:
         h["spare_port"] = free_port()
     env.write()

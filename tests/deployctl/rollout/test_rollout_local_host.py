@@ -157,3 +157,37 @@ def test_rollout_state_is_replaced_atomically_and_a_damaged_copy_is_named(hosts)
     assert err.value.exit_code == 4 and str(err.value).startswith(f"b: {path} is not a valid rollout record")
     told = []
     assert store.read_rollout(on_bad=told.append).release == "r2" and told and told[0].startswith("b: ")
+
+
+def test_the_next_upload_removes_leftovers_of_a_killed_one(hosts, tmp_path):
+    """A killed upload leaves releases/<id>.partial (half extracted) and releases/<id>.tar: they are not
+    releases (not listed, never counted by keep_releases) and the next upload removes them."""
+    from deployctl.config import parse_config
+    from deployctl.render import RenderedFile
+
+    h = hosts[0]
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.sha256").write_text("0" * 64 + "  config.json\n")
+    cfg = parse_config(f"""
+service: {{name: svc}}
+model: {{path: {model}}}
+engine: {{device: cpu}}
+hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher: process}}]
+""")
+    _fake_release(h, "20261130T000000Z-00000000")
+    rel = os.path.join(h.config.deploy_root, "releases")
+    os.makedirs(os.path.join(rel, "20261130T010000Z-11111111.partial", "sub"))
+    with open(os.path.join(rel, "20261130T010000Z-11111111.tar"), "wb") as f:
+        f.write(b"\0" * 4096)
+    with open(os.path.join(rel, "20261130T020000Z-22222222.tar"), "wb") as f:
+        f.write(b"\0" * 10)
+    assert release.list_releases(h) == ["20261130T000000Z-00000000"]
+    wheel = tmp_path / "deployctl_runtime-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not really a wheel")
+    info = release.ReleaseInfo("20261130T030000Z-33333333", "2026-11-30T03:00:00Z", "c" * 64, "m" * 64, wheel.name,
+                               "w" * 64, "0.1.0")
+    rdir = release.upload(h, cfg, info, wheel, [RenderedFile("release.json", "{}"), RenderedFile("runtime.yaml", "")])
+    assert sorted(os.listdir(rel)) == ["20261130T000000Z-00000000", "20261130T030000Z-33333333"]
+    assert os.path.exists(os.path.join(rdir, "release.json"))
+    assert release.remove_leftovers(h) == []

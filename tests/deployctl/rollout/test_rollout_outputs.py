@@ -82,10 +82,13 @@ def test_drifted_answers_are_aborted_and_a_settings_change_is_promoted(fleet, ro
     r = canary(model_copy(rollout_model, tmp_path / "badtemplate", template=broken))
     assert r.returncode == 6 and "output check failed at 50%" in r.stderr, r.stderr
     assert "same weights, engine and dtype" in r.stderr  # only the template changed: exact agreement required
+    # release.json's model_files hashes name what changed beside the unchanged weights
+    assert "changed: tokenizer_config.json (chat template)" in r.stderr, r.stderr
 
     # a setting that does not change greedy answers, no user traffic: identical outputs, judged healthy on probes
+    # (min_client_requests 0: the operator lets probes alone promote; by default they never do)
     env.cfg["engine"]["max_num_seqs"] = 4
-    r = canary(pause_s=4)
+    r = canary(pause_s=4, analysis={"min_client_requests": 0})
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("outputs: 16/16 prompts identical on " + env.names[0]) == 2  # at 50% and at 100%
     assert "analysis at 50%: pass [probes]" in r.stderr and "judged on probes (0 canary requests" in r.stderr
@@ -116,7 +119,9 @@ def test_loops_slow_quiet_canaries_and_inconclusive_windows(fleet, rollout_model
     # probes off and no traffic: every window is inconclusive; the second in a row pauses for a human
     env.cfg["engine"]["max_num_seqs"] = 6
     env.cfg["rollout"]["pause_s"] = 120
-    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, inconclusive_limit=2, outputs={"enabled": False})
+    # (min_client_requests 0: windows without client traffic pause like any inconclusive one instead of aborting)
+    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, inconclusive_limit=2, outputs={"enabled": False},
+                                          min_client_requests=0)
     env.write()
     deploy = env.popen("deploy", "--yes")
     try:

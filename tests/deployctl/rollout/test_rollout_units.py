@@ -28,6 +28,7 @@ hosts:
 rollout:
   steps: [5, 25, 50, 100]
   analysis: {min_requests: 10, max_error_rate: 0.05, max_p99_ttft_ratio: 2.0, max_p99_tpot_ratio: 2.0, min_p99_delta_s: 0.01}
+slo: {ttft_p99_s: 5.0, tpot_p99_s: 1.0}  # far above these windows: the ratio rules are judged apart from the SLO
 """
 
 

@@ -88,4 +88,8 @@ def test_systemd_start_clears_a_failed_state_first():
     h = _Recorder()
     launcher.start(h, make_config(engine={"device": "cpu"}))
     verbs = [c[1] for c in h.calls if c[0] == "systemctl"]
-    assert verbs == ["daemon-reload", "reset-failed", "restart"]
+    # the log cap's timer is enabled beside the unit (deploy.yaml logs:); reset-failed comes before the restart
+    assert verbs == ["daemon-reload", "enable", "reset-failed", "restart"]
+    assert ["systemctl", "enable", "--now", "chat-7b-logs.timer"] in h.calls
+    installed = [c[-1] for c in h.calls if c[0] == "install"]
+    assert installed == [f"/etc/systemd/system/chat-7b{s}" for s in (".service", "-logs.service", "-logs.timer")]

@@ -58,9 +58,11 @@ def test_fffd_the_tokens_explain_warns_and_fffd_beyond_them_fails():
     assert res.ok and res.checks["invalid_utf8"] == "warn"
     res = judge(case, own, 8, lambda ids: "axb")
     assert not res.ok and res.problems[0].startswith("invalid_utf8 on 'short' (chat): text has 1 U+FFFD")
-    # no token ids (another engine): any U+FFFD fails
+    # no token ids (a server that refuses return_token_ids): the model's bytes cannot be told from the server's, so
+    # validate says it cannot judge them (issue 26) instead of failing the server
     res = judge(case, Reply(200, text="\ufffd!", finish_reason="stop", completion_tokens=2), 8, lambda ids: None)
-    assert res.checks["invalid_utf8"] == "fail"
+    assert res.ok and res.checks["invalid_utf8"] == "warn"
+    assert res.warnings[0].startswith("invalid_utf8 on 'short': cannot judge 1 U+FFFD: the server returns no token ids")
 
 
 def test_an_unexpected_status_and_a_missing_finish_fail_by_name():
@@ -71,6 +73,10 @@ def test_an_unexpected_status_and_a_missing_finish_fail_by_name():
     res = judge(case, Reply(200, text="abc", completion_tokens=3, stream_error="the stream ended without data: "
                             "[DONE]"), 8, lambda ids: None)
     assert res.problems[0] == "error on 'long-stream' (chat, stream): the stream ended without data: [DONE]"
+    # a finish_reason came, then no [DONE] (transformers serve): not OpenAI's end marker, but the answer is whole
+    res = judge(case, Reply(200, text="abc", completion_tokens=4, finish_reason="length", no_done=True), 8,
+                lambda ids: None)
+    assert res.ok and res.checks["error"] == "warn" and "without data: [DONE]" in res.warnings[0]
 
 
 def _samples(n_bursts=6, rss_mib_per_burst=0.0, gpu_mib_per_burst=None, restart_at=None, waiting_up=False):

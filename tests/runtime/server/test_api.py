@@ -151,9 +151,13 @@ def test_not_json_is_400_not_422(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_unknown_fields_are_ignored(server):
+def test_unknown_fields_are_refused_naming_them(server):
+    # an unknown field used to pass with a 200, so a misspelt or unsupported option changed nothing without a word
     r = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "frobnicate": {"a": 1}, "best_of": 1})
-    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_parameter", "frobnicate")
+    assert "--ignore-unknown-fields" in err["message"]
 
 
 def test_unknown_model_is_404_and_unknown_route_keeps_the_error_shape(server, client):

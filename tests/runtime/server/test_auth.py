@@ -51,3 +51,24 @@ def test_wrong_key_is_an_authentication_error_and_keys_are_never_logged(keyed):
         client.chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert not any(k in keyed.log for k in ("env-key-1", "env-key-2", "file-key-3", "nope"))
     assert "status=401" in keyed.log  # the refused request is in the access log, without its key
+
+
+def test_the_access_log_names_each_request_by_its_keys_hashed_id(keyed):
+    """Old and new key at once (a rotation): each request's access log line has key_id=<sha256[:12]> of the key
+    it used, never the key."""
+    import hashlib
+    import time
+
+    for key, rid in (("env-key-1", "rot-old-1"), ("env-key-2", "rot-new-1")):
+        headers = {"Authorization": f"Bearer {key}", "X-Request-Id": rid}
+        model = httpx.get(keyed.url + "/v1/models", headers=headers).json()["data"][0]["id"]
+        r = httpx.post(keyed.url + "/v1/completions", headers=headers, json={"model": model, "prompt": "hi",
+                                                                            "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 10
+    while "request_id=rot-new-1 method=POST" not in keyed.log and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for rid, key in (("rot-old-1", "env-key-1"), ("rot-new-1", "env-key-2")):
+        line = next(ln for ln in keyed.log.splitlines() if f"request_id={rid} method=POST" in ln)
+        assert f"key_id={hashlib.sha256(key.encode()).hexdigest()[:12]}" in line, line
+    assert not any(k in keyed.log for k in ("env-key-1", "env-key-2"))

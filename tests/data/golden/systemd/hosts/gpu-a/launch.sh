@@ -7,11 +7,15 @@
 #   launch.sh start   the same, detached (setsid, stdin from /dev/null, output to the log file); prints the pid
 #   launch.sh stop    SIGTERM the supervisor and wait up to 50 s; exit 1 if it is still there
 #   launch.sh status  exit 0 while the supervisor runs
+#   launch.sh rotate-log  the log cap once (what run's keeper does every LOG_CHECK_S s; systemd: a timer)
 # Pidfile (supervisor): /opt/deployctl/chat-7b/shared/run/runtime.pid · runtime pid: /opt/deployctl/chat-7b/shared/run/runtime.child.pid · log: /opt/deployctl/chat-7b/shared/logs/runtime.log
 # `start` makes the supervisor a process group leader; the runtime and its children share that group, so a
-# SIGKILL to the group (the rollout's last resort) leaves nothing behind, and the supervisor's own SIGKILL after
-# the stop timeout clears the group as systemd's KillMode=control-group would. Env overrides (tests, diagnosis): DEPLOYCTL_LAUNCH_BACKOFF_S (first restart delay),
-# DEPLOYCTL_LAUNCH_MAX_FAILURES, DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S.
+# SIGKILL to the group (the rollout's last resort) leaves nothing behind. SIGTERM goes to the runtime's main
+# process only (its workers keep serving while it drains), and the supervisor's SIGKILL after the stop timeout
+# clears the group, as systemd's KillMode=mixed does. Env overrides (tests, diagnosis): DEPLOYCTL_LAUNCH_BACKOFF_S (first restart delay),
+# DEPLOYCTL_LAUNCH_MAX_FAILURES, DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S, DEPLOYCTL_LAUNCH_LOG_CHECK_S (how often the log's
+# size is checked against deploy.yaml's logs.max_bytes; it is then copied to .1 and truncated, as logrotate's
+# copytruncate does).
 set -u
 RELEASE_DIR=/opt/deployctl/chat-7b/releases/20261130T000000Z-golden1
 PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.pid
@@ -33,13 +37,31 @@ STABLE_AFTER_S=60
 CONFIG_ERROR_EXIT=2  # the runtime's exit code for bad settings: never restarted
 STOP_TIMEOUT_S=${DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S:-45}
 GPU_WAIT_S=120
+LOG_MAX_BYTES=104857600
+LOG_BACKUPS=5
+LOG_CHECK_S=${DEPLOYCTL_LAUNCH_LOG_CHECK_S:-10}
 
 log() { printf '%s launch.sh[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$$" "$*" >>"$LOG_FILE"; }
+
+alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }
 
 supervisor_pid() {
   local pid
   pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [ -n "$pid" ] && alive "$pid" && echo "$pid"
+}
+
+# The log past LOG_MAX_BYTES: older copies shift (.1 -> .2, ...; LOG_BACKUPS kept), then copy and truncate in place:
+# the runtime keeps its O_APPEND descriptor and writes on at the new end (nothing restarts).
+rotate_log() {
+  local size i
+  size=$(stat -c %s "$LOG_FILE" 2>/dev/null) || return 0
+  [ "$size" -ge "$LOG_MAX_BYTES" ] || return 0
+  for ((i = LOG_BACKUPS - 1; i >= 1; i--)); do
+    [ -f "$LOG_FILE.$i" ] && mv -f "$LOG_FILE.$i" "$LOG_FILE.$((i + 1))"
+  done
+  cp -f "$LOG_FILE" "$LOG_FILE.1" && : >"$LOG_FILE"
+  log "log reached $size bytes (logs.max_bytes $LOG_MAX_BYTES): rotated to $LOG_FILE.1"
 }
 
 run() {
@@ -73,6 +95,12 @@ run() {
     fi
   }
   trap on_term TERM INT
+  # the log keeper: as long as this supervisor lives (a supervisor killed alone leaves no keeper behind)
+  supervisor=$$
+  ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; trap - INT
+    while alive "$supervisor"; do rotate_log; sleep "$LOG_CHECK_S" & s=$!; wait "$s"; done ) </dev/null &
+  keeper=$!
+  trap 'kill "$keeper" 2>/dev/null' EXIT
   failures=0; delay=$BACKOFF_S
   while :; do
     started=$(date +%s)
@@ -121,8 +149,9 @@ case "${1:-run}" in
   stop)
     pid=$(supervisor_pid) || exit 0
     kill -TERM "$pid"
-    for _ in $(seq $(( (STOP_TIMEOUT_S + 5) * 10 ))); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done
+    for _ in $(seq $(( (STOP_TIMEOUT_S + 5) * 10 ))); do alive "$pid" || exit 0; sleep 0.1; done
     echo "launch.sh: pid $pid still running after $((STOP_TIMEOUT_S + 5))s" >&2; exit 1 ;;
   status) supervisor_pid >/dev/null ;;
-  *) echo "usage: launch.sh run|start|stop|status" >&2; exit 2 ;;
+  rotate-log) rotate_log ;;  # the systemd launcher's chat-7b-logs.timer runs this
+  *) echo "usage: launch.sh run|start|stop|status|rotate-log" >&2; exit 2 ;;
 esac

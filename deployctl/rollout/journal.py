@@ -1,0 +1,173 @@
+"""The rollout journal: every step of a deploy's step machine, written on the control machine before and after it
+acts, so that a deploy killed at any point (``kill -9``, a closed laptop) can be continued or rolled back by
+``deployctl deploy --resume``.
+
+Where: ``<DEPLOYCTL_STATE>/<service.name>/journal.jsonl`` (default ``~/.local/state/deployctl``), beside the
+detached runner's ``runner.log``, ``runner.pid`` and ``runner.exit`` (deployctl.rollout.detach). One JSON object a
+line, appended with O_APPEND and fsync'd before the step acts (the write of one short line is all or nothing;
+a torn last line, the only one a kill can tear, is ignored: its step counts as not begun). A new deploy starts a
+new journal (the old one is renamed ``journal.prev.jsonl``), atomically (temporary file, then rename).
+
+Records (``kind``): ``start`` (the plan: release info, hosts, steps, batches, generation), ``begin``/``end`` of a
+step (``step``: upload, drain, activate, validate, weight:I, batch:J, route, prune; ``hosts`` where it acts on
+hosts), ``point`` (a moment inside a step, such as one host's upload put), ``abort`` (the abort began: reason),
+``finish`` (result and exit code). ``Progress.of(records)`` reads them back.
+
+Test-only kill hook: DEPLOYCTL_TEST_KILL_AT=N makes the process SIGKILL itself right after writing its N-th
+record (counted from 1 in this process), DEPLOYCTL_TEST_KILL_AT=KIND[:STEP] right after the first record of that
+kind and step (``begin:activate``, ``point:upload:put``, ``abort``): the production path, with a kill between any
+two journaled moments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from deployctl import settings
+from deployctl.rollout.state import now_iso
+
+JOURNAL = "journal.jsonl"
+
+
+def control_dir(service: str) -> Path:
+    """``<DEPLOYCTL_STATE>/<service>``: the journal and the detached runner's files (created on first use)."""
+    return Path(settings.current().state_dir) / service
+
+
+class Journal:
+    """The journal of one deploy (``path``). ``begin``/``end``/``point``/``abort``/``finish`` append a record;
+    every write is durable (fsync) before it returns. Thread-safe (host workers write ``point`` records)."""
+
+    def __init__(self, service: str):
+        self.dir = control_dir(service)
+        self.path = self.dir / JOURNAL
+        self._lock = threading.Lock()
+        self._written = 0
+        self._kill_at = settings.current().test_kill_at
+
+    # ------------------------------------------------------------------------------------------ write
+    def start(self, record: dict[str, Any]) -> None:
+        """Begin a new journal whose first line is ``record`` (kind ``start``); the previous one is kept as
+        journal.prev.jsonl. Atomic: written to a temporary file, fsync'd, renamed over."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **record}, sort_keys=True)
+        tmp = self.dir / f".{JOURNAL}.{os.getpid()}"
+        with self._lock:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if self.path.exists():
+                os.replace(self.path, self.dir / "journal.prev.jsonl")
+            os.replace(tmp, self.path)
+            _fsync_dir(self.dir)
+            self._after_write({"kind": "start"})
+
+    def adopt(self) -> None:
+        """Continue the existing journal (``deploy --resume``): later records are appended to it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._append({"kind": "resume", "pid": os.getpid()})
+
+    def begin(self, step: str, **data: Any) -> None:
+        self._append({"kind": "begin", "step": step, **data})
+
+    def end(self, step: str, **data: Any) -> None:
+        self._append({"kind": "end", "step": step, **data})
+
+    def point(self, what: str, **data: Any) -> None:
+        self._append({"kind": "point", "what": what, **data})
+
+    def abort(self, reason: str) -> None:
+        self._append({"kind": "abort", "reason": reason})
+
+    def finish(self, result: str, exit_code: int, message: str = "") -> None:
+        self._append({"kind": "finish", "result": result, "exit_code": int(exit_code), "message": message})
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        line = json.dumps({"time": now_iso(), **rec}, sort_keys=True) + "\n"
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._after_write(rec)
+
+    def _after_write(self, rec: dict[str, Any]) -> None:
+        self._written += 1
+        spec = self._kill_at
+        if not spec:
+            return
+        key = ":".join(str(x) for x in (rec.get("kind"), rec.get("step") or rec.get("what")) if x)
+        if (spec.isdigit() and self._written == int(spec)) or spec == key:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read(service: str) -> list[dict[str, Any]]:
+    """The records of the service's journal, oldest first ([] when there is none); a torn last line is left out."""
+    path = control_dir(service) / JOURNAL
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a kill mid-write: its step never began
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+@dataclass
+class Progress:
+    """What a journal says: the plan (``start``), the steps that ended (``done``), the step begun and not ended
+    (``open_step``, None when the last step ended), the hosts any begun step acted on (``touched``), whether an
+    abort began (``abort_reason``) and how it finished (``finish``: None while unfinished)."""
+
+    start: Optional[dict[str, Any]] = None
+    done: set[str] = field(default_factory=set)
+    open_step: Optional[str] = None
+    touched: set[str] = field(default_factory=set)
+    abort_reason: Optional[str] = None
+    finish: Optional[dict[str, Any]] = None
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]]) -> "Progress":
+        p = cls()
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "start":
+                p = cls(start=rec)
+            elif kind == "begin":
+                p.open_step = rec.get("step")
+                p.touched.update(rec.get("switch") or [])
+            elif kind == "end":
+                p.done.add(rec.get("step"))
+                if p.open_step == rec.get("step"):
+                    p.open_step = None
+            elif kind == "abort":
+                p.abort_reason = rec.get("reason") or "aborted"
+            elif kind == "finish":
+                p.finish = rec
+        return p
+
+    @property
+    def unfinished(self) -> bool:
+        return self.start is not None and self.finish is None

@@ -1,0 +1,76 @@
+"""``deploy --resume``: read a killed deploy's journal (deployctl.rollout.journal) back into its plan, and decide
+whether its step machine can be continued where it stopped or must roll back.
+
+Continue: the journal is unfinished, deploy.yaml renders the same configuration (config hash of the journaled
+release) and, while the upload has not ended, the runtime wheel is byte-identical to the journaled one. A step that
+had begun and not ended is done again from its start (every step is idempotent: an upload skips a complete
+release directory, an activation switches, restarts and verifies, a weight step routes and opens a fresh analysis
+window). An abort that had begun is finished. Otherwise (``why_not`` names the reason) the resume rolls back:
+the abort path, every host that a begun step switched back on the previous release, traffic on stable (exit 6).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict
+from typing import Any, Optional
+
+from deployctl.config import DeployConfig
+from deployctl.errors import DeployctlError
+from deployctl.rollout.journal import Progress, control_dir, read
+from deployctl.rollout.plan import DeployPlan
+from deployctl.rollout.release import ReleaseInfo
+
+
+class NothingToResume(DeployctlError):
+    """No unfinished deploy in the journal (exit 1)."""
+
+
+def start_record(plan: DeployPlan, generation: int) -> dict[str, Any]:
+    """The journal's ``start`` record: the whole plan, so that a resume needs nothing else."""
+    return {"release": asdict(plan.release), "mode": plan.mode, "from_release": plan.from_release,
+            "canary": plan.canary, "stable": plan.stable, "steps": plan.steps, "pause_s": plan.pause_s,
+            "batches": plan.batches, "current": plan.current, "pauses": plan.pauses, "made_at": plan.made_at,
+            "generation": generation}
+
+
+def plan_of(start: dict[str, Any]) -> DeployPlan:
+    """The DeployPlan a ``start`` record describes."""
+    return DeployPlan(ReleaseInfo(**start["release"]), start["mode"], start.get("from_release"),
+                      list(start.get("canary") or []), list(start.get("stable") or []), list(start["steps"]),
+                      float(start.get("pause_s") or 0), [list(b) for b in start.get("batches") or []],
+                      dict(start.get("current") or {}), list(start.get("pauses") or []),
+                      float(start.get("made_at") or 0))
+
+
+def load(cfg: DeployConfig) -> Progress:
+    """The service's unfinished deploy. Raises NothingToResume when there is none (no journal, or it finished)."""
+    p = Progress.of(read(cfg.service.name))
+    where = control_dir(cfg.service.name)
+    if p.start is None:
+        raise NothingToResume(f"no deploy journal for {cfg.service.name} under {where}: nothing to resume",
+                              fix="run `deployctl deploy` (a resume continues a deploy started on this machine)")
+    if p.finish is not None:
+        rel = p.start["release"]["id"]
+        raise NothingToResume(f"the last deploy ({rel}) finished: {p.finish.get('result')} "
+                              f"(exit {p.finish.get('exit_code')}); nothing to resume",
+                              fix="see `deployctl status`; run `deployctl deploy` for a new rollout")
+    return p
+
+
+def why_not(cfg: DeployConfig, plan: DeployPlan, progress: Progress, wheel_sha: Optional[str]) -> Optional[str]:
+    """Why the deploy cannot be continued (None: it can): deploy.yaml changed, a host left it, or the wheel an
+    unfinished upload needs is not the journaled one."""
+    from deployctl.render import config_text
+
+    now = hashlib.sha256(config_text(cfg).encode()).hexdigest()
+    if now != plan.release.config_hash:
+        return (f"deploy.yaml changed since the deploy started (config {now[:12]}, the release's "
+                f"{plan.release.config_hash[:12]})")
+    names = {h.name for h in cfg.hosts}
+    gone = [n for n in [*plan.canary, *plan.stable] if n not in names]
+    if gone:
+        return f"{', '.join(gone)} no longer in deploy.yaml"
+    if "upload" not in progress.done and wheel_sha is not None and wheel_sha != plan.release.runtime_wheel_sha256:
+        return (f"the upload had not finished and the runtime wheel changed (sha256 {wheel_sha[:12]}, the "
+                f"release's {plan.release.runtime_wheel_sha256[:12]})")
+    return None

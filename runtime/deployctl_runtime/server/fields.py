@@ -1,0 +1,136 @@
+"""The request-field table: every top-level field of OpenAI's chat and completions requests and of vLLM's extra
+request fields, and what this server does with it. One home for the rule; `check_fields` applies it to a parsed
+request and tests/runtime/server/test_field_table.py walks it.
+
+- honoured: it changes the answer as documented (params.py, serving.py, tools.py).
+- ignored: accepted, and it cannot change the answer here (`user`, `metadata`, `store`, ...).
+- refused: 400 `unsupported_parameter` naming the field, unless the value is the field's `off` value (what a
+  client sends to mean "not used", e.g. `echo: false`, `use_beam_search: false`): a value that would change the
+  answer is never dropped.
+A field not in the table (or not for this endpoint) is unknown: 400 `unsupported_parameter` by default; with
+--ignore-unknown-fields it is ignored with one warning per field name (vLLM's behaviour).
+Sources: OpenAI's API reference (Create chat completion, Create completion); vLLM's protocol.py
+(ChatCompletionRequest / CompletionRequest extra parameters).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import invalid
+
+log = logging.getLogger("deployctl_runtime.server")
+
+HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
+BOTH, CHAT, COMPLETIONS = "both", "chat", "completions"
+_NO_OFF = object()
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    status: str  # HONOURED | IGNORED | REFUSED
+    endpoints: str = BOTH  # BOTH | CHAT | COMPLETIONS
+    why: str = ""  # refused: the message; ignored: why it changes nothing
+    off: Any = _NO_OFF  # refused fields: this value is accepted (it asks for nothing)
+
+    def applies(self, chat: bool) -> bool:
+        return self.endpoints == BOTH or self.endpoints == (CHAT if chat else COMPLETIONS)
+
+
+def _h(endpoints: str = BOTH) -> FieldRule:
+    return FieldRule(HONOURED, endpoints)
+
+
+def _i(why: str, endpoints: str = BOTH) -> FieldRule:
+    return FieldRule(IGNORED, endpoints, why)
+
+
+def _r(why: str, endpoints: str = BOTH, off: Any = _NO_OFF) -> FieldRule:
+    return FieldRule(REFUSED, endpoints, why, off)
+
+
+FIELDS: dict[str, FieldRule] = {
+    # OpenAI, both endpoints
+    "model": _h(), "max_tokens": _h(), "max_completion_tokens": _h(), "temperature": _h(), "top_p": _h(),
+    "n": _h(), "stop": _h(), "seed": _h(), "presence_penalty": _h(), "frequency_penalty": _h(),
+    "logit_bias": _h(), "logprobs": _h(), "stream": _h(), "stream_options": _h(), "best_of": _h(),
+    "response_format": _h(),
+    "user": _i("an end-user id for abuse monitoring; it does not change the answer"),
+    # OpenAI completions
+    "prompt": _h(COMPLETIONS),
+    "echo": _r("echo is not supported by this server", COMPLETIONS, off=False),
+    "suffix": _r("suffix (insertion) is not supported by this server", COMPLETIONS),
+    # OpenAI chat
+    "messages": _h(CHAT), "top_logprobs": _h(CHAT), "tools": _h(CHAT), "tool_choice": _h(CHAT),
+    "parallel_tool_calls": _h(CHAT), "modalities": _h(CHAT),  # ["text"] only (protocol.py)
+    "metadata": _i("stored-completion tags; nothing is stored here", CHAT),
+    "store": _i("OpenAI's stored completions; nothing is stored here, the answer is the same", CHAT),
+    "service_tier": _i("a billing/latency tier; this server has one", CHAT),
+    "prompt_cache_key": _i("a routing hint for OpenAI's prompt cache; the prefix cache here is automatic", CHAT),
+    "safety_identifier": _i("an end-user id for abuse monitoring; it does not change the answer", CHAT),
+    "functions": _r("the legacy 'functions' field is not supported; send 'tools'", CHAT),
+    "function_call": _r("the legacy 'function_call' field is not supported; send 'tool_choice'", CHAT),
+    "audio": _r("audio output is not supported by this server", CHAT),
+    "prediction": _r("predicted outputs are not supported by this server", CHAT),
+    "web_search_options": _r("web search is not supported by this server", CHAT),
+    "reasoning_effort": _r("reasoning effort is not supported: the model is served without a reasoning parser",
+                           CHAT),
+    "verbosity": _r("verbosity is not supported by this server", CHAT),
+    # vLLM extra fields, both endpoints
+    "top_k": _h(), "min_tokens": _h(), "repetition_penalty": _h(), "ignore_eos": _h(), "return_token_ids": _h(),
+    "stop_token_ids": _h(), "guided_json": _h(), "guided_regex": _h(), "guided_choice": _h(),
+    "guided_grammar": _h(), "structured_outputs": _h(),
+    "guided_decoding_backend": _i("one backend here (llguidance) enforces every grammar"),
+    "request_id": _i("the X-Request-Id header names a request here; the answer is the same"),
+    "min_p": _r("min_p is not supported by this server; use top_p or top_k", off=0.0),
+    "use_beam_search": _r("beam search is not supported by this server", off=False),
+    "length_penalty": _r("length_penalty applies to beam search, which is not supported", off=1.0),
+    "include_stop_str_in_output": _r("include_stop_str_in_output is not supported by this server", off=False),
+    "skip_special_tokens": _r("special tokens are always skipped in the text here", off=True),
+    "spaces_between_special_tokens": _r("spaces_between_special_tokens is not supported by this server", off=True),
+    "truncate_prompt_tokens": _r("prompt truncation is not supported: send a prompt that fits"),
+    "prompt_logprobs": _r("prompt logprobs are not supported by this server"),
+    "allowed_token_ids": _r("allowed_token_ids is not supported; use logit_bias or a grammar (guided_*)"),
+    "bad_words": _r("bad_words is not supported; use logit_bias"),
+    "logits_processors": _r("custom logits processors are not supported by this server"),
+    "return_tokens_as_token_ids": _r("return_tokens_as_token_ids is not supported; send return_token_ids",
+                                     off=False),
+    "guided_whitespace_pattern": _r("guided_whitespace_pattern is not supported by this server"),
+    "structural_tag": _r("structural tags are not supported; use guided_grammar or structured_outputs"),
+    "priority": _r("priority scheduling is not supported by this server", off=0),
+    "cache_salt": _r("cache_salt is not supported: prefix-cache isolation per tenant is not available here"),
+    "kv_transfer_params": _r("KV transfer (disaggregated prefill) is not supported by this server"),
+    "vllm_xargs": _r("vllm_xargs is not supported by this server"),
+    "mm_processor_kwargs": _r("multimodal inputs are not supported by this server"),
+    "add_special_tokens": _r("add_special_tokens is not supported (the BOS is added once on every path)"),
+    # vLLM extra fields, chat
+    "add_generation_prompt": _h(CHAT), "chat_template_kwargs": _h(CHAT),
+    "continue_final_message": _r("continue_final_message is not supported by this server", CHAT, off=False),
+    "chat_template": _r("a request's own chat template is not supported; the model's template is used", CHAT),
+    "documents": _r("documents (RAG) are not supported by this server", CHAT),
+    "include_reasoning": _i("the model is served without a reasoning parser: there is no reasoning to include",
+                            CHAT),
+}
+_warned: set[str] = set()
+
+
+def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None:
+    """Apply the table to the top-level fields a client sent (name -> parsed value). Raises APIError 400
+    `unsupported_parameter` naming the first refused or unknown field."""
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    for name, value in sent.items():
+        rule = FIELDS.get(name)
+        if rule is None or not rule.applies(chat):
+            if ignore_unknown:
+                if name not in _warned:
+                    _warned.add(name)
+                    log.warning("ignoring unknown request field %r on %s (--ignore-unknown-fields)", name, endpoint)
+                continue
+            where = "" if rule is None else f" (it is a {rule.endpoints} field)"
+            raise invalid(f"'{name}': unknown field for {endpoint}{where}; remove it (or start the server with "
+                          "--ignore-unknown-fields to ignore unknown fields)", name, "unsupported_parameter")
+        is_off = (rule.off is not _NO_OFF and value == rule.off
+                  and isinstance(value, bool) == isinstance(rule.off, bool))  # 0 is not False, 1.0 is not True
+        if rule.status == REFUSED and not is_off:
+            raise invalid(f"'{name}': {rule.why}", name, "unsupported_parameter")

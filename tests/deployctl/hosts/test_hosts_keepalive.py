@@ -1,0 +1,96 @@
+"""SSH keepalive and channel refusals on a real sshd (tests/support/sshd.py): a frozen peer (its sshd and every
+process below it SIGSTOPped: TCP still ACKed, nothing answers) is found within keepalive_interval_s ×
+keepalive_count with an error naming the keepalive; a channel refused because sshd's MaxSessions is reached gets a
+message naming MaxSessions, not "lost the SSH connection"."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from deployctl.config import HostConfig
+from deployctl.hosts import Host, HostUnreachable
+from deployctl.hosts.base import RemoteCommandError
+
+
+def _host(fleet, **extra) -> Host:
+    return Host.from_config(HostConfig(**{**fleet.host_yaml()[0], **extra}))
+
+
+def test_defaults():
+    h = HostConfig(name="a", address="10.0.0.1", deploy_root="/opt/x")
+    assert (h.keepalive_interval_s, h.keepalive_count) == (15, 3)
+
+
+def test_frozen_peer_is_found_within_interval_times_count(ssh_fleet):
+    fleet = ssh_fleet(1)
+    name = fleet.hosts[0].name
+    host = _host(fleet, keepalive_interval_s=1, keepalive_count=3)
+    try:
+        assert host.run(["true"]).exit_code == 0
+        fleet.freeze(name)
+        start = time.monotonic()
+        with pytest.raises(HostUnreachable) as info:
+            host.run(["sleep", "30"], timeout=60)  # hangs without the keepalive: the peer never answers
+        took = time.monotonic() - start
+        msg = str(info.value)
+        print(f"\nfrozen sshd found after {took:.1f} s: {msg}")
+        assert "no answer to SSH keepalives" in msg and "keepalive_interval_s 1 × keepalive_count 3" in msg, msg
+        assert host.name in msg and "frozen" in msg
+        assert took <= 3 + 1.5, took  # interval × count, plus the watcher's tick and load on a shared machine
+    finally:
+        fleet.thaw(name)
+        host.close()
+    # the host answers again once thawed: a new connection
+    host = _host(fleet, keepalive_interval_s=1, keepalive_count=3)
+    try:
+        assert host.run(["echo", "back"]).stdout == "back\n"
+    finally:
+        host.close()
+
+
+def test_keepalive_keeps_an_idle_connection_and_off_means_off(ssh_fleet):
+    fleet = ssh_fleet(1)
+    host = _host(fleet, keepalive_interval_s=0.5, keepalive_count=2)
+    try:
+        host.run(["true"])
+        time.sleep(3)  # six intervals idle: every keepalive answered, nothing declared dead
+        assert host.run(["echo", "ok"]).stdout == "ok\n"
+        assert host.run(["sleep", "2"], timeout=10).exit_code == 0  # a command longer than interval × count is fine
+    finally:
+        host.close()
+    off = _host(fleet, keepalive_interval_s=0)
+    try:
+        off.run(["true"])
+        assert off._transport._alive is None
+    finally:
+        off.close()
+
+
+def test_max_sessions_refusal_names_max_sessions(ssh_fleet):
+    fleet = ssh_fleet(1)
+    name = fleet.hosts[0].name
+    fleet.restart(name, max_sessions=1)
+    host = _host(fleet)
+    try:
+        started = threading.Event()
+
+        def busy():
+            started.set()
+            host.run(["sleep", "3"], timeout=10)
+
+        t = threading.Thread(target=busy)
+        t.start()
+        started.wait()
+        time.sleep(1)  # the first session is open
+        with pytest.raises(RemoteCommandError) as info:
+            host.run(["true"])
+        t.join()
+        msg = str(info.value)
+        print(f"\n{msg}\n{info.value.fix}")
+        assert "refused to open an SSH channel" in msg and "MaxSessions" in msg and "lost the SSH" not in msg, msg
+        assert "MaxSessions" in info.value.fix
+        assert host.run(["echo", "after"]).stdout == "after\n"  # the connection itself is fine
+    finally:
+        host.close()

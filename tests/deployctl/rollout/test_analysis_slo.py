@@ -1,0 +1,105 @@
+"""judge()'s absolute rules (issue 28): the canary's own P99 TTFT / TPOT / E2E against slo × max_slo_factor, its
+KV cache usage against the alert threshold, a restart, and min_client_requests (probes alone never promote unless
+it is 0); and the streak of windows without client traffic that aborts the deploy. Every verdict names the number
+and the limit."""
+from __future__ import annotations
+
+import pytest
+
+from deployctl.rollout.analysis import GroupStats, Verdict, judge
+from deployctl.rollout.verdicts import InconclusiveStreak, combine, idle
+from support.render import make_config
+
+
+def cfg(**analysis):
+    return make_config(slo={"ttft_p99_s": 0.5, "tpot_p99_s": 0.05, "e2e_p99_s": 4.0, "max_kv_cache_usage": 0.8},
+                       rollout={"analysis": {"min_requests": 10, "min_latency_samples": 5, "max_slo_factor": 1.2,
+                                             **analysis}})
+
+
+def side(hosts, **kw):
+    base = dict(requests=100, errors=0, p99_ttft_s=0.1, p99_tpot_s=0.02, p99_e2e_s=1.0, ttft_count=100)
+    return GroupStats(hosts, **{**base, **kw})
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("p99_ttft_s", 0.7, "canary P99 TTFT 700.0 ms > slo.ttft_p99_s 500 ms × max_slo_factor 1.2 = 600 ms (SLO)"),
+    ("p99_tpot_s", 0.08, "canary P99 TPOT 80.0 ms > slo.tpot_p99_s 50 ms × max_slo_factor 1.2 = 60 ms (SLO)"),
+    ("p99_e2e_s", 5.0, "canary P99 E2E 5000.0 ms > slo.e2e_p99_s 4000 ms × max_slo_factor 1.2 = 4800 ms (SLO)"),
+])
+def test_slo_fails_even_when_stable_is_as_slow(field, value, needle):
+    c = cfg()
+    v = judge(c, side(["a"], **{field: value}), side(["b"], **{field: value}), 30.0, 25)
+    assert v.result == "fail" and v.reason == needle, v.reason
+
+
+def test_slo_at_100_percent_without_baseline():
+    """Stable serves nothing and no earlier window gives a baseline: the ratio cannot be judged, the SLO can."""
+    c = cfg()
+    assert judge(c, side(["a"]), GroupStats(["b"]), 30.0, 100).result == "inconclusive"
+    v = judge(c, side(["a"], p99_tpot_s=0.09), GroupStats(["b"]), 30.0, 100)
+    assert v.result == "fail" and "slo.tpot_p99_s" in v.reason
+
+
+def test_within_factor_passes_and_no_e2e_objective_is_not_judged():
+    assert judge(cfg(), side(["a"], p99_ttft_s=0.55), side(["b"], p99_ttft_s=0.55), 30.0).result == "pass"
+    c = make_config(rollout={"analysis": {"min_requests": 10}})  # slo.e2e_p99_s unset
+    assert c.slo.e2e_p99_s is None
+    assert judge(c, side(["a"], p99_e2e_s=600.0), side(["b"]), 30.0).result == "pass"
+
+
+def test_slo_needs_latency_samples():
+    v = judge(cfg(), side(["a"], p99_ttft_s=3.0, ttft_count=3), side(["b"]), 30.0)
+    assert v.result == "inconclusive" and "min_latency_samples" in v.reason
+
+
+def test_kv_usage_over_the_alert_threshold_fails_with_little_traffic():
+    v = judge(cfg(), side(["a"], kv_usage=0.93, requests=2), side(["b"], kv_usage=0.2), 30.0)
+    assert v.result == "fail"
+    assert v.reason == ("canary KV cache usage 93.0% > slo.max_kv_cache_usage 80.0% "
+                        "(the KVCacheUsageHigh alert's threshold)")
+    assert judge(cfg(), side(["a"], kv_usage=0.79), side(["b"]), 30.0).result == "pass"
+    assert "KV 93%" in v.summary()
+
+
+def test_restart_fails_naming_the_allowance():
+    v = judge(cfg(), side(["a"], restarted=["a"]), side(["b"]), 30.0)
+    assert v.result == "fail" and "a: the runtime restarted" in v.reason and "restarts allowed: 0" in v.reason
+
+
+def _probe_pass():
+    return "pass", "", {"canary": {}, "stable": {}, "result": "pass", "reason": ""}
+
+
+def test_probes_alone_never_promote_unless_min_client_requests_is_0():
+    c = cfg(min_client_requests=1)
+    quiet = judge(c, side(["a"], requests=0, ttft_count=4), side(["b"]), 30.0)
+    v = combine(quiet, _probe_pass(), c.rollout.analysis.min_client_requests)
+    assert v.result == "inconclusive" and "0 client requests < min_client_requests 1" in v.reason, v.reason
+    assert "probes alone do not promote" in v.reason and idle(v, 1)
+    # 0: the operator lets the probes judge a canary without client traffic
+    c0 = cfg(min_client_requests=0)
+    quiet = judge(c0, side(["a"], requests=0, ttft_count=4), side(["b"]), 30.0)
+    v = combine(quiet, _probe_pass(), 0)
+    assert v.result == "pass" and v.source == "probes"
+    # a few client requests (below min_requests, at least min_client_requests): the probes judge latency
+    some = judge(c, side(["a"], requests=3, ttft_count=7), side(["b"]), 30.0)
+    assert combine(some, _probe_pass(), 1).result == "pass"
+
+
+def test_min_client_requests_above_min_requests_holds_the_metrics_pass():
+    c = cfg(min_client_requests=50)
+    v = judge(c, side(["a"], requests=20), side(["b"]), 30.0)
+    assert v.result == "inconclusive" and v.reason == "20 canary client requests < min_client_requests 50"
+
+
+def test_streak_of_idle_windows():
+    s = InconclusiveStreak(3)
+    assert not s.add("inconclusive", True) and not s.add("inconclusive", True)
+    assert s.add("inconclusive", True) and s.all_idle
+    s = InconclusiveStreak(3)
+    s.add("inconclusive", True), s.add("inconclusive", False)
+    assert s.add("inconclusive", True) and not s.all_idle  # a NaN window in the streak: pause for a human
+    s = InconclusiveStreak(2)
+    s.add("inconclusive", True), s.add("pass")
+    assert s.count == 0 and not s.add("inconclusive", True)

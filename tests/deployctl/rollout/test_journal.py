@@ -1,0 +1,90 @@
+"""The rollout journal (deployctl.rollout.journal), the resume decision (deployctl.rollout.resume) and the detached
+runner's watch (deployctl.rollout.detach) on plain files and real processes: no fleet."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from deployctl.rollout import detach, journal
+from deployctl.rollout.resume import NothingToResume, load
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPLOYCTL_STATE", str(tmp_path / "state"))
+    monkeypatch.delenv("DEPLOYCTL_TEST_KILL_AT", raising=False)
+    return tmp_path / "state" / "svc"
+
+
+def test_progress_reads_steps_switched_hosts_and_ignores_a_torn_last_line(state):
+    j = journal.Journal("svc")
+    j.start({"release": {"id": "R2"}, "generation": 7})
+    j.begin("upload")
+    j.end("upload")
+    j.begin("activate", switch=["gpu-a"])
+    with open(state / "journal.jsonl", "a") as f:
+        f.write('{"kind": "end", "step": "activ')  # a kill in the middle of a write
+    p = journal.Progress.of(journal.read("svc"))
+    assert p.done == {"upload"} and p.open_step == "activate" and p.touched == {"gpu-a"}
+    assert p.unfinished and p.abort_reason is None
+    j2 = journal.Journal("svc")
+    j2.start({"release": {"id": "R3"}})  # a new deploy keeps the old journal beside
+    assert json.loads((state / "journal.prev.jsonl").read_text().splitlines()[0])["release"]["id"] == "R2"
+
+
+def test_nothing_to_resume_without_a_journal_or_after_its_finish(state):
+    class Cfg:
+        class service:
+            name = "svc"
+
+    with pytest.raises(NothingToResume, match="no deploy journal for svc"):
+        load(Cfg)
+    j = journal.Journal("svc")
+    j.start({"release": {"id": "R1"}})
+    j.finish("done", 0)
+    with pytest.raises(NothingToResume, match=r"the last deploy \(R1\) finished: done \(exit 0\)"):
+        load(Cfg)
+
+
+@pytest.mark.parametrize("spec, last", [("3", ("begin", "activate")), ("point:upload:put", ("point", None)),
+                                        ("begin:activate", ("begin", "activate"))])
+def test_the_kill_hook_sigkills_right_after_the_named_record(state, spec, last):
+    code = textwrap.dedent("""
+        from deployctl.rollout.journal import Journal
+        j = Journal("svc")
+        j.start({"release": {"id": "R"}})
+        j.point("upload:put", host="gpu-a")
+        j.begin("activate", switch=["gpu-a"])
+        j.end("activate")
+        print("not killed")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**__import__("os").environ, "DEPLOYCTL_TEST_KILL_AT": spec})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    recs = journal.read("svc")
+    assert (recs[-1]["kind"], recs[-1].get("step")) == last
+    assert "not killed" not in r.stdout
+
+
+def test_watch_prints_the_log_and_returns_the_runners_exit_code_or_says_it_died(state):
+    lines = []
+    script = "import sys, time; print('step 1/2', flush=True); time.sleep(0.5); print('done', flush=True)"
+    pid, log = detach.spawn("svc", ["--version"])  # a real detached process (exits at once, records no exit)
+    with pytest.raises(detach.RunnerDied, match="ended without finishing") as e:
+        detach.watch("svc", lines.append, timeout_s=60)
+    assert e.value.exit_code == 4 and "deploy --resume" in e.value.fix
+    # a runner that records its exit code: watch returns it after printing every line
+    f = detach.files("svc")
+    with open(f.log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-c", script + f"; open({str(f.exit)!r}, 'w').write('6\\n')"],
+                             stdout=out)
+    f.pid.write_text(f"{p.pid}\n")
+    lines.clear()
+    assert detach.watch("svc", lines.append, timeout_s=60) == 6
+    p.wait()
+    assert lines == ["step 1/2", "done"]

@@ -1,0 +1,158 @@
+"""Crash consistency (issue 28): deployctl is killed with SIGKILL at ≥ 30 points spread over deploy, promote, abort
+and rollback — every journaled step boundary of a canary deploy (deployctl.rollout.journal; the test-only
+DEPLOYCTL_TEST_KILL_AT hook picks the record, on the production code path), inside the uploads, after a promote,
+inside an abort, inside a resume, and at each phase of a rollback (by its progress lines) — and each time `status`
+runs, then one recovery command (`deploy --resume`, or `rollback` for a killed rollback). Every time: status told
+the truth (the rollout in progress and resumable exactly when the journal is unfinished; each host's release as on
+disk), the fleet ends on one release (every `current`, every runtime's release header, an even nginx split), and no
+request through nginx failed. The stand-in engine serves (the engine is not the point). The output prints the
+count of points and recoveries.
+
+The suite runs CI_POINTS, one per kind of place (about 40 s a point on a loaded 2-core machine: all 30 take some
+20 minutes, over the suite's budget); DEPLOYCTL_CRASH_POINTS=all runs every point, =id,id,... a chosen few (ids as
+printed)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from deployctl.demo.run import Traffic
+from support.rollout import assert_consistent_on, rollout_state, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+# every record a canary deploy on 2 hosts (steps 50, 100 without pauses, one batch) writes, in order
+DEPLOY = ["start", "begin:upload", "point:upload:rendered", "point:upload:put", "end:upload", "begin:drain",
+          "end:drain", "begin:activate", "end:activate", "begin:weight:0", "end:weight:0", "begin:weight:1",
+          "end:weight:1", "begin:batch:0", "end:batch:0", "begin:route", "end:route", "begin:prune", "end:prune",
+          "finish"]
+PROMOTE = ["end:weight:0", "begin:weight:1"]  # after a promote from another shell ended the 50% pause
+ABORT = ["abort", "finish"]  # after an abort from another shell: before the restore, after it
+RESUME = ["resume"]  # the recovery itself killed at its first record, then recovered again
+ROLLBACK = ["rolling back to", "traffic: ", "switching to", "ready in", "rolled back to"]  # progress lines
+POINTS = ([f"deploy:{p}" for p in DEPLOY] + [f"promote:{p}" for p in PROMOTE] + [f"abort:{p}" for p in ABORT]
+          + [f"resume:{p}" for p in RESUME] + [f"rollback:{p}" for p in ROLLBACK])
+# the suite's default: inside an upload, a step boundary before and after the first weight, inside an abort,
+# inside a resume and in the middle of a rollback
+CI_POINTS = ["deploy:point:upload:put", "deploy:begin:activate", "deploy:end:weight:0", "abort:abort",
+             "resume:resume", "rollback:switching to"]
+
+
+class _Run:
+    """A deployctl command in the background with its stderr read line by line."""
+
+    def __init__(self, env, *args: str, kill_at: str | None = None):
+        extra = {"DEPLOYCTL_TEST_KILL_AT": kill_at} if kill_at else None
+        self.proc = env.popen(*args, env=extra)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def saw(self, marker: str) -> bool:
+        return any(marker in ln for ln in self.lines)
+
+    def wait(self, timeout: float = 300) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._t.join(timeout=10)
+        return rc
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def _new_config(env, n: int) -> None:
+    env.cfg["engine"]["max_num_seqs"] = 2 + n % 7  # another config hash: a new release
+    env.write()
+
+
+def _check_status(env, what: str) -> dict:
+    """status must agree with the disk and the journal."""
+    st = env.status()
+    rows = {h["host"]: h for h in st["hosts"]}
+    for n in env.names:
+        assert rows[n]["current_release"] == env.current(n), (what, rows[n])
+    ro, jr = st["rollout"], st["journal"]
+    if jr is not None and ro is not None and ro["action"] == "deploy" and ro["status"] in ("running", "paused",
+                                                                                           "aborting"):
+        assert jr["resumable"] and not jr["runner_alive"], (what, jr)  # the deploy is dead: status says so
+    return st
+
+
+def _recover(env, what: str, command: tuple[str, ...], expect: tuple[int, ...] = (0, 6)) -> int:
+    r = env.cli(*command, timeout=600)
+    assert r.returncode in expect, (what, command, r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r.returncode
+
+
+def test_sigkill_at_30_points_then_status_and_one_recovery_leave_one_release(rollout_env):
+    chosen = os.environ.get("DEPLOYCTL_CRASH_POINTS", "")
+    only = CI_POINTS if not chosen else POINTS if chosen == "all" else [p for p in chosen.split(",") if p]
+    points = [p for p in POINTS if p in only]
+    assert len(POINTS) >= 30 and set(CI_POINTS) <= set(POINTS) and points
+    env = rollout_env(2, engine="standin", steps=[50, 100], pause_s=0,
+                      analysis={"interval_s": 1, "min_requests": 1, "min_client_requests": 0})
+    assert env.cli("deploy", "--yes").returncode == 0
+    traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
+    recoveries, outcomes, t0 = 0, [], time.monotonic()
+    try:
+        for i, point in enumerate(points):
+            scenario, spec = point.split(":", 1)
+            before = env.current(env.names[0])
+            _new_config(env, i)
+            if scenario == "deploy":
+                rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": spec}, timeout=600).returncode
+                assert rc == -signal.SIGKILL, (point, rc)
+                _check_status(env, point)
+                rc = _recover(env, point, ("deploy", "--resume"), expect=(0, 1) if spec == "finish" else (0,))
+            elif scenario in ("promote", "abort"):
+                env.cfg["rollout"]["steps"] = [{"weight": 50, "pause": 600}, 100]
+                env.write()
+                run = _Run(env, "deploy", "--yes", kill_at=spec)
+                wait_for(lambda: rollout_state(env).get("weight") == 50
+                         and rollout_state(env).get("status") == "running", 240, f"{point}: the 50% step", run.proc)
+                other = env.popen(scenario)
+                assert run.wait() == -signal.SIGKILL, (point, run.text()[-2000:])
+                _check_status(env, point)
+                rc = _recover(env, point, ("deploy", "--resume"), expect=(1,) if spec == "finish" else (0, 6))
+                o_out, o_err = other.communicate(timeout=300)
+                assert other.returncode == 0, (point, o_err[-2000:])
+                env.cfg["rollout"]["steps"] = [50, 100]
+                env.write()
+            elif scenario == "resume":
+                rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": "end:activate"}).returncode
+                assert rc == -signal.SIGKILL
+                rc = env.cli("deploy", "--resume", env={"DEPLOYCTL_TEST_KILL_AT": spec}).returncode
+                assert rc == -signal.SIGKILL
+                _check_status(env, point)
+                rc = _recover(env, point, ("deploy", "--resume"), expect=(0,))
+            else:  # rollback: a fresh deploy to roll back from, then the rollback killed at one of its progress lines
+                assert env.cli("deploy", "--yes").returncode == 0
+                before = env.current(env.names[0])
+                rb = _Run(env, "rollback")
+                wait_for(lambda: rb.saw(spec) or rb.proc.poll() is not None, 300, f"{point}: {spec!r}")
+                rb.proc.kill()
+                rb.wait()
+                _check_status(env, point)
+                rc = _recover(env, point, ("rollback",), expect=(0,))
+            recoveries += 1
+            after = env.current(env.names[0])
+            assert_consistent_on(env, after)  # one release: every current, every runtime, an even split
+            outcomes.append(f"{point}: recovered (exit {rc}), fleet on {after} "
+                            f"({'the release it had before' if after == before else 'another release than before'})")
+    finally:
+        traffic.stop()
+        print("\n" + "\n".join(outcomes))
+    ok, failed = traffic.snapshot()
+    print(f"{len(points)} kill points, {recoveries} recoveries, in {time.monotonic() - t0:.0f} s; "
+          f"traffic {dict(ok)}, failed {dict(failed)}")
+    assert recoveries == len(points)
+    assert not failed, dict(failed)

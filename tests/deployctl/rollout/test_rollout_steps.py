@@ -1,0 +1,128 @@
+"""rollout.steps as {weight, pause} with durations (the short form of bare percentages stays valid): the config,
+the deploy plan's schedule (when each step ends) and the Argo Rollout's per-step measurement counts."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from deployctl.config import parse_config
+from deployctl.config.units import format_duration, parse_duration
+from deployctl.errors import ConfigError
+from deployctl.rollout.plan import make_plan
+from deployctl.rollout.release import ReleaseInfo
+
+BASE = """
+service: {name: svc}
+model: {path: /m}
+hosts:
+  - {name: a, address: 127.0.0.1, deploy_root: /d/a, server_port: 8001}
+  - {name: b, address: 127.0.0.1, deploy_root: /d/b, server_port: 8002}
+router: {host: local, listen: 18123, upstream_conf: /etc/nginx/conf.d/svc.conf}
+"""
+
+
+def cfg_with(rollout: str):
+    return parse_config(BASE + "rollout:\n" + rollout)
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("5m", 300), ("24h", 86400), ("1.5d", 129600),
+                                           ("250ms", 0.25), (90, 90), (2.5, 2.5), ("45", 45)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["5 minutes", "1h30m", "-5s", "", True])
+def test_bad_durations_name_the_value_and_the_forms(bad):
+    with pytest.raises(ValueError, match="expected a duration like 30s, 5m, 24h"):
+        parse_duration(bad)
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (86400, 300, 90, 0.5, 7200)] == ["24h", "5m", "90s", "0.5s", "2h"]
+
+
+def test_short_form_stays_valid_and_takes_pause_s():
+    c = cfg_with("  steps: [5, 25, 100]\n  pause_s: 5m\n")
+    assert c.rollout.weights == [5, 25, 100]
+    assert [c.rollout.pause_of(w) for w in c.rollout.weights] == [300, 300, 300]
+
+
+def test_steps_with_their_own_pause():
+    c = cfg_with("  steps: [{weight: 5, pause: 24h}, 25, {weight: 100, pause: 30s}]\n  pause_s: 120\n")
+    assert c.rollout.weights == [5, 25, 100]
+    assert [c.rollout.pause_of(w) for w in (5, 25, 100)] == [86400, 120, 30]
+    assert c.rollout.pause_of(10) == 120  # a --canary weight that is no configured step
+
+
+@pytest.mark.parametrize("rollout, needle", [
+    ("  steps: [{weight: 5, pause: soon}, 100]\n", "rollout.steps[0].pause: expected a duration like 30s"),
+    ("  steps: [{weight: 5, pause: 8d}, 100]\n", "rollout.steps[0].pause"),
+    ("  steps: [{weight: 50}, {weight: 25}, 100]\n", "steps must be increasing"),
+    ("  steps: [{weight: 5, pasue: 1h}, 100]\n", "did you mean 'pause'"),
+    ("  steps: [5, 50]\n", "ending at 100"),
+    ("  pause_s: 2 weeks\n", "rollout.pause_s"),
+])
+def test_bad_steps_are_refused_with_the_key(rollout, needle):
+    with pytest.raises(ConfigError) as e:
+        cfg_with(rollout)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_plan_prints_when_each_step_ends():
+    c = cfg_with("  steps: [{weight: 5, pause: 24h}, {weight: 50, pause: 5m}, {weight: 100, pause: 30s}]\n")
+    info = ReleaseInfo("r2", "", "", "", "w.whl", "0" * 64, "0.1.0")
+    plan = make_plan(c, info, {"a": "r1", "b": "r1"})
+    t0 = plan.made_at
+    assert plan.step_ends() == [t0 + 86400, t0 + 86700, t0 + 86730]
+    text = "; ".join(plan.lines())
+    day = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0 + 86400))
+    assert f"5% for 24h, ends ≥ {day} (+24h)" in text, text
+    assert "50% for 5m" in text and "(+24h5m)" not in text and "100% for 30s" in text, text
+    j = plan.to_json()
+    assert j["pauses_s"] == [86400, 300, 30] and len(j["step_ends"]) == 3 and j["step_ends"][0].endswith("Z")
+
+
+def test_canary_flag_weight_takes_pause_s():
+    c = cfg_with("  steps: [{weight: 25, pause: 1h}, 100]\n  pause_s: 60\n")
+    info = ReleaseInfo("r2", "", "", "", "w.whl", "0" * 64, "0.1.0")
+    plan = make_plan(c, info, {"a": "r1", "b": "r1"}, canary_pct=10)
+    assert plan.steps == [10, 25, 100] and [plan.pause_at(i) for i in range(3)] == [60, 3600, 60]
+
+
+def test_argo_rollout_counts_per_step():
+    """Steps with different pauses: each Rollout analysis step passes its own measurement count."""
+    from deployctl.render.targets import render_files
+    from support.render import API_KEY, make_config
+
+    cfg = make_config(rollout={"steps": [{"weight": 5, "pause": "10m"}, {"weight": 50, "pause": "2m"}, 100],
+                               "analysis": {"interval_s": 60}})
+    files = {f.path: f.content for f in render_files(cfg, target="k8s-rollout", release_id="r1", api_key=API_KEY)}
+    rollout = next(d for d in yaml.safe_load_all(files["k8s/rollout.yaml"] if "k8s/rollout.yaml" in files
+                                                 else files["k8s/workload.yaml"]) if d and d["kind"] == "Rollout")
+    steps = rollout["spec"]["strategy"]["canary"]["steps"]
+    counts = [next(a["value"] for a in s["analysis"]["args"] if a["name"] == "measurements")
+              for s in steps if "analysis" in s]
+    assert counts == ["10", "2"]
+    tmpl = yaml.safe_load(files["k8s/analysis-template.yaml"])
+    prom = [m for m in tmpl["spec"]["metrics"] if "prometheus" in m["provider"]]
+    assert prom and all(m["count"] == "{{args.measurements}}" for m in prom)
+
+
+def test_capacity_plan_command_prints_the_step_schedule(tmp_path):
+    """`deployctl plan` with a deploy.yaml of several hosts behind a router: the canary steps and when each ends."""
+    import subprocess
+    import sys
+
+    from deployctl.demo.localenv import tiny_model
+    from support.render import write_config
+
+    model = tiny_model(tmp_path / "tiny")
+    cfg = write_config(tmp_path / "deploy.yaml", model={"path": str(model)}, engine={"device": "cpu", "max_model_len": 256, "max_num_batched_tokens": 256, "kv_cache_memory": "8MiB"},
+                       rollout={"steps": [{"weight": 10, "pause": "2h"}, {"weight": 100, "pause": "10m"}]})
+    r = subprocess.run([sys.executable, "-m", "deployctl", "plan", "-c", str(cfg)], capture_output=True, text=True,
+                       timeout=120)
+    out = " ".join(r.stdout.split())
+    assert "canary steps if deployed now: 10% for 2h, ends ≥ " in out and "100% for 10m" in out, r.stdout + r.stderr
+    assert "(+2h10m)" not in out and "(+130m)" in out, out

@@ -1,0 +1,110 @@
+"""Fault isolation through real HTTP (a real `serve` process, the test-only DEPLOYCTL_RUNTIME_FAULT forward faults):
+one request whose forward raises fails alone with a 500 naming the error while three requests batched with it get
+their solo answers; a sticky CUDA error fails the open requests and ends the process with exit 3, /readyz's status
+code agreeing with its body all along."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+POISON = 7  # the forward raises whenever its batch holds this token id
+CLEAN = [list(range(100, 120)), list(range(200, 205)), list(range(300, 340))]
+BAD = [50, 51, POISON, 52]
+ARGS = ["--max-model-len", "256", "--num-gpu-blocks-override", "64", "--max-num-seqs", "8"]
+
+
+def _complete(srv, prompt, max_tokens=12, **extra):
+    return httpx.post(srv.url + "/v1/completions", timeout=60,
+                      json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                            "return_token_ids": True, **extra})
+
+
+def _answer(r) -> tuple[str, list[int]]:
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    return ch["text"], ch["token_ids"]
+
+
+def test_a_poisoned_request_among_three_fails_alone_and_the_server_goes_on(start_server, tiny_model):
+    # 40 ms per step: the four requests overlap, so the poisoned prefill shares its forward with the others
+    srv = start_server(["--model", str(tiny_model), *ARGS],
+                       env={"DEPLOYCTL_RUNTIME_FAULT": f"raise_on_token={POISON},token_delay_ms=40"})
+    solo = [_answer(_complete(srv, p)) for p in CLEAN]
+    assert all(POISON not in ids for _, ids in solo)
+    barrier = threading.Barrier(4)
+
+    def send(prompt):
+        barrier.wait()
+        return _complete(srv, prompt)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(send, [CLEAN[0], BAD, CLEAN[1], CLEAN[2]]))
+    bad = results.pop(1)
+    assert [_answer(r) for r in results] == solo
+    assert bad.status_code == 500, bad.text
+    err = bad.json()["error"]
+    assert err["type"] == "internal_error" and err["code"] == "engine_error"
+    assert "RuntimeError" in err["message"] and f"raise_on_token={POISON}" in err["message"]
+    # still serving, still ready, and the isolated error is counted
+    assert _answer(_complete(srv, CLEAN[0])) == solo[0]
+    ready = httpx.get(srv.url + "/readyz", timeout=10)
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    m = srv.metrics()
+    assert m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1
+    assert m['deployctl_runtime_engine_errors_total{kind="fatal"}'] == 0
+    assert srv.proc.poll() is None
+
+
+def test_a_sticky_cuda_error_fails_open_requests_and_exits_3(start_server, tiny_model):
+    srv = start_server(["--model", str(tiny_model), *ARGS],
+                       env={"DEPLOYCTL_RUNTIME_FAULT": f"cuda_error_on_token={POISON},token_delay_ms=40"})
+    assert _answer(_complete(srv, CLEAN[0], max_tokens=2))
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def watch_readyz():
+        while not stop.is_set():
+            try:
+                r = httpx.get(srv.url + "/readyz", timeout=5)
+                seen.append((r.status_code, r.json()["status"]))
+            except httpx.TransportError:
+                return  # the process is gone
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch_readyz)
+    watcher.start()
+    with ThreadPoolExecutor(2) as pool:
+        long_one = pool.submit(_complete, srv, CLEAN[2], 200)  # open while the device is poisoned
+        time.sleep(0.5)
+        bad = pool.submit(_complete, srv, BAD).result()
+        long_r = long_one.result()
+    t0 = time.monotonic()
+    code = srv.proc.wait(20)
+    elapsed = time.monotonic() - t0
+    stop.set()
+    watcher.join(10)
+    assert code == 3, srv.log
+    assert elapsed < 10, elapsed
+    for r in (bad, long_r):
+        assert r.status_code == 500, r.text
+        assert "CUDA error: an illegal memory access" in r.json()["error"]["message"]
+    assert "the engine died" in srv.log and "exiting 3" in srv.log
+    assert seen and seen[0] == (200, "ready")
+    assert all((status == 200) == (body == "ready") for status, body in seen), seen
+
+
+def test_repeated_isolated_errors_in_the_window_end_the_process(start_server, tiny_model):
+    # one bad request is isolated; the second within the window (--fatal-after-errors 2) means more than one
+    # request is wrong: the engine is declared dead and the process exits 3 to be restarted
+    srv = start_server(["--model", str(tiny_model), *ARGS, "--fatal-after-errors", "2", "--fatal-error-window-s",
+                        "600"], env={"DEPLOYCTL_RUNTIME_FAULT": f"raise_on_token={POISON}"})
+    first = _complete(srv, BAD)
+    assert first.status_code == 500 and srv.proc.poll() is None
+    assert httpx.get(srv.url + "/readyz", timeout=10).status_code == 200
+    second = _complete(srv, BAD)
+    assert second.status_code == 500, second.text
+    assert srv.proc.wait(20) == 3, srv.log
+    assert "2 requests failed alone within 600 s" in srv.log

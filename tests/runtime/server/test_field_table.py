@@ -1,0 +1,304 @@
+"""The request-field table (deployctl_runtime/server/fields.py) walked field by field against one real server:
+an honoured field shows its effect, an ignored one changes nothing, a refused one is 400 `unsupported_parameter`
+naming it (its "off" value passes), an unknown one is 400 too unless --ignore-unknown-fields."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import httpx
+import pytest
+
+from deployctl_runtime.server.fields import _NO_OFF, CHAT, COMPLETIONS, FIELDS, HONOURED, IGNORED, REFUSED
+
+from .conftest import running
+
+EOS = 1  # replaced by the fixture: the tiny model's <|im_end|>
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    global EOS
+    EOS = json.loads((tiny_model / "config.json").read_text())["eos_token_id"]
+    yield from running(["--model", str(tiny_model), "--max-model-len", "512", "--num-gpu-blocks-override", "128"])
+
+
+def ask(srv, chat: bool, **fields):
+    body = {k: v for k, v in {"max_tokens": 8, "temperature": 0, **fields}.items() if v is not None}
+    if chat:
+        body.setdefault("messages", [{"role": "user", "content": "Tell me about the sea"}])
+    else:
+        body.setdefault("prompt", "Tell me about the sea")
+    return httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, timeout=120)
+
+
+def ok(srv, chat, **fields) -> dict:
+    r = ask(srv, chat, **fields)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text(resp, chat, i=0) -> str:
+    ch = resp["choices"][i]
+    return ch["message"]["content"] if chat else ch["text"]
+
+
+def lps(resp, chat, i=0) -> list[float]:
+    lp = resp["choices"][i]["logprobs"]
+    return [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
+
+
+def lp_fields(chat):
+    return {"logprobs": True} if chat else {"logprobs": 0}
+
+
+def _differs_in_logprobs(field, value):
+    def probe(srv, chat):
+        base = lps(ok(srv, chat, ignore_eos=True, **lp_fields(chat)), chat)
+        assert lps(ok(srv, chat, ignore_eos=True, **lp_fields(chat), **{field: value}), chat) != base
+    return probe
+
+
+def _sampled_equals_greedy(**fields):
+    def probe(srv, chat):
+        greedy = text(ok(srv, chat, ignore_eos=True), chat)
+        hot = text(ok(srv, chat, ignore_eos=True, temperature=2.0, seed=1), chat)
+        assert hot != greedy  # the probe can tell
+        assert text(ok(srv, chat, ignore_eos=True, temperature=2.0, seed=1, **fields), chat) == greedy
+    return probe
+
+
+def _grammar(field, value, check):
+    def probe(srv, chat):
+        out = text(ok(srv, chat, max_tokens=40, **{field: value}), chat)
+        assert check(out), (field, out)
+    return probe
+
+
+def _model(srv, chat):
+    assert ask(srv, chat, model="nope").status_code == 404
+
+
+def _input(srv, chat):
+    field = "messages" if chat else "prompt"
+    other = [{"role": "user", "content": "zq zq zq"}] if chat else "zq zq zq"
+    a, b = ok(srv, chat, ignore_eos=True), ok(srv, chat, ignore_eos=True, **{field: other})
+    assert a["usage"]["prompt_tokens"] != b["usage"]["prompt_tokens"]
+
+
+def _max(field):
+    def probe(srv, chat):
+        assert ok(srv, chat, ignore_eos=True, **{"max_tokens": None, field: 3})["usage"]["completion_tokens"] == 3
+    return probe
+
+
+def _n(srv, chat):
+    assert len(ok(srv, chat, n=3, temperature=1.0, seed=2)["choices"]) == 3
+
+
+def _stop(srv, chat):
+    base = text(ok(srv, chat, ignore_eos=True, max_tokens=16), chat)
+    stop = base[len(base) // 2:len(base) // 2 + 2]
+    r = ok(srv, chat, ignore_eos=True, max_tokens=16, stop=[stop])
+    assert text(r, chat) == base[:base.index(stop)] and r["choices"][0]["finish_reason"] == "stop"
+    assert ask(srv, chat, stop=["a", "b", "c", "d", "e"]).json()["error"]["param"] == "stop"  # OpenAI: at most 4
+
+
+def _seed(srv, chat):
+    a, b = (text(ok(srv, chat, ignore_eos=True, temperature=1.0, seed=s), chat) for s in (5, 5))
+    assert a == b != text(ok(srv, chat, ignore_eos=True, temperature=1.0, seed=6), chat)
+    assert a != text(ok(srv, chat, ignore_eos=True), chat)  # temperature 0 (greedy) is another answer
+
+
+def _logit_bias(srv, chat):
+    r = ok(srv, chat, ignore_eos=True, logit_bias={"42": 100}, return_token_ids=True)
+    assert r["choices"][0]["token_ids"] == [42] * 8
+
+
+def _logprobs(srv, chat):
+    r = ok(srv, chat, **({"logprobs": True} if chat else {"logprobs": 2}))
+    lp = r["choices"][0]["logprobs"]
+    assert (lp["content"] if chat else len(lp["top_logprobs"][0]) == 2)
+
+
+def _top_logprobs(srv, chat):
+    content = ok(srv, chat, logprobs=True, top_logprobs=3)["choices"][0]["logprobs"]["content"]
+    assert content and all(len(t["top_logprobs"]) == 3 for t in content)
+
+
+def _stream(srv, chat, options=None):
+    body = {"max_tokens": 8, "temperature": 0, "stream": True, "ignore_eos": True, **(options or {})}
+    body.update({"messages": [{"role": "user", "content": "Tell me about the sea"}]} if chat
+                else {"prompt": "Tell me about the sea"})
+    with httpx.stream("POST", srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body,
+                      timeout=120) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    joined = "".join((c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+                     for c in chunks if c["choices"])
+    assert joined == text(ok(srv, chat, ignore_eos=True), chat)
+    return chunks
+
+
+def _stream_options(srv, chat):
+    chunks = _stream(srv, chat, {"stream_options": {"include_usage": True}})
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def _best_of(srv, chat):
+    def total(**f):
+        return sum(lps(ok(srv, chat, ignore_eos=True, temperature=1.0, **lp_fields(chat), **f), chat))
+    best = total(seed=3, best_of=2)
+    assert best == pytest.approx(max(total(seed=3), total(seed=4)))
+
+
+def _tools(srv, chat):
+    r = ok(srv, chat, max_tokens=60, tools=[WEATHER], tool_choice="required")
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def _tool_choice(srv, chat):
+    r = ok(srv, chat, max_tokens=60, tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                                        "function": {"name": "get_time"}})
+    assert [c["function"]["name"] for c in r["choices"][0]["message"]["tool_calls"]] == ["get_time"]
+
+
+def _parallel(srv, chat):
+    for seed in range(3):
+        r = ok(srv, chat, max_tokens=120, temperature=1.0, seed=seed, tools=[WEATHER, TIME], tool_choice="required",
+               parallel_tool_calls=False)
+        assert len(r["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def _modalities(srv, chat):
+    ok(srv, chat, modalities=["text"])
+    assert ask(srv, chat, modalities=["audio"]).json()["error"]["param"] == "modalities"
+
+
+def _min_tokens(srv, chat):
+    forced = {"logit_bias": {str(EOS): 100}}
+    assert ok(srv, chat, **forced)["usage"]["completion_tokens"] == 1
+    assert ok(srv, chat, **forced, min_tokens=4)["usage"]["completion_tokens"] == 5  # 4 tokens, then the stop
+
+
+def _ignore_eos(srv, chat):
+    r = ok(srv, chat, logit_bias={str(EOS): 100}, ignore_eos=True)
+    assert r["usage"]["completion_tokens"] == 8 and r["choices"][0]["finish_reason"] == "length"
+
+
+def _return_token_ids(srv, chat):
+    r = ok(srv, chat, ignore_eos=True, return_token_ids=True)
+    assert len(r["choices"][0]["token_ids"]) == 8
+
+
+def _stop_token_ids(srv, chat):
+    ids = ok(srv, chat, ignore_eos=True, return_token_ids=True)["choices"][0]["token_ids"]
+    stop = ids[3]
+    r = ok(srv, chat, ignore_eos=True, return_token_ids=True, stop_token_ids=[stop])
+    got = r["choices"][0]["token_ids"]
+    assert r["choices"][0]["finish_reason"] == "stop" and got[-1] == stop and got == ids[:ids.index(stop) + 1]
+    bad = ask(srv, chat, stop_token_ids=[10**6]).json()["error"]
+    assert (bad["param"], bad["code"]) == ("stop_token_ids", "invalid_token_id")
+
+
+def _add_generation_prompt(srv, chat):
+    assert (ok(srv, chat, add_generation_prompt=False)["usage"]["prompt_tokens"]
+            < ok(srv, chat, add_generation_prompt=True)["usage"]["prompt_tokens"])
+
+
+def _chat_template_kwargs(srv, chat):
+    assert (ok(srv, chat, chat_template_kwargs={"enable_thinking": False})["usage"]["prompt_tokens"]
+            > ok(srv, chat)["usage"]["prompt_tokens"])
+
+
+def _is_json_object(s):
+    return s.startswith("{")
+
+
+HONOURED_PROBES = {
+    "model": _model, "prompt": _input, "messages": _input, "max_tokens": _max("max_tokens"),
+    "max_completion_tokens": _max("max_completion_tokens"),
+    "temperature": lambda srv, chat: _seed(srv, chat),  # temperature 1 samples: seeds 5 and 6 differ
+    "top_p": _sampled_equals_greedy(top_p=1e-9), "top_k": _sampled_equals_greedy(top_k=1), "n": _n, "stop": _stop,
+    "seed": _seed, "presence_penalty": _differs_in_logprobs("presence_penalty", 2.0),
+    "frequency_penalty": _differs_in_logprobs("frequency_penalty", 2.0),
+    "repetition_penalty": _differs_in_logprobs("repetition_penalty", 1.5), "logit_bias": _logit_bias,
+    "logprobs": _logprobs, "top_logprobs": _top_logprobs, "stream": _stream, "stream_options": _stream_options,
+    "best_of": _best_of,
+    "response_format": _grammar("response_format", {"type": "json_object"}, _is_json_object),
+    "tools": _tools, "tool_choice": _tool_choice, "parallel_tool_calls": _parallel, "modalities": _modalities,
+    "min_tokens": _min_tokens, "ignore_eos": _ignore_eos, "return_token_ids": _return_token_ids,
+    "stop_token_ids": _stop_token_ids,
+    "guided_json": _grammar("guided_json", {"type": "object", "properties": {"a": {"type": "integer"}},
+                                            "required": ["a"]}, lambda s: s.startswith('{"a":')),
+    "guided_regex": _grammar("guided_regex", "[0-9]{3}", lambda s: re.fullmatch(r"[0-9]{3}", s)),
+    "guided_choice": _grammar("guided_choice", ["yes", "no"], lambda s: s in ("yes", "no")),
+    "guided_grammar": _grammar("guided_grammar", 'start: "ab" | "cd"', lambda s: s in ("ab", "cd")),
+    "structured_outputs": _grammar("structured_outputs", {"choice": ["red", "green"]},
+                                   lambda s: s in ("red", "green")),
+    "add_generation_prompt": _add_generation_prompt, "chat_template_kwargs": _chat_template_kwargs,
+}
+IGNORED_VALUES = {"user": "u-1", "metadata": {"team": "a"}, "store": True, "service_tier": "auto",
+                  "prompt_cache_key": "k", "safety_identifier": "s", "guided_decoding_backend": "xgrammar",
+                  "request_id": "r-1", "include_reasoning": True}
+CASES = [(name, chat) for name, rule in FIELDS.items() for chat in (False, True)
+         if rule.applies(chat)]
+
+
+@pytest.mark.parametrize("name,chat", CASES, ids=[f"{n}-{'chat' if c else 'completions'}" for n, c in CASES])
+def test_every_field_is_honoured_ignored_or_refused(server, name, chat):
+    rule = FIELDS[name]
+    if rule.status == HONOURED:
+        HONOURED_PROBES[name](server, chat)
+    elif rule.status == IGNORED:
+        base = text(ok(server, chat, ignore_eos=True), chat)
+        assert text(ok(server, chat, ignore_eos=True, **{name: IGNORED_VALUES[name]}), chat) == base
+    else:
+        assert rule.status == REFUSED
+        r = ask(server, chat, **{name: {"some": "value"}})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("unsupported_parameter", name) and rule.why in err["message"]
+        if rule.off is not _NO_OFF:
+            ok(server, chat, **{name: rule.off})
+
+
+def test_the_table_covers_both_endpoints_and_every_probe_is_used():
+    assert set(HONOURED_PROBES) == {n for n, r in FIELDS.items() if r.status == HONOURED}
+    assert set(IGNORED_VALUES) == {n for n, r in FIELDS.items() if r.status == IGNORED}
+    assert {r.endpoints for r in FIELDS.values()} == {"both", CHAT, COMPLETIONS}
+
+
+@pytest.mark.parametrize("chat,name", [(False, "foo"), (True, "reasoning_effort_x"), (False, "messages"),
+                                       (True, "suffix_")])
+def test_unknown_fields_are_400_naming_them(server, chat, name):
+    err = ask(server, chat, **{name: 1}).json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_parameter", name)
+
+
+def test_ignore_unknown_fields_ignores_them_with_a_warning(start_server, tiny_model):
+    srv = start_server(["--model", str(tiny_model), "--ignore-unknown-fields"])
+    base = text(ok(srv, False, ignore_eos=True), False)
+    assert text(ok(srv, False, ignore_eos=True, foo={"x": 1}), False) == base
+    assert "ignoring unknown request field 'foo'" in srv.log
+    # refused fields are still refused: the setting is about names the server does not know
+    assert ask(srv, False, suffix="x").json()["error"]["param"] == "suffix"
+
+
+def test_tools_with_a_template_that_cannot_show_them_are_400(start_server, tiny_model, tmp_path):
+    model = tmp_path / "no-tools"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                            "{% endfor %}<|im_start|>assistant\n")
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    srv = start_server(["--model", str(model), "--skip-verify"])
+    err = ask(srv, True, tools=[WEATHER]).json()["error"]
+    assert (err["param"], err["code"]) == ("tools", "unsupported_parameter")
+    assert "does not show tools" in err["message"]
+    ok(srv, True)  # without tools the model serves as before
