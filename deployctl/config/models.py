@@ -169,6 +169,9 @@ class HostConfig(_Frozen):
     # validation); ``replica``: this entry's index among them (its unit is <service>-r<replica>.service)
     replicas: int = Field(1, ge=1, le=64)
     replica: Optional[int] = Field(None, ge=0, le=63)
+    # set by config/replicas.py on replica 0: GPU ids the entry listed beyond replicas × tensor_parallel_size (no
+    # replica gets them; preflight's gpus check warns)
+    idle_gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
 
     @field_validator("deploy_root")
     @classmethod

@@ -5,7 +5,8 @@ deployctl (render, deploy, canary, rollback, status, the router) sees ordinary h
 named ``<name>-r<i>``, lives under ``<deploy_root>/r<i>`` (its own releases, ``current``, pidfiles, logs and state),
 listens on ``server_port + i`` (and ``spare_port + i``), is the systemd unit ``<service>-r<i>.service``
 (``replica``), and gets GPU ids ``gpus[i × TP:(i + 1) × TP]`` (its CUDA_VISIBLE_DEVICES; on engine.device cpu
-there is nothing to split). nginx lists each replica
+there is nothing to split); ids listed beyond replicas × TP go to no replica and are recorded on replica 0 as
+``idle_gpus`` (preflight's gpus check warns). nginx lists each replica
 as an upstream server. Refused (ValueError: the key and the fix): fewer GPU ids than replicas × TP, or ports
 that overlap another replica's.
 """
@@ -49,6 +50,8 @@ def expand_replicas(data: Any) -> Any:
                        gpus=list(gpus) if cpu else list(gpus[r * tp:(r + 1) * tp]), replica=r)
             if spare is not None:
                 rep["spare_port"] = spare + r
+            if r == 0 and not cpu and len(gpus) > n * tp:
+                rep["idle_gpus"] = list(gpus[n * tp:])
             out.append(rep)
     return {**data, "hosts": out}
 

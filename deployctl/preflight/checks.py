@@ -177,6 +177,13 @@ def check_gpu_ids(cfg: DeployConfig, host: HostConfig) -> Check:
     tensor-parallel engine takes the first tensor_parallel_size of them (vLLM and SGLang start one rank per GPU
     from device 0 of the visible ones), so GPUs listed beyond that sit idle: a warning naming them."""
     ids, tp = host.gpu_ids, cfg.engine.tensor_parallel_size
+    if host.idle_gpus:  # hosts[].replicas: the entry listed more GPUs than replicas × TP take
+        base = host.name.rsplit("-r", 1)[0]
+        idle = ",".join(map(str, host.idle_gpus))
+        return Check("gpus", "warn",
+                     f"hosts[{base}].gpus lists GPU(s) {idle} beyond its replicas × tensor_parallel_size {tp}: no "
+                     f"replica gets them, they would sit idle",
+                     f"add a replica per {tp} of them (hosts[{base}].replicas), or drop {idle} from hosts[{base}].gpus")
     if len(ids) <= tp:
         return Check("gpus", "pass", f"GPUs {','.join(map(str, ids))} on {host.name}: one per tensor-parallel rank")
     idle = ids[tp:]

@@ -17,7 +17,8 @@ from support import paths
 FACTS = json.loads((paths.DATA / "facts" / "h100x8_vllm.json").read_text())
 
 
-def _checks(gpus: list[int], tp: int, version: str = "0.33.0", facts: dict = FACTS) -> dict:
+def _checks(gpus: list[int], tp: int, version: str = "0.33.0", facts: dict = FACTS, replicas: int = 1,
+            host: int = 0) -> dict:
     cfg = parse_config(f"""
 service: {{name: llama-8b}}
 model: {{path: /models/llama-3-8b-instruct, dtype: bfloat16}}
@@ -25,9 +26,9 @@ engine: {{kind: vllm, version: {version}, tensor_parallel_size: {tp}, gpu_memory
 server: {{port: 8080}}
 hosts:
   - {{name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/llama-8b, python: /opt/deployctl/venv/bin/python,
-      gpus: {gpus}}}
+      gpus: {gpus}, replicas: {replicas}}}
 """)
-    rep = check_facts(cfg, [(cfg.hosts[0], copy.deepcopy(facts))], {})
+    rep = check_facts(cfg, [(cfg.hosts[host], copy.deepcopy(facts))], {})
     return {c.name: c for c in rep.hosts[0].checks}
 
 
@@ -104,3 +105,12 @@ def test_gpus_listed_beyond_tensor_parallel_are_named_idle():
     assert c.status == "warn" and "lists 8 GPUs" in c.message and "GPU(s) 2,3,4,5,6,7 would sit idle" in c.message
     assert "list 2 GPU ids in hosts[gpu-a].gpus" in c.fix
     assert _checks([4, 5], 2)["gpus"].status == "pass"
+
+
+def test_gpus_listed_beyond_replicas_times_tensor_parallel_are_named_idle_once():
+    # 3 replicas x TP 2 on an 8-GPU host: replicas take 0-5, nothing takes 6 and 7
+    first = _checks([0, 1, 2, 3, 4, 5, 6, 7], 2, replicas=3)["gpus"]
+    assert first.status == "warn" and "GPU(s) 6,7 beyond its replicas" in first.message, first.message
+    assert "hosts[gpu-a].replicas" in first.fix and "drop 6,7 from hosts[gpu-a].gpus" in first.fix
+    assert _checks([0, 1, 2, 3, 4, 5, 6, 7], 2, replicas=3, host=1)["gpus"].status == "pass"  # said once, on r0
+    assert _checks([0, 1, 2, 3, 4, 5, 6, 7], 2, replicas=4)["gpus"].status == "pass"  # 4 x 2 take all 8
