@@ -99,9 +99,11 @@ async def run_level(
     concurrency: int,
     on_done: Callable[[RequestResult], None] | None = None,
     count: int | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` (``count`` of them when it is an iterator) at this level; returns the results and the
-    level's wall time in seconds."""
+    level's wall time in seconds. ``stop_when`` (checked before each send): true stops sending, as the level's
+    deadline does; what was sent is awaited."""
     slots = asyncio.Semaphore(concurrency)
     num = len(requests) if count is None else count  # type: ignore[arg-type]
     arrivals = None
@@ -135,7 +137,7 @@ async def run_level(
         before = time.perf_counter()
         await slots.acquire()
         waited = time.perf_counter() - before
-        if deadline is not None and time.perf_counter() >= deadline:
+        if deadline is not None and time.perf_counter() >= deadline or stop_when is not None and stop_when():
             slots.release()
             break
         tasks.append(asyncio.create_task(one(req, scheduled, waited)))

@@ -15,7 +15,10 @@ Verdicts (each failure names the signal, where and the slope; slopes are least s
 - ``queue_depth``: the waiting requests of the last third of the load samples are not above the first third's by
   more than max(1, concurrency / 4);
 - ``preemptions``: per burst, the last third's mean is not above 2x the first third's + 5 (amplifying);
-- ``errors``: the load's error share is within ``max_error_rate``.
+- ``errors``: the load's error share is within ``max_error_rate``; failing load backs off (Backoff: a burst of
+  nothing but errors stops early, the gaps after such bursts double, three in a row stop the load and fail).
+A metrics URL that answers 404 at every scrape (a server that exports none) is "cannot judge" in the summary and
+``signals[url]["cannot_judge"]``, not a failure: only the load's errors are judged then.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class Sample:
     burst: int
     values: dict[str, Optional[float]] = field(default_factory=dict)
     error: str = ""
+    http_status: int = 0  # the status of a scrape answered with an error status (404: no /metrics route)
 
 
 def gpu_memory_used() -> Optional[float]:
@@ -107,6 +111,8 @@ class _Sampler:
                 s.values = {k: _pick(parsed, n) for k, n in self.names.items()}
             except (httpx.HTTPError, promhist.PromParseError) as exc:
                 s.error = f"{type(exc).__name__}: {exc}"[:200]
+                if isinstance(exc, httpx.HTTPStatusError):
+                    s.http_status = exc.response.status_code
             s.values["gpu_memory_bytes"] = gpu
             self.samples.append(s)
 
@@ -120,7 +126,7 @@ class _Sampler:
 
 
 async def _load(cfg: StabilityConfig, ladder: LadderConfig, requests: Sequence[BenchRequest],
-                metrics_urls: Sequence[str], gpu) -> tuple[list[Sample], list[Any], list[tuple[float, float]]]:
+                metrics_urls: Sequence[str], gpu) -> tuple[list[Sample], list[Any], list[tuple[float, float]], "Backoff"]:
     limits = httpx.Limits(max_connections=cfg.concurrency + 8, max_keepalive_connections=cfg.concurrency + 8)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(ladder.timeout), trust_env=False) as client:
         t0 = time.monotonic()
@@ -131,19 +137,63 @@ async def _load(cfg: StabilityConfig, ladder: LadderConfig, requests: Sequence[B
         results, bursts = [], []
         burst_cfg = replace(ladder, max_level_s=cfg.burst_s)
         pool = itertools.cycle(requests)
-        while time.monotonic() - t0 < cfg.duration_s:
+        backoff = Backoff(cfg)
+        while time.monotonic() - t0 < cfg.duration_s and not backoff.stopped:
             sampler.burst += 1
             sampler.phase = "load"
             start = time.monotonic() - t0
-            res, _ = await run_level(client, burst_cfg, pool, cfg.concurrency, count=10 ** 9)
+            backoff.start_burst()
+            res, _ = await run_level(client, burst_cfg, pool, cfg.concurrency, count=10 ** 9,
+                                     on_done=backoff.done, stop_when=backoff.failing_fast)
             results.extend(res)
             bursts.append((start, time.monotonic() - t0))
             sampler.phase = "idle"
-            await asyncio.sleep(cfg.gap_s)
+            await asyncio.sleep(backoff.gap_after_burst())
             await sampler.sample("gap_end")
         stop.set()
         await task
-        return sampler.samples, results, bursts
+        return sampler.samples, results, bursts, backoff
+
+
+class Backoff:
+    """Failing load backs off instead of hammering a server that refuses it (a closed loop of instant errors
+    sends hundreds of requests a second). A burst stops sending once its first FAIL_FAST requests all failed;
+    after a burst with no success the next gap doubles (gap_s × 2^n, at most MAX_GAP_S); STOP_AFTER such bursts
+    in a row stop the load (``stopped``, ``why``). One success resets it."""
+
+    FAIL_FAST, MAX_GAP_S, STOP_AFTER = 8, 30.0, 3
+
+    def __init__(self, cfg: StabilityConfig):
+        self.cfg, self.streak, self.backed_off, self.stopped, self.why = cfg, 0, 0, False, ""
+        self.ok = self.failed = 0
+        self.first_error = ""
+
+    def start_burst(self) -> None:
+        self.ok = self.failed = 0
+
+    def done(self, res) -> None:
+        if res.ok:
+            self.ok += 1
+        else:
+            self.failed += 1
+            self.first_error = self.first_error or str(res.error)
+
+    def failing_fast(self) -> bool:
+        return self.ok == 0 and self.failed >= max(self.FAIL_FAST, self.cfg.concurrency)
+
+    def gap_after_burst(self) -> float:
+        """Seconds to wait after the burst that just ended (module doc)."""
+        if self.ok or not self.failed:
+            self.streak = 0
+            return self.cfg.gap_s
+        self.streak += 1
+        if self.streak >= self.STOP_AFTER:
+            self.stopped = True
+            self.why = (f"load stopped after {self.streak} bursts in a row in which every request failed (first: "
+                        f"{self.first_error}); the rest of --duration was not sent")
+            return self.cfg.gap_s
+        self.backed_off += 1
+        return min(self.MAX_GAP_S, self.cfg.gap_s * 2 ** self.streak)
 
 
 def _series(samples: list[Sample], source: str, key: str, phases=None) -> list[tuple[float, float]]:
@@ -159,7 +209,11 @@ def _judge(cfg: StabilityConfig, samples: list[Sample], results: list, bursts) -
         starts = sorted({s.values["start_time"] for s in mine if s.values.get("start_time") is not None})
         sig: dict[str, Any] = {"scrape_failures": len(failed), "start_times": starts}
         if failed and len(failed) == len(mine):
-            problems.append(f"metrics on {src}: never answered from here ({failed[0].error}); nothing to judge")
+            if all(s.http_status == 404 for s in failed):  # a server that exports no metrics (not ours)
+                sig["cannot_judge"] = (f"cannot judge restarts, KV usage, memory, queue or preemptions: {src} "
+                                       f"answers 404 (the server exports no metrics there); pass --metrics-url")
+            else:
+                problems.append(f"metrics on {src}: never answered from here ({failed[0].error}); nothing to judge")
             signals[src] = sig
             continue
         if len(starts) > 1 or failed:
@@ -219,13 +273,21 @@ def _judge(cfg: StabilityConfig, samples: list[Sample], results: list, bursts) -
 def run_stability(cfg: StabilityConfig, ladder: LadderConfig, requests: Sequence[BenchRequest],
                   metrics_urls: Sequence[str], gpu: Callable[[], Optional[float]] = gpu_memory_used) -> LayerResult:
     """Run the load and judge it (module doc). ``details``: {"config", "signals", "bursts", "samples"}."""
-    samples, results, bursts = asyncio.run(_load(cfg, ladder, requests, metrics_urls, gpu))
+    samples, results, bursts, backoff = asyncio.run(_load(cfg, ladder, requests, metrics_urls, gpu))
     problems, signals = _judge(cfg, samples, results, bursts)
     load = signals["load"]
+    load.update(backed_off=backoff.backed_off, stopped=backoff.why or None)
+    if backoff.why:
+        problems.append(backoff.why)
+    cannot = [sig["cannot_judge"] for sig in signals.values() if isinstance(sig, dict) and sig.get("cannot_judge")]
     head = (f"stability: {load['requests']} requests in {load['bursts']} burst(s) at concurrency {cfg.concurrency} "
             f"over {samples[-1].t if samples else 0:.0f} s")
+    if backoff.backed_off:
+        head += f"; backed off {backoff.backed_off} time(s) after bursts that failed every request"
+    ok_text = ("; only the load's errors judged, " + "; ".join(cannot) if cannot else
+               "; KV usage back to baseline, memory, queue and preemptions flat, no restart")
     summary = head + (f"; FAIL: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-                      if problems else "; KV usage back to baseline, memory, queue and preemptions flat, no restart")
+                      if problems else ok_text)
     return LayerResult("stability", "fail" if problems else "pass", summary, problems, {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         "signals": signals, "bursts": [list(b) for b in bursts],
