@@ -79,6 +79,12 @@ class EngineConfig(_Frozen):
     enforce_eager: bool = False
     # engine.kind openai: the server's command template, routes, metrics and stop (config/openai_server.py)
     server: Optional[OpenAIServerConfig] = None
+    # The engine process's own variables (engines/processenv.py), all written to the release's 0600 runtime.env:
+    # plain ones, names whose values come from deployctl's environment (HF_TOKEN), and one cache directory per
+    # host shared by every release (HF hub, torch.compile/inductor, Triton, vLLM's compile cache).
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
+    cache_dir: Optional[str] = None
 
     @field_validator("kind")
     @classmethod
@@ -93,6 +99,13 @@ class EngineConfig(_Frozen):
         from deployctl.engines.validate import check_extra_args
 
         return check_extra_args(info.data.get("kind", ""), v)
+
+    @model_validator(mode="after")
+    def _process_env(self) -> "EngineConfig":
+        from deployctl.engines.processenv import check_env
+
+        check_env(self.env, self.secret_env, self.cache_dir)
+        return self
 
     @field_validator("block_size")
     @classmethod

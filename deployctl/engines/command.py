@@ -140,11 +140,17 @@ def engine_argv(cfg, host, *, release_dir: str, port: int,
 
 def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, str]:
     """The 0600 env file's variables: the adapter's fixed ones, the sleep-mode ones when the release keeps a
-    standby (standby_args) and the API key under the name the engine (or engine_main.py) reads."""
+    standby (standby_args), deploy.yaml's engine.cache_dir / env / secret_env ones (engines.processenv; raises
+    ConfigError for an unset secret or a name deployctl sets) and the API key under the name the engine (or
+    engine_main.py) reads."""
     a = of(cfg)
     from deployctl.engines.keepalive import keepalive_env
 
+    from deployctl import settings
+    from deployctl.engines.processenv import process_env
+
     env: dict[str, str] = {**a.extra_env, **keepalive_env(cfg), **standby_args(cfg, standby)[1]}
+    env |= process_env(cfg.engine, set(env) | {a.api_key_env or KEYED_ENV}, settings.environ(), a.kind)
     if api_key:
         env[a.api_key_env or KEYED_ENV] = api_key
     return env

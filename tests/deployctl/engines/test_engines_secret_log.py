@@ -69,13 +69,30 @@ logging.info("stopped")
 '''
 
 
+HF_TOKEN = "hf_standinTOKEN0123456789abcdefghij"
+
+
 @pytest.fixture
 def sglang_standin(tmp_path, monkeypatch):
+    yield from _standin(tmp_path, monkeypatch, {})
+
+
+@pytest.fixture
+def sglang_standin_env(tmp_path, monkeypatch):
+    """The same, with deploy.yaml's engine.env, engine.secret_env (HF_TOKEN from deployctl's environment) and
+    engine.cache_dir."""
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    extra = {"env": {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1"}, "secret_env": ["HF_TOKEN"],
+             "cache_dir": str(tmp_path / "cache" / "engine")}
+    yield from _standin(tmp_path, monkeypatch, extra)
+
+
+def _standin(tmp_path, monkeypatch, engine_extra: dict):
     root = tmp_path / "root"
     port = free_port()
     cfg = make_config(
         model={"path": str(tmp_path / "model"), "served_name": "m"},
-        engine={"kind": "sglang", "version": "0.5.23", "device": "cuda", "tensor_parallel_size": 1},
+        engine={"kind": "sglang", "version": "0.5.23", "device": "cuda", "tensor_parallel_size": 1, **engine_extra},
         server={"bind": "127.0.0.1", "startup_timeout_s": 60, "drain_timeout_s": 5},
         hosts=[{"name": "h", "address": "local", "deploy_root": str(root), "python": sys.executable,
                 "launcher": "process", "gpus": [0], "server_port": port}])
@@ -136,3 +153,23 @@ def test_the_key_reaches_the_engine_but_no_file_the_run_wrote(sglang_standin):
     assert "split key: <redacted> end" in log  # a key split across two writes
     assert "Draining requests and shutting down... server_args=ServerArgs" in log  # its last words, scrubbed
     assert "The server is fired up and ready to roll!" in log
+
+
+def test_engine_env_secrets_and_cache_dir_reach_the_engine_and_the_secret_no_other_file(sglang_standin_env, tmp_path):
+    cfg, host, root, port = sglang_standin_env
+    launcher.start(host, cfg)
+    _wait_health(port)
+    child = int((root / "shared" / "run" / "runtime.child.pid").read_text())
+    environ = dict(kv.split("=", 1) for kv in Path(f"/proc/{child}/environ").read_text().split("\0") if "=" in kv)
+    cache = str(tmp_path / "cache" / "engine")
+    assert environ["HF_TOKEN"] == HF_TOKEN and environ["NCCL_DEBUG"] == "WARN" and environ["HF_HUB_OFFLINE"] == "1"
+    assert environ["XDG_CACHE_HOME"] == cache and environ["HF_HOME"] == f"{cache}/huggingface"
+    assert environ["VLLM_CACHE_ROOT"] == f"{cache}/vllm" and environ["TRITON_CACHE_DIR"] == f"{cache}/triton"
+    assert environ["TORCHINDUCTOR_CACHE_DIR"] == f"{cache}/torchinductor"
+    assert Path(cache).is_dir()  # launch.sh made it before the start
+    assert HF_TOKEN.encode() not in Path(f"/proc/{child}/cmdline").read_bytes()
+    assert launcher.stop(host, cfg) == "stopped"
+    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    leaked = [str(p.relative_to(root)) for p in files if p.name != "runtime.env" and HF_TOKEN.encode() in p.read_bytes()]
+    assert not leaked, f"HF_TOKEN is in {leaked}"
+    assert f"HF_TOKEN={HF_TOKEN}" in (root / "releases" / "r1" / "runtime.env").read_text()

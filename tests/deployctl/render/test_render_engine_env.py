@@ -1,0 +1,97 @@
+"""engine.env, engine.secret_env and engine.cache_dir (issue 26) rendered for every target: the variables in the
+0600 runtime.env (the secret's value in no other file), the cache directory made by the unit before the start,
+bind-mounted by compose and a node hostPath in the pod; each tree through the field's own checkers
+(systemd-analyze verify, docker compose's schema where render validates it, kubernetes-validate). Refusals name
+the key and the fix; an unset secret is exit 3 before anything is written. The run that shows the variables in the
+engine's /proc/PID/environ is tests/deployctl/engines/test_engines_secret_log.py."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from deployctl.config import parse_config
+from deployctl.errors import ConfigError
+from deployctl.render import render_all
+from deployctl.render.validate import validate_tree
+from support import paths
+from support.render import assert_config_refused
+
+KEY = {"LLM_API_KEY": "sk-engine-env-0123456789"}
+TOKEN = "hf_renderTOKEN0123456789abcdefghij"
+CACHE = "/var/cache/deployctl/llama-8b"
+
+
+def _doc(**engine) -> dict:
+    doc = yaml.safe_load((paths.DATA / "engines" / "deploy-vllm.yaml").read_text())
+    doc["engine"].update({"env": {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1"}, "secret_env": ["HF_TOKEN"],
+                          "cache_dir": CACHE}, **engine)
+    return doc
+
+
+@pytest.mark.parametrize("target", ["systemd", "container", "k8s"])
+def test_variables_go_to_the_env_file_and_the_cache_dir_to_every_target(tmp_path, monkeypatch, target):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    cfg = parse_config(yaml.safe_dump(_doc()), "d.yaml")
+    out = tmp_path / "out"
+    render_all(cfg, out, target=target, release_id="r1", env=KEY)
+    results = validate_tree(cfg, out)
+    assert results and all(r.ok for r in results), [(r.tool, r.output) for r in results if not r.ok]
+    envs = list(out.rglob("runtime.env"))
+    assert envs
+    for env in envs:
+        text = env.read_text().splitlines()
+        assert oct(env.stat().st_mode & 0o777) == "0o600"
+        assert {f"HF_TOKEN={TOKEN}", "NCCL_DEBUG=WARN", "HF_HUB_OFFLINE=1", f"XDG_CACHE_HOME={CACHE}",
+                f"HF_HOME={CACHE}/huggingface", f"VLLM_CACHE_ROOT={CACHE}/vllm",
+                f"TORCHINDUCTOR_CACHE_DIR={CACHE}/torchinductor", f"TRITON_CACHE_DIR={CACHE}/triton"} <= set(text)
+    leaked = [str(p) for p in out.rglob("*") if p.is_file() and p.name != "runtime.env" and TOKEN in p.read_text()]
+    assert not leaked, leaked
+    if target == "systemd":
+        unit = next(out.rglob("llama-8b.service")).read_text()
+        assert f"ExecStartPre=/bin/mkdir -p {CACHE}" in unit
+        assert f"mkdir -p \"$(dirname \"$PID_FILE\")\" \"$(dirname \"$LOG_FILE\")\" {CACHE}" in \
+            next(out.rglob("launch.sh")).read_text()
+    elif target == "container":
+        vol = yaml.safe_load(next(out.rglob("compose.yaml")).read_text())["services"]["runtime"]["volumes"]
+        assert {"type": "bind", "source": CACHE, "target": CACHE, "bind": {"create_host_path": True}} in vol
+    else:
+        docs = [d for p in out.rglob("*.yaml") for d in yaml.safe_load_all(p.read_text()) if d]
+        pod = next(d for d in docs if d.get("kind") == "Deployment")["spec"]["template"]["spec"]
+        assert {"name": "engine-cache", "hostPath": {"path": CACHE, "type": "DirectoryOrCreate"}} in pod["volumes"]
+        runtime = pod["containers"][0]
+        assert {"name": "engine-cache", "mountPath": CACHE} in runtime["volumeMounts"]
+        from_secret = {e["name"] for e in runtime["env"] if "valueFrom" in e}
+        assert {"HF_TOKEN", "NCCL_DEBUG", "HF_HOME", "TRITON_CACHE_DIR"} <= from_secret
+
+
+def test_an_unset_secret_is_exit_3_naming_it_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    cfg = parse_config(yaml.safe_dump(_doc()), "d.yaml")
+    with pytest.raises(ConfigError) as exc:
+        render_all(cfg, tmp_path / "out", target="systemd", release_id="r1", env=KEY)
+    assert "engine.secret_env names HF_TOKEN but HF_TOKEN is not set" in exc.value.message
+    assert "export HF_TOKEN=" in exc.value.fix and exc.value.exit_code == 3
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_name_deployctl_sets_for_the_engine_is_refused_at_render(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    doc = _doc(env={"VLLM_API_KEY": "x"})  # the name vLLM reads its key from: deployctl writes it
+    with pytest.raises(ConfigError) as exc:
+        render_all(parse_config(yaml.safe_dump(doc), "d.yaml"), tmp_path / "out", target="systemd",
+                   release_id="r1", env=KEY)
+    assert "VLLM_API_KEY, which deployctl itself sets for vllm" in exc.value.message
+    assert "sk-engine-env" not in exc.value.message  # the key is never shown
+
+
+@pytest.mark.parametrize("engine,says", [
+    ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "CUDA_VISIBLE_DEVICES is set by deployctl"),
+    ({"env": {"NCCL_DEBUG": "WARN INFO"}}, "engine.env.NCCL_DEBUG: the value has characters"),
+    ({"env": {"NCCL_DEBUG": "$(id)"}}, "engine.env.NCCL_DEBUG: the value has characters"),
+    ({"env": {"1BAD": "x"}}, "'1BAD' is not an environment variable name"),
+    ({"env": {"HF_TOKEN": "x"}}, "engine.env and engine.secret_env both name HF_TOKEN"),
+    ({"env": {"HF_HOME": "/data/hf"}}, "engine.env sets HF_HOME, which engine.cache_dir sets to"),
+    ({"cache_dir": "relative/cache"}, "engine.cache_dir 'relative/cache': an absolute path"),
+])
+def test_bad_engine_env_is_refused_naming_the_key(tmp_path, engine, says):
+    assert_config_refused(_doc(**engine), says, tmp_path)
