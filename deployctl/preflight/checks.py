@@ -378,9 +378,21 @@ def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
     return Check("api_key", "pass", f"bind {cfg.server.bind} is loopback and no router publishes it; no API key needed")
 
 
+def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
+    """engine.secret_env's variables are set in deployctl's environment, where the release's runtime.env takes
+    them from (engines.processenv.secret_values: its message and fix); the values are never shown."""
+    from deployctl.engines.processenv import secret_values
+
+    try:
+        secret_values(list(cfg.engine.secret_env), environ)
+    except DeployctlError as err:
+        return Check("engine_secrets", "fail", err.message, err.fix)
+    return Check("engine_secrets", "pass", f"engine.secret_env {', '.join(cfg.engine.secret_env)} set")
+
+
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
-                    "weights", "chat_template", "api_key", "standby_ram", "spare_port_gpu")  # the last two: spare_port
+                    "weights", "chat_template", "api_key", "engine_secrets", "standby_ram", "spare_port_gpu")  # the last two: spare_port
 
 
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:
@@ -408,6 +420,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         check_weights(cfg, host, facts),
         check_chat_template(cfg, facts),
         check_api_key(cfg, environ),
+        *([check_engine_secrets(cfg, environ)] if cfg.engine.secret_env else []),
         *standby_checks(cfg, host, facts, sized),
     ]
 

@@ -114,3 +114,19 @@ def test_gpus_listed_beyond_replicas_times_tensor_parallel_are_named_idle_once()
     assert "hosts[gpu-a].replicas" in first.fix and "drop 6,7 from hosts[gpu-a].gpus" in first.fix
     assert _checks([0, 1, 2, 3, 4, 5, 6, 7], 2, replicas=3, host=1)["gpus"].status == "pass"  # said once, on r0
     assert _checks([0, 1, 2, 3, 4, 5, 6, 7], 2, replicas=4)["gpus"].status == "pass"  # 4 x 2 take all 8
+
+
+def test_an_unset_engine_secret_fails_preflight_naming_it_and_a_set_one_passes_unshown():
+    cfg = parse_config("""
+service: {name: llama-8b}
+model: {path: /models/llama-3-8b-instruct, dtype: bfloat16}
+engine: {kind: vllm, version: 0.33.0, gpu_memory_utilization: 0.9, secret_env: [HF_TOKEN]}
+hosts:
+  - {name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/llama-8b, python: /opt/deployctl/venv/bin/python}
+""")
+    host = cfg.hosts[0]
+    bad = {c.name: c for c in check_facts(cfg, [(host, copy.deepcopy(FACTS))], {}).hosts[0].checks}["engine_secrets"]
+    assert bad.status == "fail" and "HF_TOKEN is not set" in bad.message and "export HF_TOKEN=" in bad.fix
+    good = {c.name: c for c in check_facts(cfg, [(host, copy.deepcopy(FACTS))], {"HF_TOKEN": "hf_abc123"})
+            .hosts[0].checks}["engine_secrets"]
+    assert good.status == "pass" and "hf_abc123" not in good.message
