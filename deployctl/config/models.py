@@ -85,6 +85,9 @@ class EngineConfig(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
     cache_dir: Optional[str] = None
+    # seconds for a host to pip-install a pinned engine into its shared venv (rollout/release.py ENGINE_INSTALL:
+    # once per host and version; vLLM with its torch is several GB)
+    install_timeout_s: float = Field(1800, gt=0, le=MAX_SECONDS)
 
     @field_validator("kind")
     @classmethod

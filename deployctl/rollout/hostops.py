@@ -51,7 +51,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     t = [time.monotonic()]
     if on_switch:  # before the switch: if it fails half-way, the abort still looks at this host
         on_switch(host.name)
-    release.switch_and_install(host, release_id)
+    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s)
     t.append(time.monotonic())
     launcher.stop(host, cfg)
     t.append(time.monotonic())
@@ -79,7 +79,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
     HealthError 5): nothing changed for the clients."""
     was = release.current_release(host)
     t = [time.monotonic()]
-    release.switch_and_install(host, release_id)
+    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s)
     t.append(time.monotonic())
     try:
         offset = launcher.start(host, cfg, port=port)

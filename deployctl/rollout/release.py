@@ -263,23 +263,38 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
 
 # A foreign engine (release.json engine_distribution) runs from <release>/engine/bin/python: when the host's python
 # env already has engine_distribution==engine_version (what preflight checks) a wrapper that execs that python;
-# otherwise a venv of its own with the pinned version pip-installed (and its dependencies: vLLM brings its torch).
-# Per release, so a rollback restarts the engine the old release was deployed with.
+# otherwise <release>/engine is a link to the host's one venv of that pinned version,
+# <deploy_root>/shared/engines/<dist>-<version> (ENGINES_DIR), pip-installed (with its dependencies: vLLM brings
+# its torch) by the first release that pins it, under a flock so two releases never install it at once, and
+# reused by every later release and rollback that pins the same version (a multi-GB install once per host, not
+# per release). `prune` removes a shared venv once no release left on the host links to it.
+ENGINES_DIR = "engines"
 ENGINE_INSTALL = """dist=$(awk -F'"' '$2 == "engine_distribution" {{ print $4; exit }}' "$rdir/release.json")
 ver=$(awk -F'"' '$2 == "engine_version" {{ print $4; exit }}' "$rdir/release.json")
 if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
-  rm -rf "$rdir/engine.partial" && mkdir -p "$rdir/engine.partial/bin"
   have=$(PYTHONPATH= {python} -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$dist" 2>/dev/null || true)
   if [ "$have" = "$ver" ]; then
+    rm -rf "$rdir/engine.partial" && mkdir -p "$rdir/engine.partial/bin"
     printf '#!/bin/sh\\nexec %s "$@"\\n' {python} > "$rdir/engine.partial/bin/python"
-    chmod 0755 "$rdir/engine.partial/bin/python"; how="host env"
+    chmod 0755 "$rdir/engine.partial/bin/python"
+    printf '%s==%s host env\\n' "$dist" "$ver" > "$rdir/engine.partial/.deployctl-installed"
+    rm -rf "$rdir/engine" && mv "$rdir/engine.partial" "$rdir/engine"
   else
-    rm -rf "$rdir/engine.partial" && PYTHONPATH= {python} -m venv "$rdir/engine.partial"
-    PYTHONPATH= timeout {timeout} "$rdir/engine.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
-    how="own venv"
+    envs={engines}; venv="$envs/$dist-$ver"
+    mkdir -p "$envs"
+    exec 8>>"$envs/.lock"
+    flock -w {timeout} 8
+    if [ ! -f "$venv/.deployctl-installed" ]; then
+      echo "engine: installing $dist==$ver into $venv (once per host)" >&2
+      rm -rf "$venv.partial" && PYTHONPATH= {python} -m venv "$venv.partial"
+      PYTHONPATH= timeout {timeout} "$venv.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+      printf '%s==%s own venv, shared\\n' "$dist" "$ver" > "$venv.partial/.deployctl-installed"
+      rm -rf "$venv" && mv "$venv.partial" "$venv"
+      echo engine-installed
+    fi
+    exec 8>&-
+    rm -rf "$rdir/engine" && ln -s "$venv" "$rdir/engine"
   fi
-  printf '%s==%s %s\\n' "$dist" "$ver" "$how" > "$rdir/engine.partial/.deployctl-installed"
-  rm -rf "$rdir/engine" && mv "$rdir/engine.partial" "$rdir/engine"
 fi"""
 
 
@@ -310,7 +325,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
-{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout))}
+{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout), engines=q(shared_dir(h, ENGINES_DIR)))}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
@@ -353,4 +368,11 @@ def prune(host, keep: int, protect: set[str], *, timeout: float = 60) -> list[st
     gone = [n for n in names if n not in keep_set and not n.endswith(".partial")]
     if gone:
         host.run(["rm", "-rf", *[release_dir(host.config, n) for n in gone]], timeout=timeout)
+        # shared engine venvs (ENGINE_INSTALL) that no release left here links to; never one being installed
+        envs, rels = shared_dir(host.config, ENGINES_DIR), release_dir(host.config, "")
+        host.run(["bash", "-c", f"""cd {shlex.quote(envs)} 2>/dev/null || exit 0
+exec 8>>.lock; flock -n 8 || exit 0
+used=$(for l in {shlex.quote(rels)}*/engine; do [ -L "$l" ] && readlink "$l"; done)
+for d in */; do d=${{d%/}}; [ -d "$d" ] || continue; case "$d" in *.partial) continue;; esac
+  printf '%s\\n' "$used" | grep -qx "$PWD/$d" || rm -rf "$d"; done"""], timeout=timeout)
     return gone

@@ -1,0 +1,106 @@
+"""A foreign engine's pinned version is installed once per host and version (issue 26), not per release: the first
+release that pins it pip-installs it into <deploy_root>/shared/engines/<dist>-<version>, later releases of that
+version (and rollbacks to them) link to the same venv and install nothing, another version gets its own, and
+`prune` removes a shared venv once no release left on the host links to it.
+
+Real parts: the release's real ENGINE_INSTALL script run by switch_and_install on a local host, real `python -m
+venv`, real pip installing real wheels. pip reads a local directory (PIP_NO_INDEX, PIP_FIND_LINKS in the
+environment the host's commands inherit) holding stand-in "sglang" wheels of two versions built here: no network.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from deployctl.config import HostConfig
+from deployctl.hosts import Host
+from deployctl.rollout import release
+
+pytestmark = pytest.mark.slow
+
+
+def _wheel(where: Path, version: str) -> None:
+    """A minimal, valid wheel of distribution ``sglang`` at ``version`` (PEP 427: RECORD with sha256s)."""
+    files = {"sglang/__init__.py": f"__version__ = {version!r}\n",
+             f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n",
+             f"sglang-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                   "Tag: py3-none-any\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    record.append(f"sglang-{version}.dist-info/RECORD,,")
+    with zipfile.ZipFile(where / f"sglang-{version}-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr(f"sglang-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+
+
+@pytest.fixture
+def fleet_host(tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for v in ("0.5.23", "0.5.24"):
+        _wheel(wheels, v)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    hostenv = tmp_path / "hostenv"  # the host's python env: no sglang in it, so each release needs its own
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(hostenv)], check=True)
+    (hostenv / ".deployctl-runtime-installed").write_text("wheel-sha\n")  # the runtime wheel: already there
+    root = tmp_path / "root"
+    cfg = HostConfig(name="h", address="local", deploy_root=str(root), launcher="process",
+                     python=str(hostenv / "bin" / "python"))
+    host = Host.from_config(cfg)
+    yield host, root
+    host.close()
+
+
+def _release(root: Path, rid: str, version: str) -> None:
+    d = root / "releases" / rid
+    d.mkdir(parents=True)
+    (d / "release.json").write_text(json.dumps({"release_id": rid, "engine_kind": "sglang",
+                                                "engine_distribution": "sglang", "engine_version": version,
+                                                "runtime_wheel_sha256": "wheel-sha"}, indent=2))  # as render writes it
+
+
+def _engine_version(root: Path, rid: str) -> str:
+    py = root / "releases" / rid / "engine" / "bin" / "python"
+    return subprocess.run([str(py), "-c", "import sglang; print(sglang.__version__)"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(fleet_host):
+    host, root = fleet_host
+    shared = root / "shared" / "engines"
+    _release(root, "r1", "0.5.23")
+    release.switch_and_install(host, "r1", timeout=300)
+    venv = shared / "sglang-0.5.23"
+    assert (root / "releases" / "r1" / "engine").resolve() == venv
+    assert (venv / ".deployctl-installed").read_text() == "sglang==0.5.23 own venv, shared\n"
+    assert _engine_version(root, "r1") == "0.5.23"
+    (venv / "installed-once").write_text("r1")  # a second install would replace the venv and lose this
+
+    _release(root, "r2", "0.5.23")  # a new release of the same engine version: nothing installed
+    release.switch_and_install(host, "r2", timeout=300)
+    assert (root / "releases" / "r2" / "engine").resolve() == venv and (venv / "installed-once").exists()
+    assert _engine_version(root, "r2") == "0.5.23"
+
+    _release(root, "r3", "0.5.24")  # another version: its own venv beside the first
+    release.switch_and_install(host, "r3", timeout=300)
+    assert (root / "releases" / "r3" / "engine").resolve() == shared / "sglang-0.5.24"
+    assert _engine_version(root, "r3") == "0.5.24"
+
+    # r1 goes, r2 still links to 0.5.23: both venvs stay
+    assert release.prune(host, 2, {"r3"}) == ["r1"]
+    assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == ["sglang-0.5.23", "sglang-0.5.24"]
+    # r2 goes: no release links to 0.5.23 any more, so its venv goes too; r3's stays and still runs
+    assert release.prune(host, 1, {"r3"}) == ["r2"]
+    assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == ["sglang-0.5.24"]
+    assert _engine_version(root, "r3") == "0.5.24"
