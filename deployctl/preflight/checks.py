@@ -71,9 +71,10 @@ def check_torch(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
 
 
 def check_engine(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
-    """The pinned engine (engine.kind at engine.version) is importable in the host's runtime environment, its
-    version as read there by importlib.metadata (probe.py ``probe_engine``). Not run for the bundled runtime: the
-    release installs its own wheel."""
+    """The pinned engine (engine.kind at engine.version) is importable in the host's runtime environment or in
+    the host's shared venv of that version (rollout/release.py ENGINE_INSTALL), its version as read there by
+    importlib.metadata (probe.py ``probe_engine``); neither is a warning: the first release pip-installs it into
+    the shared venv. Not run for the bundled runtime: the release installs its own wheel."""
     from deployctl.engines import of
 
     a = of(cfg)
@@ -84,12 +85,19 @@ def check_engine(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     want = cfg.engine.version
     fix = (f"install it: {py} -m pip install {a.distribution}=={want} (or change engine.version to what the "
            "hosts run)")
-    if not e.get("importable"):
-        return Check("engine", "fail", f"{a.distribution} is not importable by {py}: {e.get('error') or 'not probed'}",
-                     fix)
-    if e.get("version") != want:
-        return Check("engine", "fail", f"{a.distribution} {e.get('version')} in {py}; engine.version is {want}", fix)
-    return Check("engine", "pass", f"{a.distribution} {want} importable by {py}")
+    if e.get("importable") and e.get("version") == want:
+        return Check("engine", "pass", f"{a.distribution} {want} importable by {py}")
+    shared = e.get("shared") or {}
+    if shared.get("importable") and shared.get("version") == want:
+        return Check("engine", "pass", f"{a.distribution} {want} in this host's shared engine venv "
+                                       f"({shared.get('python')}, installed by an earlier release)")
+    have = (f"{a.distribution} {e.get('version')} in {py}; engine.version is {want}" if e.get("importable") else
+            f"{a.distribution} is not importable by {py}: {e.get('error') or 'not probed'}")
+    venv = f"{host.deploy_root.rstrip('/')}/shared/engines/{a.distribution}-{want}"
+    return Check("engine", "warn", f"{have}: the first release pip-installs {a.distribution}=={want} into {venv} "
+                                   f"(once per host, within engine.install_timeout_s {cfg.engine.install_timeout_s:g} s; "
+                                   "the host needs the package index)",
+                 f"{fix}; or let the deploy install it")
 
 
 def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):

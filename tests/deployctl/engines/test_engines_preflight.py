@@ -51,12 +51,18 @@ def test_a_foreign_process_on_one_tp_gpu_fails_naming_it_on_that_gpu():
 
 def test_engine_version_is_read_not_assumed():
     c = _checks([4, 5], 2, version="0.34.0")
-    assert c["engine"].status == "fail" and "vllm 0.33.0 in /opt/deployctl/venv/bin/python; engine.version is 0.34.0" in c["engine"].message
+    assert c["engine"].status == "warn" and "vllm 0.33.0 in /opt/deployctl/venv/bin/python; engine.version is 0.34.0" in c["engine"].message
     assert "pip install vllm==0.34.0" in c["engine"].fix
+    assert "the first release pip-installs vllm==0.34.0 into /opt/deployctl/llama-8b/shared/engines/vllm-0.34.0" \
+        in c["engine"].message and "within engine.install_timeout_s 1800 s" in c["engine"].message
     missing = dict(FACTS, engine={"python": "/usr/bin/python3", "version": None, "importable": False,
                                   "error": "distribution vllm is not installed"})
     c = _checks([4, 5], 2, facts=missing)
-    assert c["engine"].status == "fail" and "not importable by /usr/bin/python3" in c["engine"].message
+    assert c["engine"].status == "warn" and "not importable by /usr/bin/python3" in c["engine"].message
+    shared = {"python": "/opt/deployctl/llama-8b/shared/engines/vllm-0.33.0/bin/python", "version": "0.33.0",
+              "importable": True, "error": None}
+    c = _checks([4, 5], 2, facts=dict(FACTS, engine=dict(missing["engine"], shared=shared)))
+    assert c["engine"].status == "pass" and "in this host's shared engine venv" in c["engine"].message
 
 
 def test_tp_beyond_the_gpus_torch_sees_fails():

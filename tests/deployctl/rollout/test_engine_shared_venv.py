@@ -21,6 +21,7 @@ import pytest
 
 from deployctl.config import HostConfig
 from deployctl.hosts import Host
+from deployctl.hostscripts.probe import probe_pinned_engine
 from deployctl.rollout import release
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,10 @@ def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(f
     assert (root / "releases" / "r1" / "engine").resolve() == venv
     assert (venv / ".deployctl-installed").read_text() == "sglang==0.5.23 own venv, shared\n"
     assert _engine_version(root, "r1") == "0.5.23"
+    # what preflight's engine check reads on the host: not in hosts[].python, but in the shared venv
+    facts = probe_pinned_engine(host.config.python, str(root), "sglang", "0.5.23", "sglang")
+    assert not facts["importable"] and facts["shared"]["version"] == "0.5.23" and facts["shared"]["importable"]
+    assert probe_pinned_engine(host.config.python, str(root), "sglang", "0.5.99", "sglang")["shared"] is None
     (venv / "installed-once").write_text("r1")  # a second install would replace the venv and lose this
 
     _release(root, "r2", "0.5.23")  # a new release of the same engine version: nothing installed
