@@ -341,6 +341,31 @@ class RolloutConfig(_Frozen):
     # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
     # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
     standby_s: float = Field(86400, ge=0, le=MAX_SECONDS)
+    # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
+    # the bound of deployctl's pool of SSH workers.
+    parallel_hosts: int = Field(8, ge=1, le=256)
+    # Hosts out of nginx at once while the roll after the canary's last step restarts the stable hosts: a count or
+    # "N%" of all hosts (rounded down, at least 1), as Kubernetes' maxUnavailable. Unset: the canary's host count,
+    # or a quarter of the fleet when that is more (rollout/plan.py).
+    max_unavailable: Optional[int | str] = None
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _max_unavailable(cls, v):
+        if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        if isinstance(v, str) and v.endswith("%") and v[:-1].isdigit() and 1 <= int(v[:-1]) <= 100:
+            return v
+        raise ValueError("max_unavailable must be a host count >= 1 or a percentage such as \"25%\" (1% to 100%)")
+
+    def unavailable(self, num_hosts: int, num_canary: int) -> int:
+        """Hosts per batch of the roll after the canary (see max_unavailable), at least 1."""
+        v = self.max_unavailable
+        if v is None:
+            return max(1, num_canary, num_hosts // 4)
+        if isinstance(v, str):
+            return max(1, num_hosts * int(v[:-1]) // 100)
+        return v
 
     @field_validator("steps")
     @classmethod

@@ -283,7 +283,7 @@ class Deployment:
             return standby.activate(h, self.cfg, release_id, should_stop=self.check, on_switch=self.switched.add,
                                     say=self.say)
 
-        ok, bad = hostops.on_hosts(hosts, act, deadline_s=hostops.activate_deadline_s(self.cfg),
+        ok, bad = self.fleet.on_hosts(hosts, act, deadline_s=hostops.activate_deadline_s(self.cfg),
                                    what=f"switching to {release_id}")
         for n, v in ok.items():
             self.say("host", f"{n}: ready in {v.ready_s:.1f} s, sample inference {v.tokens} tokens{v.note()} "

@@ -32,6 +32,10 @@ class Fleet:
         self._router_host = None
         self.wheel = None
 
+    def on_hosts(self, hosts: list, fn, **kw) -> tuple[dict, dict]:
+        """hostops.on_hosts with this fleet's bound: at most rollout.parallel_hosts hosts worked at once."""
+        return hostops.on_hosts(hosts, fn, workers=self.cfg.rollout.parallel_hosts, **kw)
+
     # ------------------------------------------------------------------------------------------ connections
     def connect(self) -> None:
         from deployctl.hosts import Host
@@ -39,7 +43,7 @@ class Fleet:
         self.hosts = {h.name: Host.from_config(h) for h in self.cfg.hosts}
         self.store = StateStore(list(self.hosts.values()))
         # which port each runtime serves on now (the configured one, or spare_port after a rollback there)
-        hostops.on_hosts([h for h in self.hosts.values() if h.config.spare_port],
+        self.on_hosts([h for h in self.hosts.values() if h.config.spare_port],
                          lambda h: launcher.load_port(h, self.cfg), deadline_s=hostops.QUICK_DEADLINE_S,
                          what="reading the active port")
         if self.cfg.router is not None:
@@ -72,7 +76,7 @@ class Fleet:
 
     def current_releases(self) -> dict[str, Optional[str]]:
         """``current`` on every host. Raises the first RemoteError when a host cannot be reached (exit 4)."""
-        ok, bad = hostops.on_hosts(list(self.hosts.values()), release.current_release,
+        ok, bad = self.on_hosts(list(self.hosts.values()), release.current_release,
                                    deadline_s=hostops.QUICK_DEADLINE_S, what="reading the current release")
         if bad:
             name, err = next(iter(bad.items()))
@@ -112,7 +116,7 @@ class Fleet:
         deploy will make them agree, but the operator should know what they were serving. Returns the lines."""
         from deployctl.rollout.fleetcheck import differences, snapshot
 
-        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: snapshot(h, self.cfg),
+        ok, _ = self.on_hosts(list(self.hosts.values()), lambda h: snapshot(h, self.cfg),
                                  deadline_s=hostops.QUICK_DEADLINE_S, what="reading what each host serves")
         lines = differences([{"host": n, **ok[n]} for n in self.hosts if n in ok])
         for line in lines:
@@ -150,7 +154,7 @@ class Fleet:
                                   on_put=(lambda: point("upload:put", host=h.name)) if point else None)
 
         self.say("info", f"uploading release {info.id} to {len(self.hosts)} hosts")
-        _, bad = hostops.on_hosts(list(self.hosts.values()), up, deadline_s=release.UPLOAD_DEADLINE_S,
+        _, bad = self.on_hosts(list(self.hosts.values()), up, deadline_s=release.UPLOAD_DEADLINE_S,
                                   what=f"uploading release {info.id}")
         if bad:
             name, err = next(iter(bad.items()))
@@ -159,7 +163,7 @@ class Fleet:
     def prune(self, plan) -> None:
         keep = self.cfg.rollout.keep_releases
         protect = {plan.release.id} | ({plan.from_release} if plan.from_release else set())
-        ok, _ = hostops.on_hosts(list(self.hosts.values()), lambda h: release.prune(h, keep, protect),
+        ok, _ = self.on_hosts(list(self.hosts.values()), lambda h: release.prune(h, keep, protect),
                                  deadline_s=hostops.QUICK_DEADLINE_S, what="pruning old releases")
         gone = sorted({r for v in ok.values() for r in v})
         if gone:
@@ -190,7 +194,7 @@ class Fleet:
             for h in back:
                 self.say("host", f"{h.name}: back to {plan.from_release}", host=h.name)
             # a canary whose old release sleeps beside it: stop the canary, wake the old one (standby.restore)
-            ok, bad = hostops.on_hosts(back, lambda h: standby.restore(h, self.cfg, plan.from_release, say=self.say),
+            ok, bad = self.on_hosts(back, lambda h: standby.restore(h, self.cfg, plan.from_release, say=self.say),
                                        deadline_s=hostops.activate_deadline_s(self.cfg),
                                        what=f"going back to {plan.from_release}")
         if bare:
@@ -202,7 +206,7 @@ class Fleet:
                 if plan.from_release:  # a new host beside serving ones: it serves nothing again, and says so
                     release.clear_current(h)
 
-            _, stopped_bad = hostops.on_hosts(bare, stop_bare,
+            _, stopped_bad = self.on_hosts(bare, stop_bare,
                                               deadline_s=stop_wait_s(self.cfg) + 60,
                                               what="stopping the runtime")
             bad.update(stopped_bad)

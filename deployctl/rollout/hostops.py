@@ -127,14 +127,16 @@ def activate_deadline_s(cfg: DeployConfig) -> float:
     return 330 + (stop_wait_s(cfg) + 35) + 30 + verify_s + 60
 
 
-def on_hosts(hosts: list, fn, *, deadline_s: Optional[float] = None, what: str = "") -> tuple[dict, dict]:
-    """Run ``fn(host)`` on every host in parallel, bounded by ``deadline_s`` (deployctl.hosts.run_on_hosts: a host
-    that misses it gets a HostDeadline error naming it). Returns ({name: value}, {name: error})."""
+def on_hosts(hosts: list, fn, *, workers: int, deadline_s: Optional[float] = None,
+             what: str = "") -> tuple[dict, dict]:
+    """Run ``fn(host)`` on every host in parallel, at most ``workers`` at once (rollout.parallel_hosts), bounded by
+    ``deadline_s`` (deployctl.hosts.run_on_hosts: a host that misses it gets a HostDeadline error naming it).
+    Returns ({name: value}, {name: error})."""
     from deployctl.hosts import run_on_hosts
 
     if not hosts:
         return {}, {}
-    outcomes = run_on_hosts(hosts, fn, deadline_s=deadline_s, what=what)
+    outcomes = run_on_hosts(hosts, fn, max_workers=workers, deadline_s=deadline_s, what=what)
     ok = {o.host: o.value for o in outcomes if o.error is None}
     bad = {o.host: o.error for o in outcomes if o.error is not None}
     return ok, bad

@@ -113,7 +113,7 @@ def make_plan(cfg: DeployConfig, info: ReleaseInfo, current: dict[str, Optional[
     else:
         n_canary = min(cfg.rollout.canary_hosts, len(serving_hosts) - 1)
         canary, stable = serving_hosts[:n_canary], serving_hosts[n_canary:]
-    size = max(1, len(canary))
+    size = cfg.rollout.unavailable(len(names), len(canary))
     batches = [stable[i:i + size] for i in range(0, len(stable), size)] + ([bare] if bare else [])
     return DeployPlan(info, "canary", from_release, canary, stable, steps, cfg.rollout.pause_s, batches, dict(current),
                       pauses=[cfg.rollout.pause_of(w) for w in steps])

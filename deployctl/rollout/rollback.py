@@ -114,7 +114,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             return _Look(cur, h.exists(rdir + "/release.json"), launcher.supports_beside(h, cfg, rdir), rec, wakeable,
                          fit, _served(h, cfg))
 
-        found, bad = hostops.on_hosts(list(fleet.hosts.values()), look)
+        found, bad = fleet.on_hosts(list(fleet.hosts.values()), look)
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else DeployctlError(about(name, err))
@@ -186,7 +186,7 @@ def _stop_stale(fleet: Fleet, cfg, recs: dict, target: str, say, phases: dict) -
         why = ("expired" if rec.expired else "not asleep on its port") if rec.release == target else "an older release"
         say("host", f"{n}: stopping the standby of {rec.release} on port {rec.port} ({why})", host=n)
     ts = time.monotonic()
-    _, bad = hostops.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.stop(h, cfg, recs[h.name]))
+    _, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.stop(h, cfg, recs[h.name]))
     phases["standby_stop_s"] = round(time.monotonic() - ts, 2)
     for n, e in bad.items():
         say("warn", f"stopping the standby failed: {about(n, e)}")
@@ -201,7 +201,7 @@ def _wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route,
     for n, rec in recs.items():
         say("host", f"{n}: waking the standby of {target} on port {rec.port}, verifying", host=n)
     tb = time.monotonic()
-    ok, bad = hostops.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
+    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
     phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake",
                               "hosts": {n: v.timings for n, v in ok.items()}})
     for n, v in ok.items():
@@ -227,7 +227,7 @@ def _wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route,
             fleet.hosts[n].config._active_port = p
         raise
     td = time.monotonic()
-    _, failed = hostops.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
+    _, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
     phases["drain_s"] = round(time.monotonic() - td, 2)
     return list(ok), [f"{about(n, e)} (stopping the bad release; the woken one serves)" for n, e in failed.items()]
 
@@ -291,7 +291,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         for n in batch:
             say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
         tb = time.monotonic()
-        ok, bad = hostops.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
+        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
         phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2),
                                   "hosts": {n: v.timings for n, v in ok.items()}})
         for n, v in ok.items():
@@ -312,7 +312,7 @@ def _beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], por
     for n in names:
         say("host", f"{n}: starting {target} on port {ports[n]} beside the serving runtime, verifying", host=n)
     tb = time.monotonic()
-    ok, bad = hostops.on_hosts([fleet.hosts[n] for n in names],
+    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names],
                                lambda h: hostops.activate_beside(h, cfg, target, ports[h.name]))
     phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "beside",
                               "hosts": {n: v.timings for n, v in ok.items()}})
@@ -336,7 +336,7 @@ def _beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], por
             release.switch_current(fleet.hosts[n], current[n])
         raise
     td = time.monotonic()
-    done, failed = hostops.on_hosts([fleet.hosts[n] for n in ok], lambda h: hostops.retire(h, cfg, ports[h.name], olds[h.name]))
+    done, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: hostops.retire(h, cfg, ports[h.name], olds[h.name]))
     phases["drain_s"] = round(time.monotonic() - td, 2)
     problems += [f"{about(n, e)} (stopping the previous runtime; the new one serves)" for n, e in failed.items()]
     return problems

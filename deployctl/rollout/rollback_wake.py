@@ -53,7 +53,7 @@ def wake_after_stop(fleet, cfg, target: str, recs: dict, serving: list[str], kee
             say("host", f"{n}: draining and stopping the serving release, then waking the standby of {target} on "
                         f"port {recs[n].port}, verifying", host=n)
         tb = time.monotonic()
-        ok, bad = hostops.on_hosts([fleet.hosts[n] for n in batch],
+        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch],
                                    lambda h: _one(h, cfg, recs[h.name], target, failed))
         phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake_after_stop",
                                   "hosts": ok})

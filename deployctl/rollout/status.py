@@ -37,12 +37,10 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""
-    from deployctl.rollout.hostops import on_hosts
-
     fleet = Fleet(cfg, emitter(None))
     try:
         fleet.connect()
-        ok, bad = on_hosts(list(fleet.hosts.values()), lambda h: _host_status(h, cfg))
+        ok, bad = fleet.on_hosts(list(fleet.hosts.values()), lambda h: _host_status(h, cfg))
         split = None
         if fleet.router is not None:
             try:

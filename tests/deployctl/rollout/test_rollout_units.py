@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from deployctl.config import parse_config
-from deployctl.errors import UsageError
+from deployctl.errors import ConfigError, UsageError
 from deployctl.rollout.analysis import GroupStats, count_access_log, judge, upstream_map
 from deployctl.rollout.router import split_for
 from deployctl.rollout.lock import judge as judge_lock
@@ -155,3 +155,54 @@ def test_down_or_restarted_canary_fails_before_counting(cfg):
     assert v.result == "fail" and "does not answer /metrics" in v.reason
     v = judge(cfg, GroupStats(["a"], requests=50, restarted=["a"]), ok, 5.0)
     assert v.result == "fail" and "restarted" in v.reason
+
+
+@pytest.mark.parametrize("setting,sizes", [
+    ("", [2, 2, 2, 1]),              # unset: a quarter of 8 hosts (more than the one canary host)
+    ("max_unavailable: 1", [1] * 7),
+    ("max_unavailable: 3", [3, 3, 1]),
+    ("max_unavailable: '50%'", [4, 3]),
+    ("max_unavailable: '10%'", [1] * 7),  # 0.8 hosts: at least one
+])
+def test_the_roll_after_the_canary_goes_in_batches_of_max_unavailable(setting, sizes):
+    hosts = "".join(f"  - {{name: h{i}, address: 127.0.0.1, deploy_root: /d/h{i}, server_port: {8000 + i}}}\n"
+                    for i in range(8))
+    cfg = parse_config("service: {name: svc}\nmodel: {path: /m}\nhosts:\n" + hosts +
+                       "router: {host: local, listen: 18123, upstream_conf: /etc/nginx/conf.d/svc.conf}\n"
+                       f"rollout: {{canary_hosts: 1, {setting}}}\n")
+    info = ReleaseInfo("r2", "", "", "", "w.whl", "0" * 64, "0.1.0")
+    p = make_plan(cfg, info, {f"h{i}": "r1" for i in range(8)}, 5)
+    assert p.canary == ["h0"] and [len(b) for b in p.batches] == sizes
+    assert [n for b in p.batches for n in b] == [f"h{i}" for i in range(1, 8)]
+
+
+@pytest.mark.parametrize("bad", ["0", "'0%'", "'101%'", "'half'", "-1"])
+def test_a_bad_max_unavailable_is_refused_naming_it(bad):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(f"service: {{name: svc}}\nmodel: {{path: /m}}\nhosts: [{{name: a, address: local}}]\n"
+                     f"rollout: {{max_unavailable: {bad}}}\n")
+    assert "max_unavailable must be a host count >= 1 or a percentage" in str(exc.value)
+
+
+def test_fleet_wide_steps_work_at_most_parallel_hosts_at_once():
+    import threading
+    import time
+
+    from deployctl.rollout.fleet import Fleet
+
+    hosts = "".join(f"  - {{name: h{i}, address: 127.0.0.1, deploy_root: /d/h{i}, server_port: {8000 + i}}}\n"
+                    for i in range(6))
+    cfg = parse_config("service: {name: svc}\nmodel: {path: /m}\nhosts:\n" + hosts + "rollout: {parallel_hosts: 2}\n")
+    fleet, lock, now, peak = Fleet(cfg, lambda *a, **k: None), threading.Lock(), [0], [0]
+
+    def work(h):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.1)
+        with lock:
+            now[0] -= 1
+        return h.name
+
+    ok, bad = fleet.on_hosts([type("H", (), {"name": f"h{i}"})() for i in range(6)], work, what="test")
+    assert not bad and sorted(ok) == [f"h{i}" for i in range(6)] and peak[0] == 2
