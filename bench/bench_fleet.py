@@ -1,0 +1,149 @@
+"""How deploy and rollback time grow with the fleet (issue 28): 8, 16 and 32 hosts in one run.
+
+Each host is a real OpenSSH server on 127.0.0.1 (tests/support/sshd.py's fleet, so every remote command pays a
+real SSH round trip) running the light stand-in engine (tests/support/standin_engine: deployed through the
+ordinary DEPLOYCTL_RUNTIME_WHEEL upload, pip install, launch.sh supervisor and verify; it starts in well under a
+second, so the times are deployctl's own: SSH, uploads, installs, router reloads, state files). A real nginx routes.
+
+Per fleet size: the first deploy (every host at once, ``rollout.parallel_hosts`` at a time), a canary deploy (one
+canary host at 100%, then the rest in batches of ``rollout.max_unavailable``, default a quarter), and a rollback (a
+third of the hosts, then the rest). The peer is the linear extrapolation from the smallest fleet: each line prints
+time / (hosts / smallest × the smallest fleet's time); below 1.0 grows less than linearly.
+
+    python bench/bench_fleet.py [--hosts 8,16,32] [--parallel-hosts 8]
+
+Needs root (sshd) and nginx: tests/setup.sh installs both.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+
+def _model(d: Path) -> Path:
+    """The stand-in's model directory: the files deployctl hashes and reads, no weights."""
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"model_type": "standin", "max_position_embeddings": 256}) + "\n")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}"
+                                                                          "{% endfor %}"}) + "\n")
+    (d / "manifest.sha256").write_text("".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n"
+                                               for n in ("config.json", "tokenizer_config.json")))
+    return d
+
+
+def _cli(path: Path, env: dict, *args: str) -> float:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "deployctl", *args, "-c", str(path)], capture_output=True, text=True,
+                       timeout=1800, env={**os.environ, **env}, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"`deployctl {' '.join(args)}` failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return time.monotonic() - t0
+
+
+def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel: Path, key: Path) -> dict:
+    import yaml
+
+    from support.nginx import NginxRouter
+    from support.ports import free_port
+    from support.sshd import Fleet
+
+    root = work / f"fleet-{n}"
+    root.mkdir()
+    os.chmod(root, 0o755)
+    known = root / "known_hosts"
+    known.touch()
+    fleet = Fleet(root, key, known)
+    nginx = NginxRouter(root / "nginx")
+    env = {"DEPLOYCTL_KNOWN_HOSTS": str(known), "DEPLOYCTL_CACHE": str(work / "cache"),
+           "DEPLOYCTL_SKIP_PREFLIGHT": "1", "DEPLOYCTL_RUNTIME_WHEEL": str(wheel),
+           "DEPLOYCTL_STATE": str(root / "control-state")}
+    try:
+        for _ in range(n):
+            fleet.add_host(None, False, True)
+        hosts = fleet.host_yaml(python=python)
+        for h in hosts:
+            h["server_port"] = free_port()
+        cfg = {"service": {"name": "bench-fleet"},
+               "model": {"path": str(model), "served_name": "tiny-chat", "dtype": "float32"},
+               "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+                          "kv_cache_memory": "8MiB"},
+               "server": {"port": 18080, "drain_timeout_s": 2, "startup_timeout_s": 60},
+               "hosts": hosts, "router": nginx.router_config(),
+               "rollout": {"canary_hosts": 1, "steps": [100], "pause_s": 0, "standby_s": 0,
+                           "parallel_hosts": parallel, "keep_releases": 3}}
+        path = root / "deploy.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        from deployctl.config import load_config
+
+        nginx.start(load_config(path))
+        first = _cli(path, env, "deploy", "--yes")
+        time.sleep(1.1)  # release ids carry the second
+        cfg["engine"]["max_num_seqs"] = 4  # a new release
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        canary = _cli(path, env, "deploy", "--yes")
+        rollback = _cli(path, env, "rollback")
+        return {"hosts": n, "first_deploy_s": first, "canary_deploy_s": canary, "rollback_s": rollback}
+    finally:
+        for h in fleet.hosts:  # the stand-ins' supervisors, then sshd and nginx
+            for pid_file in Path(h.deploy_root, "shared", "run").glob("runtime*.pid"):
+                try:
+                    os.killpg(int(pid_file.read_text().split()[0]), 9)
+                except (OSError, ValueError):
+                    pass
+        fleet.close()
+        nginx.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", default="8,16,32")
+    ap.add_argument("--parallel-hosts", type=int, default=8)
+    args = ap.parse_args()
+    sizes = sorted(int(x) for x in args.hosts.split(","))
+    if os.geteuid() != 0 or not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
+        raise SystemExit("needs root (the sshd fleet) and nginx: run tests/setup.sh first")
+    from deployctl.demo.localenv import overlay_venv
+    from support.sshd import _keygen
+    from support.standin_engine import standin_wheel
+
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    try:
+        key = work / "id_ed25519"
+        _keygen(key)
+        python = str(overlay_venv(work / "hostenv"))
+        model, wheel = _model(work / "model"), standin_wheel(work / "wheel")
+        rows = []
+        for n in sizes:
+            rows.append(run_size(n, args.parallel_hosts, work, python, model, wheel, key))
+            r = rows[-1]
+            print(f"{n:3d} hosts: first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
+                  f" rollback {r['rollback_s']:6.1f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = rows[0]
+    print(f"\ngrowth against linear from {base['hosts']} hosts (time / (hosts/{base['hosts']} x its time); < 1.0: "
+          f"less than linear), parallel_hosts {args.parallel_hosts}, max_unavailable unset (a quarter):")
+    for r in rows[1:]:
+        k = r["hosts"] / base["hosts"]
+        print(f"{r['hosts']:3d} hosts: " + ", ".join(f"{name} {r[key] / (k * base[key]):.2f}x"
+                                                   for name, key in (("first deploy", "first_deploy_s"),
+                                                                     ("canary deploy", "canary_deploy_s"),
+                                                                     ("rollback", "rollback_s"))))
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
