@@ -43,13 +43,23 @@ def _model(d: Path) -> Path:
     return d
 
 
-def _cli(path: Path, env: dict, *args: str) -> float:
+def _cli(path: Path, env: dict, *args: str) -> tuple[float, dict]:
+    """Run one deployctl command; (seconds, its remote commands from $DEPLOYCTL_TRACE_REMOTE: per host
+    ``commands`` and ``remote_s``, the mean over hosts)."""
+    trace = path.with_name(f"trace-{time.monotonic_ns()}.jsonl")
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "deployctl", *args, "-c", str(path)], capture_output=True, text=True,
-                       timeout=1800, env={**os.environ, **env}, cwd=ROOT)
+                       timeout=1800, env={**os.environ, **env, "DEPLOYCTL_TRACE_REMOTE": str(trace)}, cwd=ROOT)
+    wall = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"`deployctl {' '.join(args)}` failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return time.monotonic() - t0
+    per: dict[str, list] = {}
+    for line in trace.read_text().splitlines() if trace.exists() else []:
+        rec = json.loads(line)
+        per.setdefault(rec["host"], []).append(rec["s"])
+    hosts = [v for k, v in per.items() if k.startswith("gpu-")]
+    return wall, {"commands": sum(map(len, hosts)) / max(1, len(hosts)),
+                  "remote_s": sum(map(sum, hosts)) / max(1, len(hosts))}
 
 
 def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel: Path, key: Path) -> dict:
@@ -88,13 +98,14 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
         from deployctl.config import load_config
 
         nginx.start(load_config(path))
-        first = _cli(path, env, "deploy", "--yes")
+        first, t1 = _cli(path, env, "deploy", "--yes")
         time.sleep(1.1)  # release ids carry the second
         cfg["engine"]["max_num_seqs"] = 4  # a new release
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        canary = _cli(path, env, "deploy", "--yes")
-        rollback = _cli(path, env, "rollback")
-        return {"hosts": n, "first_deploy_s": first, "canary_deploy_s": canary, "rollback_s": rollback}
+        canary, t2 = _cli(path, env, "deploy", "--yes")
+        rollback, t3 = _cli(path, env, "rollback")
+        return {"hosts": n, "first_deploy_s": first, "canary_deploy_s": canary, "rollback_s": rollback,
+                "trace": {"first deploy": t1, "canary deploy": t2, "rollback": t3}}
     finally:
         for h in fleet.hosts:  # the stand-ins' supervisors, then sshd and nginx
             for pid_file in Path(h.deploy_root, "shared", "run").glob("runtime*.pid"):
@@ -130,7 +141,9 @@ def main() -> None:
             rows.append(run_size(n, args.parallel_hosts, work, python, model, wheel, key))
             r = rows[-1]
             print(f"{n:3d} hosts: first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
-                  f" rollback {r['rollback_s']:6.1f} s", flush=True)
+                  f" rollback {r['rollback_s']:6.1f} s; per host, remote commands (their seconds): " +
+                  ", ".join(f"{k} {t['commands']:.0f} ({t['remote_s']:.1f} s)" for k, t in r["trace"].items()),
+                  flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0]

@@ -19,6 +19,7 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_RUNTIME_FAULT     | copied into a new release's runtime.env (fault injection)   | none                           |
 | DEPLOYCTL_CRD_SCHEMAS       | folder whose node_modules/ holds the CRD schema packages    | the copy inside deployctl      |
 | DEPLOYCTL_FAKE_GPU_MEMORY   | test-only stand-in GPU ledger: copied into a new release's runtime.env, read by the host probe | none |
+| DEPLOYCTL_TRACE_REMOTE      | a file to append one JSON line per remote command to: host, seconds, exit code, the command (profiling a fleet step) | none |
 | DEPLOYCTL_TEST_KILL_AT      | test-only: SIGKILL this process right after writing a rollout journal record: its N-th, or the first named ``KIND[:STEP]`` (crash tests) | none |
 
 Also here: ``operator()`` (who runs deployctl: ``$SUDO_USER`` or the login name, at this machine) and
@@ -92,6 +93,7 @@ class Settings:
     fake_gpu_memory: Optional[str] = None
     state_dir: Path = Path("~/.local/state/deployctl").expanduser()
     test_kill_at: Optional[str] = None
+    trace_remote: Optional[Path] = None
 
 
 # field -> (variable, parser, default when unset or empty)
@@ -111,6 +113,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "fake_gpu_memory": (FAKE_GPU_VAR, _text, None),
     "state_dir": ("DEPLOYCTL_STATE", _path, Path("~/.local/state/deployctl").expanduser()),
     "test_kill_at": ("DEPLOYCTL_TEST_KILL_AT", _text, None),
+    "trace_remote": ("DEPLOYCTL_TRACE_REMOTE", _path, None),
 }
 VARIABLES = tuple(var for var, _, _ in _FIELDS.values())
 

@@ -72,7 +72,11 @@ class Host:
                 if not key.isidentifier():
                     raise RemoteCommandError(f"env name {key!r} for {self.name} is not a shell identifier",
                                              host=self.name, command=cmd)
+        t0 = time.monotonic()
         result = self._transport.exec(cmd, timeout=timeout, input=input, env=env)
+        trace = settings.current().trace_remote
+        if trace is not None:
+            _trace(trace, self.name, time.monotonic() - t0, result.exit_code, cmd)
         if check and result.exit_code != 0:
             raise RemoteCommandError(
                 f"`{short_command(cmd)}` failed on {self.name} with exit code {result.exit_code}: "
@@ -194,6 +198,20 @@ class HostOutcome(Generic[T]):
 # the longest any group operation waits when its caller names no deadline (a rollout step passes its own, derived
 # from the timeouts of the remote calls it makes): every wait on parallel host work ends
 DEFAULT_GROUP_DEADLINE_S = 1800.0
+
+
+_trace_lock = threading.Lock()
+
+
+def _trace(path: Path, host: str, seconds: float, exit_code: int, cmd: str) -> None:
+    """One JSON line per remote command into $DEPLOYCTL_TRACE_REMOTE (settings): never the command's input, and
+    the command cut at 300 characters (a rendered file's text is passed as input, not on the command line)."""
+    import json
+
+    line = json.dumps({"t": round(time.time(), 3), "host": host, "s": round(seconds, 4), "exit": exit_code,
+                       "cmd": cmd[:300]})
+    with _trace_lock, open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
 
 
 def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int = 8,
