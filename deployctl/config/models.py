@@ -343,13 +343,13 @@ class RolloutConfig(_Frozen):
     standby_s: float = Field(86400, ge=0, le=MAX_SECONDS)
     # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
     # the bound of deployctl's pool of SSH workers.
-    parallel_hosts: int = Field(8, ge=1, le=256)
+    parallel_hosts: int = Field(8, ge=1, le=256, strict=True)
     # Hosts out of nginx at once while the roll after the canary's last step restarts the stable hosts: a count or
     # "N%" of all hosts (rounded down, at least 1), as Kubernetes' maxUnavailable. Unset: the canary's host count,
     # or a quarter of the fleet when that is more (rollout/plan.py).
     max_unavailable: Optional[int | str] = None
 
-    @field_validator("max_unavailable")
+    @field_validator("max_unavailable", mode="before")
     @classmethod
     def _max_unavailable(cls, v):
         if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 1:

@@ -21,10 +21,20 @@ import re
 from typing import Mapping, Optional
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-VALUE = re.compile(r"^[A-Za-z0-9._~+/=:,@%-]*$")
-VALUE_CHARS = "letters, digits and . _ ~ + / = : , @ % -"
+# no ~ (sh expands it, systemd's EnvironmentFile= does not) and no % (systemd expands specifiers in ExecStartPre=)
+VALUE = re.compile(r"^[A-Za-z0-9._+/=:,@-]*$")
+VALUE_CHARS = "letters, digits and . _ + / = : , @ -"
 # set by deployctl itself on every engine (gpu_env, the unit, the runtime's key variable)
 RESERVED = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED", "DEPLOYCTL_RUNTIME_API_KEY"})
+# launch.sh sources runtime.env (set -a) into its own shell: its variables, and the shell's own, stay its own
+# (tests/deployctl/engines/test_engines_process_env_names.py checks this list against the template)
+LAUNCHER_NAMES = frozenset({
+    "BACKOFF_S", "CHILD_PID_FILE", "CONFIG_ERROR_EXIT", "DEPLOYCTL_LAUNCH_PORT", "ENGINE_CMD", "GPU_WAIT_S",
+    "LOG_BACKUPS", "LOG_CHECK_S", "LOG_FILE", "LOG_MAX_BYTES", "MAX_BACKOFF_S", "MAX_FAILURES", "PID_FILE",
+    "RELEASE_DIR", "STABLE_AFTER_S", "STOP_TIMEOUT_S", "KillMode",
+    "child", "d", "deadline", "delay", "failures", "i", "keeper", "killer", "m", "pgid", "pid", "rc", "s", "size",
+    "sleeper", "started", "stopping", "supervisor",
+    "IFS", "PATH", "HOME", "SHELL", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "OLDPWD", "PWD"})
 CACHE_SUBDIRS = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm",
                  "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}
 
@@ -37,6 +47,9 @@ def check_name(name: object, where: str) -> str:
     if name in RESERVED:
         raise ValueError(f"{where}: {name} is set by deployctl (from hosts[].gpus, or the API key); remove it "
                          "(hosts[].gpus chooses the GPUs, server.api_key_env the key)")
+    if name in LAUNCHER_NAMES:
+        raise ValueError(f"{where}: {name} is a variable of the shell that starts the engine (launch.sh sources "
+                         "runtime.env); it would change how the engine is started or stopped: remove it")
     return name
 
 
@@ -54,11 +67,12 @@ def check_env(env: dict, secret_names: list, cache_dir: Optional[str]) -> None:
         raise ValueError(f"engine.env and engine.secret_env both name {both[0]}; a secret's value comes from "
                          "deployctl's environment: keep it in secret_env only")
     if cache_dir is not None:
-        if not cache_dir.startswith("/") or not VALUE.match(cache_dir):
-            raise ValueError(f"engine.cache_dir {cache_dir!r}: an absolute path of {VALUE_CHARS} only")
+        if not cache_dir.startswith("/") or not VALUE.match(cache_dir) or not cache_dir.strip("/"):
+            raise ValueError(f"engine.cache_dir {cache_dir!r}: an absolute path below / of {VALUE_CHARS} only")
         taken = sorted(set(CACHE_SUBDIRS) & (set(env) | set(secret_names)))
         if taken:
-            raise ValueError(f"engine.env sets {taken[0]}, which engine.cache_dir sets to "
+            which = "engine.env" if taken[0] in env else "engine.secret_env"
+            raise ValueError(f"{which} sets {taken[0]}, which engine.cache_dir sets to "
                              f"{cache_env(cache_dir)[taken[0]]}; drop one of them")
 
 
@@ -79,7 +93,8 @@ def secret_values(names: list[str], environ: Mapping[str, str]) -> dict[str, str
     for name in names:
         value = environ.get(name)
         if not value:
-            raise ConfigError(f"engine.secret_env names {name} but {name} is not set in deployctl's environment",
+            raise ConfigError(f"engine.secret_env names {name} but {name} is not set in deployctl's environment "
+                              "(or is empty)",
                               fix=f"export {name}=<value> before rendering or deploying (it is written only to the "
                                   "0600 runtime.env)")
         if not VALUE.match(value):

@@ -1,6 +1,7 @@
 """Operations on one host that deploy, abort and rollback share, and running them on several hosts at once."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Callable, Optional
@@ -118,24 +119,27 @@ QUICK_DEADLINE_S = 120.0
 
 def activate_deadline_s(cfg: DeployConfig) -> float:
     """Seconds ``activate`` may take on one host before the group goes on without it: the sum of the timeouts of
-    the remote calls it makes — switch + install (release.switch_and_install: 300 s + 30 s), stop
+    the remote calls it makes — switch + install (release.switch_and_install: engine.install_timeout_s + 30 s), stop
     (engines.command.stop_wait_s + 5 s + 30 s, launcher.stop), start (30 s), the readiness wait (server.startup_timeout_s, the cap of verify_timeout or
     DEPLOYCTL_VERIFY_TIMEOUT_S) — plus 60 s for the sample inference and the log reads."""
     verify_s = max(settings.current().verify_timeout_s or 0, cfg.server.startup_timeout_s)
     from deployctl.engines.command import stop_wait_s
 
-    return 330 + (stop_wait_s(cfg) + 35) + 30 + verify_s + 60
+    return cfg.engine.install_timeout_s + 30 + (stop_wait_s(cfg) + 35) + 30 + verify_s + 60
 
 
 def on_hosts(hosts: list, fn, *, workers: int, deadline_s: Optional[float] = None,
              what: str = "") -> tuple[dict, dict]:
     """Run ``fn(host)`` on every host in parallel, at most ``workers`` at once (rollout.parallel_hosts), bounded by
-    ``deadline_s`` (deployctl.hosts.run_on_hosts: a host that misses it gets a HostDeadline error naming it).
+    ``deadline_s`` per host: the group's bound is ``deadline_s`` × the rounds of ``workers`` the hosts need
+    (deployctl.hosts.run_on_hosts: a host that misses it gets a HostDeadline error naming it).
     Returns ({name: value}, {name: error})."""
     from deployctl.hosts import run_on_hosts
 
     if not hosts:
         return {}, {}
+    if deadline_s is not None:  # ``deadline_s`` is one host's: hosts waiting for a worker must not use it up
+        deadline_s *= math.ceil(len(hosts) / max(1, workers))
     outcomes = run_on_hosts(hosts, fn, max_workers=workers, deadline_s=deadline_s, what=what)
     ok = {o.host: o.value for o in outcomes if o.error is None}
     bad = {o.host: o.error for o in outcomes if o.error is not None}

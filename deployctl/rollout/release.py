@@ -283,17 +283,17 @@ if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
     envs={engines}; venv="$envs/$dist-$ver"
     mkdir -p "$envs"
     exec 8>>"$envs/.lock"
-    flock -w {timeout} 8
+    flock -w {timeout} 8 || {{ echo "engine: another install into $envs held its lock for {timeout} s" >&2; exit 1; }}
     if [ ! -f "$venv/.deployctl-installed" ]; then
+      # built in place (a venv's console scripts name its path), complete only once the marker is written
       echo "engine: installing $dist==$ver into $venv (once per host)" >&2
-      rm -rf "$venv.partial" && PYTHONPATH= {python} -m venv "$venv.partial"
-      PYTHONPATH= timeout {timeout} "$venv.partial/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
-      printf '%s==%s own venv, shared\\n' "$dist" "$ver" > "$venv.partial/.deployctl-installed"
-      rm -rf "$venv" && mv "$venv.partial" "$venv"
+      rm -rf "$venv" && PYTHONPATH= {python} -m venv "$venv"
+      PYTHONPATH= timeout {timeout} "$venv/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+      printf '%s==%s own venv, shared\\n' "$dist" "$ver" > "$venv/.deployctl-installed"
       echo engine-installed
     fi
-    exec 8>&-
     rm -rf "$rdir/engine" && ln -s "$venv" "$rdir/engine"
+    exec 8>&-
   fi
 fi"""
 
@@ -372,7 +372,8 @@ def prune(host, keep: int, protect: set[str], *, timeout: float = 60) -> list[st
         envs, rels = shared_dir(host.config, ENGINES_DIR), release_dir(host.config, "")
         host.run(["bash", "-c", f"""cd {shlex.quote(envs)} 2>/dev/null || exit 0
 exec 8>>.lock; flock -n 8 || exit 0
-used=$(for l in {shlex.quote(rels)}*/engine; do [ -L "$l" ] && readlink "$l"; done)
-for d in */; do d=${{d%/}}; [ -d "$d" ] || continue; case "$d" in *.partial) continue;; esac
-  printf '%s\\n' "$used" | grep -qx "$PWD/$d" || rm -rf "$d"; done"""], timeout=timeout)
+here=$(pwd -P)
+used=$(for l in {shlex.quote(rels)}*/engine; do [ -L "$l" ] && readlink -f "$l"; done)
+for d in */; do d=${{d%/}}; [ -d "$d" ] || continue
+  printf '%s\\n' "$used" | grep -qxF "$here/$d" || rm -rf -- "$d"; done"""], timeout=timeout)
     return gone

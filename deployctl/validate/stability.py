@@ -184,7 +184,7 @@ class Backoff:
     def gap_after_burst(self) -> float:
         """Seconds to wait after the burst that just ended (module doc)."""
         if self.ok or not self.failed:
-            self.streak = 0
+            self.streak, self.first_error = 0, ""
             return self.cfg.gap_s
         self.streak += 1
         if self.streak >= self.STOP_AFTER:
@@ -193,7 +193,7 @@ class Backoff:
                         f"{self.first_error}); the rest of --duration was not sent")
             return self.cfg.gap_s
         self.backed_off += 1
-        return min(self.MAX_GAP_S, self.cfg.gap_s * 2 ** self.streak)
+        return max(self.cfg.gap_s, min(self.MAX_GAP_S, self.cfg.gap_s * 2 ** self.streak))
 
 
 def _series(samples: list[Sample], source: str, key: str, phases=None) -> list[tuple[float, float]]:

@@ -48,8 +48,8 @@ def test_variables_go_to_the_env_file_and_the_cache_dir_to_every_target(tmp_path
     assert not leaked, leaked
     if target == "systemd":
         unit = next(out.rglob("llama-8b.service")).read_text()
-        assert f"ExecStartPre=/bin/mkdir -p {CACHE}" in unit
-        assert f"mkdir -p \"$(dirname \"$PID_FILE\")\" \"$(dirname \"$LOG_FILE\")\" {CACHE}" in \
+        assert f"ExecStartPre=+/bin/sh -c 'mkdir -p {CACHE} && chown deploy {CACHE}'" in unit  # User=deploy
+        assert f"  mkdir -p {CACHE} 2>/dev/null || echo \"launch.sh: cannot create engine.cache_dir {CACHE}" in \
             next(out.rglob("launch.sh")).read_text()
     elif target == "container":
         vol = yaml.safe_load(next(out.rglob("compose.yaml")).read_text())["services"]["runtime"]["volumes"]
@@ -92,6 +92,23 @@ def test_a_name_deployctl_sets_for_the_engine_is_refused_at_render(tmp_path, mon
     ({"env": {"HF_TOKEN": "x"}}, "engine.env and engine.secret_env both name HF_TOKEN"),
     ({"env": {"HF_HOME": "/data/hf"}}, "engine.env sets HF_HOME, which engine.cache_dir sets to"),
     ({"cache_dir": "relative/cache"}, "engine.cache_dir 'relative/cache': an absolute path"),
+    ({"cache_dir": "/"}, "engine.cache_dir '/': an absolute path below /"),
+    ({"cache_dir": "/var/cache/%h"}, "engine.cache_dir '/var/cache/%h'"),  # systemd would expand %h
+    ({"env": {"X": "~/foo"}}, "engine.env.X: the value has characters"),  # sh expands ~, systemd does not
+    ({"env": {"ENGINE_CMD": "/bin/echo"}}, "ENGINE_CMD is a variable of the shell that starts the engine"),
+    ({"env": {"PID_FILE": "/tmp/x"}}, "PID_FILE is a variable of the shell that starts the engine"),
+    ({"env": {"IFS": ","}}, "IFS is a variable of the shell that starts the engine"),
+    ({"secret_env": ["HF_TOKEN", "HF_HOME"]}, "engine.secret_env sets HF_HOME, which engine.cache_dir sets"),
 ])
 def test_bad_engine_env_is_refused_naming_the_key(tmp_path, engine, says):
     assert_config_refused(_doc(**engine), says, tmp_path)
+
+
+def test_the_launcher_names_refused_are_every_variable_launch_sh_assigns():
+    import re
+
+    from deployctl.engines.processenv import LAUNCHER_NAMES, RESERVED
+
+    text = (paths.REPO / "templates" / "launch.sh.j2").read_text()
+    assigned = {m.group(1) for m in re.finditer(r"(?:^|[\s;(])(?:local\s+)?([A-Za-z_][A-Za-z0-9_]*)=", text, re.M)}
+    assert assigned <= LAUNCHER_NAMES | RESERVED, sorted(assigned - LAUNCHER_NAMES - RESERVED)

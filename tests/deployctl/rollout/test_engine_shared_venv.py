@@ -85,6 +85,8 @@ def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(f
     venv = shared / "sglang-0.5.23"
     assert (root / "releases" / "r1" / "engine").resolve() == venv
     assert (venv / ".deployctl-installed").read_text() == "sglang==0.5.23 own venv, shared\n"
+    # built where it stays: its console scripts name this venv's python (not a temporary path)
+    assert (venv / "bin" / "pip").read_text().splitlines()[0].startswith(f"#!{venv}/bin/python")
     assert _engine_version(root, "r1") == "0.5.23"
     # what preflight's engine check reads on the host: not in hosts[].python, but in the shared venv
     facts = probe_pinned_engine(host.config.python, str(root), "sglang", "0.5.23", "sglang")

@@ -206,3 +206,22 @@ def test_fleet_wide_steps_work_at_most_parallel_hosts_at_once():
 
     ok, bad = fleet.on_hosts([type("H", (), {"name": f"h{i}"})() for i in range(6)], work, what="test")
     assert not bad and sorted(ok) == [f"h{i}" for i in range(6)] and peak[0] == 2
+
+
+@pytest.mark.parametrize("bad", ["true", "2.0"])
+def test_max_unavailable_and_parallel_hosts_take_whole_numbers_only(bad):
+    for key in ("max_unavailable", "parallel_hosts"):
+        with pytest.raises(ConfigError) as exc:
+            parse_config(f"service: {{name: svc}}\nmodel: {{path: /m}}\nhosts: [{{name: a, address: local}}]\n"
+                         f"rollout: {{{key}: {bad}}}\n")
+        assert key in str(exc.value)
+
+
+def test_a_group_of_hosts_waiting_for_workers_gets_one_deadline_per_round():
+    import time
+
+    from deployctl.rollout import hostops
+
+    hosts = [type("H", (), {"name": f"h{i}"})() for i in range(4)]
+    ok, bad = hostops.on_hosts(hosts, lambda h: time.sleep(1.0) or h.name, workers=2, deadline_s=1.6)
+    assert not bad and sorted(ok) == ["h0", "h1", "h2", "h3"]  # two rounds of 1 s within 2 x 1.6 s
