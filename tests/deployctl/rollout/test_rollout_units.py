@@ -184,28 +184,19 @@ def test_a_bad_max_unavailable_is_refused_naming_it(bad):
     assert "max_unavailable must be a host count >= 1 or a percentage" in str(exc.value)
 
 
-def test_fleet_wide_steps_work_at_most_parallel_hosts_at_once():
-    import threading
-    import time
-
+def test_fleet_wide_steps_pass_parallel_hosts_as_the_worker_bound(monkeypatch):
+    # the bound itself (at most max_workers at once) is tests/deployctl/hosts/test_hosts_group_deadline.py's
     from deployctl.rollout.fleet import Fleet
 
     hosts = "".join(f"  - {{name: h{i}, address: 127.0.0.1, deploy_root: /d/h{i}, server_port: {8000 + i}}}\n"
                     for i in range(6))
     cfg = parse_config("service: {name: svc}\nmodel: {path: /m}\nhosts:\n" + hosts + "rollout: {parallel_hosts: 2}\n")
-    fleet, lock, now, peak = Fleet(cfg, lambda *a, **k: None), threading.Lock(), [0], [0]
-
-    def work(h):
-        with lock:
-            now[0] += 1
-            peak[0] = max(peak[0], now[0])
-        time.sleep(0.1)
-        with lock:
-            now[0] -= 1
-        return h.name
-
-    ok, bad = fleet.on_hosts([type("H", (), {"name": f"h{i}"})() for i in range(6)], work, what="test")
-    assert not bad and sorted(ok) == [f"h{i}" for i in range(6)] and peak[0] == 2
+    seen = {}
+    monkeypatch.setattr("deployctl.hosts.run_on_hosts",
+                        lambda hosts, fn, **kw: seen.update(kw, n=len(hosts)) or [])
+    Fleet(cfg, lambda *a, **k: None).on_hosts([object()] * 6, lambda h: None, deadline_s=10, what="test")
+    assert seen["max_workers"] == 2 and seen["n"] == 6
+    assert seen["deadline_s"] == 30  # 10 s per host, three rounds of two workers
 
 
 @pytest.mark.parametrize("bad", ["true", "2.0"])
