@@ -156,6 +156,14 @@ def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None) -> d
     return env
 
 
+def secret_names(cfg) -> frozenset[str]:
+    """The names among ``engine_env``'s whose values are secrets: the API key's (the engine's own variable, or
+    engine_main.py's) and engine.secret_env's. The k8s pod reads only these from its Secret; the rest are plain
+    values in the pod spec."""
+    a = of(cfg)
+    return frozenset({a.api_key_env or KEYED_ENV, *cfg.engine.secret_env})
+
+
 def gpu_env(cfg, host) -> dict[str, str]:
     """CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's default order is fastest-first; NVML's, and so nvidia-smi's and
     hosts[].gpus', is PCI bus order: CUDA programming guide, "CUDA Environment Variables") and
@@ -222,7 +230,7 @@ def keyed_main(cfg) -> str:
 def render_context(cfg, host, *, release_dir: str, port: int,
                    api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, Any]:
     """Names the per-host templates use for the engine: ``engine_cmd`` (sh words), ``exec_start`` (systemd),
-    ``engine_env`` (the env file's variables), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
+    ``engine_env`` (the env file's variables), ``secret_names`` (which of them are secrets), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
     import shlex
 
     a = of(cfg)
@@ -233,7 +241,7 @@ def render_context(cfg, host, *, release_dir: str, port: int,
         argv = engine_argv(cfg, host, release_dir=release_dir, port=port, api_key=api_key, standby=standby)
         label = f"{a.kind} {cfg.engine.version}"
     return {"adapter": a, "engine_argv": argv, "engine_cmd": shlex.join(argv), "exec_start": " ".join(argv),
-            "engine_env": engine_env(cfg, api_key, standby), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
+            "engine_env": engine_env(cfg, api_key, standby), "secret_names": secret_names(cfg), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
             "engine_label": label}
 
 

@@ -82,6 +82,13 @@ def check_engine_config(cfg) -> None:
         if getattr(e, setting) != default and not a.has(setting):
             raise ValueError(f"engine.{setting} {getattr(e, setting)!r}: {e.kind} has no such setting; remove it or "
                              "use engine.kind vllm or sglang")
+    sleep_env = sorted(set(a.sleep.enable_env if a.sleep else ()) & (set(e.env) | set(e.secret_env)))
+    if sleep_env:
+        # the same rule as extra_args' sleep flags: deployctl turns sleep mode on for a standby on the SSH targets
+        # only (vLLM's dev mode mounts its /reset_prefix_cache, /sleep, /collective_rpc routes: never in a pod)
+        raise ValueError(f"engine.env sets {sleep_env[0]}, which turns on {e.kind}'s sleep mode; deployctl sets it "
+                         "when the release keeps a sleeping standby: remove it and set rollout.standby_s (seconds; "
+                         "0 turns the standby off)")
     for key in ("max_prompt_tokens", "max_completion_tokens"):
         value = getattr(cfg.server, key)
         if value is not None and not a.config_file:

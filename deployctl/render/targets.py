@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Mapping
 from deployctl.errors import ConfigError, UsageError
 from deployctl import settings
 from deployctl.config import layout
-from deployctl.render.release import (RenderedFile, new_release_id, release_context, render_nginx, render_release,
+from deployctl.render.release import (RenderedFile, _check_api_key, new_release_id, release_context, render_nginx, render_release,
                                       render_template, runtime_args)
 
 if TYPE_CHECKING:
@@ -233,8 +233,8 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
         from deployctl.render.kubernetes import analysis_context
 
         ctx.update(analysis_context(cfg, CLIENT_REASONS))
-    env = [f for f in render_release(cfg, host, release_id, api_key=api_key, standby=False)
-           if f.path == "runtime.env"][0]
+    _check_api_key(api_key)
+    secret_env = render_template("runtime.env.j2", {**ctx, "secret_only": True})  # the Secret: keys only
     configmap = [RenderedFile("k8s/configmap.yaml", render_template("k8s-configmap.yaml.j2", ctx))]
     extra = []
     if rollout:
@@ -245,7 +245,7 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
-            RenderedFile("k8s/runtime.env", env.content, 0o600)]
+            RenderedFile("k8s/runtime.env", secret_env, 0o600)]
 
 
 def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: str | None) -> list[RenderedFile]:

@@ -38,12 +38,16 @@ def test_variables_go_to_the_env_file_and_the_cache_dir_to_every_target(tmp_path
     assert results and all(r.ok for r in results), [(r.tool, r.output) for r in results if not r.ok]
     envs = list(out.rglob("runtime.env"))
     assert envs
+    plain = {"NCCL_DEBUG": "WARN", "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": CACHE, "HF_HOME": f"{CACHE}/huggingface",
+             "VLLM_CACHE_ROOT": f"{CACHE}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+             "TRITON_CACHE_DIR": f"{CACHE}/triton"}
     for env in envs:
         text = env.read_text().splitlines()
         assert oct(env.stat().st_mode & 0o777) == "0o600"
-        assert {f"HF_TOKEN={TOKEN}", "NCCL_DEBUG=WARN", "HF_HUB_OFFLINE=1", f"XDG_CACHE_HOME={CACHE}",
-                f"HF_HOME={CACHE}/huggingface", f"VLLM_CACHE_ROOT={CACHE}/vllm",
-                f"TORCHINDUCTOR_CACHE_DIR={CACHE}/torchinductor", f"TRITON_CACHE_DIR={CACHE}/triton"} <= set(text)
+        assert f"HF_TOKEN={TOKEN}" in text and any(t.endswith("=" + KEY["LLM_API_KEY"]) for t in text)
+        lines = {f"{k}={v}" for k, v in plain.items()}
+        # the k8s Secret holds the secrets only: the pod spec carries the plain variables
+        assert not lines & set(text) if target == "k8s" else lines <= set(text)
     leaked = [str(p) for p in out.rglob("*") if p.is_file() and p.name != "runtime.env" and TOKEN in p.read_text()]
     assert not leaked, leaked
     if target == "systemd":
@@ -61,7 +65,8 @@ def test_variables_go_to_the_env_file_and_the_cache_dir_to_every_target(tmp_path
         runtime = pod["containers"][0]
         assert {"name": "engine-cache", "mountPath": CACHE} in runtime["volumeMounts"]
         from_secret = {e["name"] for e in runtime["env"] if "valueFrom" in e}
-        assert {"HF_TOKEN", "NCCL_DEBUG", "HF_HOME", "TRITON_CACHE_DIR"} <= from_secret
+        assert from_secret == {"HF_TOKEN", "VLLM_API_KEY"}  # vLLM reads its key from VLLM_API_KEY
+        assert plain.items() <= {e["name"]: e.get("value") for e in runtime["env"] if "value" in e}.items()
 
 
 def test_an_unset_secret_is_exit_3_naming_it_before_anything_is_written(tmp_path, monkeypatch):
@@ -99,6 +104,10 @@ def test_a_name_deployctl_sets_for_the_engine_is_refused_at_render(tmp_path, mon
     ({"env": {"PID_FILE": "/tmp/x"}}, "PID_FILE is a variable of the shell that starts the engine"),
     ({"env": {"IFS": ","}}, "IFS is a variable of the shell that starts the engine"),
     ({"secret_env": ["HF_TOKEN", "HF_HOME"]}, "engine.secret_env sets HF_HOME, which engine.cache_dir sets"),
+    # vLLM's dev mode (its /sleep, /collective_rpc routes) only with a standby, on every target (the pods too)
+    ({"env": {"VLLM_SERVER_DEV_MODE": "1"}}, "engine.env sets VLLM_SERVER_DEV_MODE, which turns on vllm's sleep "
+                                             "mode; deployctl sets it when the release keeps a sleeping standby: "
+                                             "remove it and set rollout.standby_s"),
 ])
 def test_bad_engine_env_is_refused_naming_the_key(tmp_path, engine, says):
     assert_config_refused(_doc(**engine), says, tmp_path)
