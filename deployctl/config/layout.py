@@ -75,6 +75,29 @@ def shared_dir(h: HostConfig, *parts: str) -> str:
     return posixpath.join(h.deploy_root, "shared", *parts)
 
 
+def machine_root(h: HostConfig) -> str:
+    """The deploy_root that the machine's replicas share: a replica (``hosts[].replicas``) lives under
+    ``<deploy_root>/r<i>`` (config/replicas.py), so its machine's is the parent; any other host's is its own."""
+    root = h.deploy_root.rstrip("/") or "/"
+    return posixpath.dirname(root) if h.replica is not None else root
+
+
+def engines_dir(h: HostConfig) -> str:
+    """The machine's shared engine venvs, one per (engine, version): ``<machine_root>/shared/engines``, so the
+    replicas of one machine install a pinned engine once, not once each (rollout/release.py ENGINE_INSTALL)."""
+    return posixpath.join(machine_root(h), "shared", "engines")
+
+
+def engine_links_glob(h: HostConfig) -> str:
+    """An sh glob (quoted where it must be) of every release's ``engine`` link on the machine: the replicas'
+    releases all link into one engines_dir, so pruning one replica's must see the others' links."""
+    import shlex
+
+    if h.replica is not None:
+        return f"{shlex.quote(machine_root(h))}/r*/releases/*/engine"
+    return f"{shlex.quote(release_dir(h, ''))}*/engine"
+
+
 def log_file(h: HostConfig) -> str:
     return shared_dir(h, "logs", "runtime.log")
 

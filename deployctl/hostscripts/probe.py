@@ -229,13 +229,13 @@ def probe_engine(python: str, distribution: str, module: str, timeout: float = 3
     return out
 
 
-def probe_pinned_engine(python: str, deploy_root: str, distribution: str, version: str | None, module: str) -> dict:
-    """probe_engine in ``python``; when that is not ``version``, ``"shared"``: probe_engine in the host's shared
-    venv of that version (``<deploy_root>/shared/engines/<dist>-<version>``, rollout/release.py ENGINE_INSTALL), or
-    None when there is none."""
+def probe_pinned_engine(python: str, engines_dir: str, distribution: str, version: str | None, module: str) -> dict:
+    """probe_engine in ``python``; when that is not ``version``, ``"shared"``: probe_engine in the machine's shared
+    venv of that version (``<engines_dir>/<dist>-<version>``, config/layout.py engines_dir, rollout/release.py
+    ENGINE_INSTALL), or None when there is none."""
     out = probe_engine(python, distribution, module)
     if version and out["version"] != version:
-        shared = os.path.join(deploy_root, "shared", "engines", f"{distribution}-{version}", "bin", "python")
+        shared = os.path.join(engines_dir, f"{distribution}-{version}", "bin", "python")
         out["shared"] = probe_engine(shared, distribution, module) if os.path.exists(shared) else None
     return out
 
@@ -520,7 +520,8 @@ def collect(params: dict) -> dict:
     facts["model"] = probe_model(model_path)
     facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
     dist = params.get("engine_distribution")
-    facts["engine"] = (probe_pinned_engine(python, deploy_root, dist, params.get("engine_version"),
+    engines = params.get("engines_dir") or os.path.join(deploy_root, "shared", "engines")
+    facts["engine"] = (probe_pinned_engine(python, engines, dist, params.get("engine_version"),
                                            params.get("engine_module") or dist) if dist else None)
     return {k: facts[k] for k in FACT_KEYS}
 

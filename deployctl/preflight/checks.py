@@ -93,7 +93,7 @@ def check_engine(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
                                        f"({shared.get('python')}, installed by an earlier release)")
     have = (f"{a.distribution} {e.get('version')} in {py}; engine.version is {want}" if e.get("importable") else
             f"{a.distribution} is not importable by {py}: {e.get('error') or 'not probed'}")
-    venv = f"{host.deploy_root.rstrip('/')}/shared/engines/{a.distribution}-{want}"
+    venv = f"{layout.engines_dir(host)}/{a.distribution}-{want}"
     return Check("engine", "warn", f"{have}: the first release pip-installs {a.distribution}=={want} into {venv} "
                                    f"(once per host, within engine.install_timeout_s {cfg.engine.install_timeout_s:g} s; "
                                    "the host needs the package index)",

@@ -29,7 +29,7 @@ def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
             "port": layout.service_port(cfg, host), "gpu": host.gpu, "python": host.python, "torch_timeout_s": 60,
             "unit": layout.unit_name(cfg, host) if host.launcher == "systemd" else "",
             "engine_distribution": of(cfg).distribution, "engine_module": of(cfg).module,
-            "engine_version": cfg.engine.version,
+            "engine_version": cfg.engine.version, "engines_dir": layout.engines_dir(host),
             # tests: the stand-in GPU's ledger (DEPLOYCTL_FAKE_GPU_MEMORY) instead of NVML
             "fake_gpu_memory": settings.current().fake_gpu_memory}
 

@@ -25,7 +25,8 @@ from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, ConfigError
 from deployctl.render import config_text, new_release_id
-from deployctl.config.layout import current_link, current_target, release_dir, releases_dir, shared_dir, state_dir
+from deployctl.config.layout import (current_link, current_target, engine_links_glob, engines_dir, release_dir,
+                                     releases_dir, shared_dir, state_dir)
 
 FAULT_ENV = settings.FAULT_VAR  # copied into the new release's runtime.env when set (fault injection)
 
@@ -264,11 +265,11 @@ def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list,
 # A foreign engine (release.json engine_distribution) runs from <release>/engine/bin/python: when the host's python
 # env already has engine_distribution==engine_version (what preflight checks) a wrapper that execs that python;
 # otherwise <release>/engine is a link to the host's one venv of that pinned version,
-# <deploy_root>/shared/engines/<dist>-<version> (ENGINES_DIR), pip-installed (with its dependencies: vLLM brings
+# <engines_dir>/<dist>-<version> (config/layout.py engines_dir: <deploy_root>/shared/engines, one per machine for
+# hosts[].replicas), pip-installed (with its dependencies: vLLM brings
 # its torch) by the first release that pins it, under a flock so two releases never install it at once, and
 # reused by every later release and rollback that pins the same version (a multi-GB install once per host, not
-# per release). `prune` removes a shared venv once no release left on the host links to it.
-ENGINES_DIR = "engines"
+# per release). `prune` removes a shared venv once no release left on the machine links to it.
 ENGINE_INSTALL = """dist=$(awk -F'"' '$2 == "engine_distribution" {{ print $4; exit }}' "$rdir/release.json")
 ver=$(awk -F'"' '$2 == "engine_version" {{ print $4; exit }}' "$rdir/release.json")
 if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
@@ -325,7 +326,7 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
 ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
-{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout), engines=q(shared_dir(h, ENGINES_DIR)))}
+{ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout), engines=q(engines_dir(h)))}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site
@@ -368,12 +369,13 @@ def prune(host, keep: int, protect: set[str], *, timeout: float = 60) -> list[st
     gone = [n for n in names if n not in keep_set and not n.endswith(".partial")]
     if gone:
         host.run(["rm", "-rf", *[release_dir(host.config, n) for n in gone]], timeout=timeout)
-        # shared engine venvs (ENGINE_INSTALL) that no release left here links to; never one being installed
-        envs, rels = shared_dir(host.config, ENGINES_DIR), release_dir(host.config, "")
+        # shared engine venvs (ENGINE_INSTALL) that no release left on the machine (any replica's) links to;
+        # never one being installed
+        envs = engines_dir(host.config)
         host.run(["bash", "-c", f"""cd {shlex.quote(envs)} 2>/dev/null || exit 0
 exec 8>>.lock; flock -n 8 || exit 0
 here=$(pwd -P)
-used=$(for l in {shlex.quote(rels)}*/engine; do [ -L "$l" ] && readlink -f "$l"; done)
+used=$(for l in {engine_links_glob(host.config)}; do [ -L "$l" ] && readlink -f "$l"; done)
 for d in */; do d=${{d%/}}; [ -d "$d" ] || continue
   printf '%s\\n' "$used" | grep -qxF "$here/$d" || rm -rf -- "$d"; done"""], timeout=timeout)
     return gone

@@ -1,7 +1,8 @@
 """A foreign engine's pinned version is installed once per host and version (issue 26), not per release: the first
 release that pins it pip-installs it into <deploy_root>/shared/engines/<dist>-<version>, later releases of that
 version (and rollbacks to them) link to the same venv and install nothing, another version gets its own, and
-`prune` removes a shared venv once no release left on the host links to it.
+`prune` removes a shared venv once no release left on the host links to it. The replicas of one machine
+(hosts[].replicas) share one venv: it is installed once, and pruning one replica keeps what another links to.
 
 Real parts: the release's real ENGINE_INSTALL script run by switch_and_install on a local host, real `python -m
 venv`, real pip installing real wheels. pip reads a local directory (PIP_NO_INDEX, PIP_FIND_LINKS in the
@@ -63,7 +64,7 @@ def fleet_host(tmp_path, monkeypatch):
     host.close()
 
 
-def _release(root: Path, rid: str, version: str) -> None:
+def _release(root: Path, rid: str, version: str) -> None:  # root: the host's (a replica's) deploy_root
     d = root / "releases" / rid
     d.mkdir(parents=True)
     (d / "release.json").write_text(json.dumps({"release_id": rid, "engine_kind": "sglang",
@@ -89,9 +90,9 @@ def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(f
     assert (venv / "bin" / "pip").read_text().splitlines()[0].startswith(f"#!{venv}/bin/python")
     assert _engine_version(root, "r1") == "0.5.23"
     # what preflight's engine check reads on the host: not in hosts[].python, but in the shared venv
-    facts = probe_pinned_engine(host.config.python, str(root), "sglang", "0.5.23", "sglang")
+    facts = probe_pinned_engine(host.config.python, str(shared), "sglang", "0.5.23", "sglang")
     assert not facts["importable"] and facts["shared"]["version"] == "0.5.23" and facts["shared"]["importable"]
-    assert probe_pinned_engine(host.config.python, str(root), "sglang", "0.5.99", "sglang")["shared"] is None
+    assert probe_pinned_engine(host.config.python, str(shared), "sglang", "0.5.99", "sglang")["shared"] is None
     (venv / "installed-once").write_text("r1")  # a second install would replace the venv and lose this
 
     _release(root, "r2", "0.5.23")  # a new release of the same engine version: nothing installed
@@ -111,3 +112,37 @@ def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(f
     assert release.prune(host, 1, {"r3"}) == ["r2"]
     assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == ["sglang-0.5.24"]
     assert _engine_version(root, "r3") == "0.5.24"
+
+
+def test_the_replicas_of_one_machine_share_one_venv_and_prune_sees_every_replica(fleet_host):
+    from deployctl.config import layout
+
+    local, root = fleet_host
+    reps = [Host.from_config(local.config.model_copy(update={"name": f"h-r{i}", "deploy_root": str(root / f"r{i}"),
+                                                               "replica": i})) for i in (0, 1)]
+    try:
+        shared = root / "shared" / "engines"
+        assert [layout.engines_dir(r.config) for r in reps] == [str(shared)] * 2
+        for i, rep in enumerate(reps):
+            _release(root / f"r{i}", "a1", "0.5.23")
+            release.switch_and_install(rep, "a1", timeout=300)
+            if i == 0:
+                (shared / "sglang-0.5.23" / "installed-once").write_text("r0")  # replica 1 must not reinstall
+        venv = shared / "sglang-0.5.23"
+        assert all((root / f"r{i}" / "releases" / "a1" / "engine").resolve() == venv for i in (0, 1))
+        assert (venv / "installed-once").exists() and not (root / "r0" / "shared" / "engines").exists()
+        assert _engine_version(root / "r1", "a1") == "0.5.23"
+        # replica 0 moves to 0.5.24 and prunes a1: replica 1's a1 still links to 0.5.23, so it stays
+        _release(root / "r0", "a2", "0.5.24")
+        release.switch_and_install(reps[0], "a2", timeout=300)
+        assert release.prune(reps[0], 1, {"a2"}) == ["a1"]
+        assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == ["sglang-0.5.23", "sglang-0.5.24"]
+        assert _engine_version(root / "r1", "a1") == "0.5.23"
+        # replica 1 too: now nothing on the machine links to 0.5.23
+        _release(root / "r1", "a2", "0.5.24")
+        release.switch_and_install(reps[1], "a2", timeout=300)
+        assert release.prune(reps[1], 1, {"a2"}) == ["a1"]
+        assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == ["sglang-0.5.24"]
+    finally:
+        for rep in reps:
+            rep.close()
