@@ -198,9 +198,26 @@ async def _run_one_level(client: httpx.AsyncClient, cfg: LadderConfig, requests:
     return stats
 
 
+def warm_up_request(req: BenchRequest, i: int) -> BenchRequest:
+    """``req`` with ``warm-up <i>:`` in front of its text (its first message's, for chat): as long as the measured
+    request to within a few tokens, but sharing no prefix with any of them, so that the warm-up fills no
+    prefix-cache block that level 1's first request would then hit."""
+    import dataclasses
+
+    mark = f"warm-up {i}: "
+    if req.messages is None:
+        return dataclasses.replace(req, prompt=mark + (req.prompt or ""))
+    msgs = [dict(m) for m in req.messages]
+    if msgs and isinstance(msgs[0].get("content"), str):
+        msgs[0]["content"] = mark + msgs[0]["content"]
+    else:
+        msgs.insert(0, {"role": "system", "content": mark})
+    return dataclasses.replace(req, messages=msgs)
+
+
 def warm_up(cfg: LadderConfig, requests: Sequence[BenchRequest]) -> dict:
-    """Send ``cfg.warmup`` of ``requests`` (in order, cycling) one after another to ``cfg.target`` before the
-    ladder. Returns {"requests": N, "ok": N ok, "e2e_s": [seconds each, None for a failure], "errors": [reasons]};
+    """Send ``cfg.warmup`` of ``requests`` (in order, cycling; each made distinct by warm_up_request) one after
+    another to ``cfg.target`` before the ladder. Returns {"requests": N, "ok": N ok, "e2e_s": [seconds each, None for a failure], "errors": [reasons]};
     {"requests": 0, ...} when ``cfg.warmup`` is 0. Failures are reported, never raised: the levels will show
     whether the server answers at all."""
     out: dict = {"requests": 0, "ok": 0, "e2e_s": [], "errors": []}
@@ -210,8 +227,8 @@ def warm_up(cfg: LadderConfig, requests: Sequence[BenchRequest]) -> dict:
     async def go() -> list[RequestResult]:
         client = make_client(2, cfg.timeout)
         try:
-            return [await send(client, cfg.target, req, cfg.timeout)
-                    for req in itertools.islice(itertools.cycle(requests), cfg.warmup)]
+            return [await send(client, cfg.target, warm_up_request(req, i), cfg.timeout)
+                    for i, req in enumerate(itertools.islice(itertools.cycle(requests), cfg.warmup))]
         finally:
             await client.aclose()
 

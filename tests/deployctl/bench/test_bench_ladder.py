@@ -48,9 +48,15 @@ def test_knee_at_the_servers_concurrency_limit_and_injected_latencies(run_bench,
 
 def test_a_warm_up_request_keeps_a_cold_servers_first_answer_out_of_level_1_and_the_knee(run_bench):
     args = ("--concurrency", "1,2", "--requests", "4", "--output-len", "3", "--no-loadgen-check", "--json")
-    with FakeServer(FakeConfig(ttft_s=0.05, tpot_s=0.01, cold_s=1.5)) as srv:  # the default: --warmup 1
+    warm_cfg = FakeConfig(ttft_s=0.05, tpot_s=0.01, cold_s=1.5)
+    with FakeServer(warm_cfg) as srv:  # the default: --warmup 1
         rc, doc, err = run_bench("--url", srv.url, *args)
     assert rc == 0, err
+    # the warm-up shares no prefix with a measured request (it would seed the prefix cache for level 1's first):
+    # the workload's own text behind a mark of its own
+    texts = [b["prompt"] if "prompt" in b else b["messages"][0]["content"] for b in warm_cfg.bodies]
+    assert len(texts) == 1 + 4 + 4 and texts[0].startswith("warm-up 0: "), texts[:2]
+    assert texts[0].removeprefix("warm-up 0: ") in texts[1:] and not any(t.startswith("warm-up") for t in texts[1:])
     assert doc["warmup"]["requests"] == 1 and doc["warmup"]["ok"] == 1 and doc["warmup"]["e2e_s"][0] >= 1.5
     assert _level(doc, 1)["ttft_ms"]["p99"] < 1000 and _level(doc, 1)["num_requests"] == 4  # not counted there
     assert "warm-up: 1 request(s) before level 1, counted in no level" in err
