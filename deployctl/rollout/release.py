@@ -312,8 +312,9 @@ def engine_of(host, release_id: str, *, timeout: float = 15) -> tuple:
 
 
 def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
-    """In one remote command: point ``current`` at the release atomically (``switch_current``), give a foreign
-    engine its pinned version in ``<release>/engine`` (ENGINE_INSTALL), then install its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
+    """In one remote command: give a foreign engine its pinned version in ``<release>/engine`` (ENGINE_INSTALL;
+    first, so that an install that fails or times out leaves ``current`` where it was), point ``current`` at the
+    release atomically (``switch_current``), then install its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
     already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
     (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
     env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
@@ -325,8 +326,8 @@ def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
     script = f"""set -e
 rdir={q(rdir)}
 test -f "$rdir/release.json" || {{ echo "release {release_id} is not on this host ($rdir)" >&2; exit 3; }}
-ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 {ENGINE_INSTALL.format(python=q(h.python), timeout=int(timeout), engines=q(engines_dir(h)))}
+ln -sfn {q(current_target(release_id))} {q(link + ".new")} && mv -T {q(link + ".new")} {q(link)}
 sha=$(awk -F'"' '$2 == "runtime_wheel_sha256" {{ print $4; exit }}' "$rdir/release.json")
 want=${{sha:-{release_id}}}
 prefix=$(PYTHONPATH= {q(h.python)} -c 'import sys; print(sys.prefix)')  # not -S: a venv's prefix comes from site

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from deployctl.config import HostConfig
+from deployctl.errors import RemoteError
 from deployctl.hosts import Host
 from deployctl.hostscripts.probe import probe_pinned_engine
 from deployctl.rollout import release
@@ -104,6 +106,13 @@ def test_one_venv_per_engine_version_shared_by_releases_and_pruned_when_unused(f
     release.switch_and_install(host, "r3", timeout=300)
     assert (root / "releases" / "r3" / "engine").resolve() == shared / "sglang-0.5.24"
     assert _engine_version(root, "r3") == "0.5.24"
+
+    # a version no index has: the install fails before `current` moves, so it still names what serves (r3)
+    _release(root, "r4", "0.5.99")
+    with pytest.raises(RemoteError):
+        release.switch_and_install(host, "r4", timeout=60)
+    assert release.current_release(host) == "r3" and not (shared / "sglang-0.5.99" / ".deployctl-installed").exists()
+    shutil.rmtree(root / "releases" / "r4")
 
     # r1 goes, r2 still links to 0.5.23: both venvs stay
     assert release.prune(host, 2, {"r3"}) == ["r1"]
