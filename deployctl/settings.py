@@ -19,6 +19,7 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_RUNTIME_FAULT     | copied into a new release's runtime.env (fault injection)   | none                           |
 | DEPLOYCTL_CRD_SCHEMAS       | folder whose node_modules/ holds the CRD schema packages    | the copy inside deployctl      |
 | DEPLOYCTL_FAKE_GPU_MEMORY   | test-only stand-in GPU ledger: copied into a new release's runtime.env, read by the host probe | none |
+| DEPLOYCTL_DETACH            | how `deploy --detach` starts its runner: `auto` (a systemd transient unit where systemd runs, else a daemonized process), `systemd`, `process` | auto |
 | DEPLOYCTL_TRACE_REMOTE      | a file to append one JSON line per remote command to: host, seconds, exit code, the command (profiling a fleet step) | none |
 | DEPLOYCTL_TEST_KILL_AT      | test-only: SIGKILL this process right after writing a rollout journal record: its N-th, or the first named ``KIND[:STEP]`` (crash tests) | none |
 
@@ -70,6 +71,12 @@ def _paths(name: str, raw: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser() for p in raw.split(os.pathsep) if p)
 
 
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise UsageError(f"{name}={raw!r} is not one of {', '.join(choices)}", fix=f"set {name} to one of them or unset it")
+    return raw
+
+
 def _text(name: str, raw: str) -> str:
     return raw
 
@@ -94,6 +101,7 @@ class Settings:
     state_dir: Path = Path("~/.local/state/deployctl").expanduser()
     test_kill_at: Optional[str] = None
     trace_remote: Optional[Path] = None
+    detach: str = "auto"
 
 
 # field -> (variable, parser, default when unset or empty)
@@ -114,6 +122,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "state_dir": ("DEPLOYCTL_STATE", _path, Path("~/.local/state/deployctl").expanduser()),
     "test_kill_at": ("DEPLOYCTL_TEST_KILL_AT", _text, None),
     "trace_remote": ("DEPLOYCTL_TRACE_REMOTE", _path, None),
+    "detach": ("DEPLOYCTL_DETACH", lambda var, raw: _choice(var, raw, ("auto", "systemd", "process")), "auto"),
 }
 VARIABLES = tuple(var for var, _, _ in _FIELDS.values())
 

@@ -77,8 +77,10 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
     argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner"]
     argv += [*(["--canary", str(canary)] if canary is not None else []), *(["--break-lock"] if break_lock else []),
              *(["--validate", validate] if validate else []), *(["--resume"] if resume else [])]
-    pid, log = detach.spawn(cfg.service.name, argv)
-    out_console.print(f"detached: the rollout runs as pid {pid}, log {log}; follow it with `deployctl rollout "
+    pid, log, how = detach.spawn(cfg.service.name, argv,
+                                 note=lambda m: err_console.print(m, markup=False, highlight=False))
+    where = f" ({how})" if how != "process" else ""
+    out_console.print(f"detached: the rollout runs as pid {pid}{where}, log {log}; follow it with `deployctl rollout "
                       "watch`, steer it with `deployctl promote` / `abort` / `rollback`", markup=False)
 
 
@@ -88,6 +90,7 @@ def _as_runner(cfg, fn) -> None:
     from deployctl.rollout import detach
 
     code = 1
+    detach.runner_started(cfg.service.name)
     try:
         fn()
         code = 0

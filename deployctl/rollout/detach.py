@@ -1,17 +1,31 @@
 """``deploy --detach``: the step machine in a background process on the control machine, so that a day-long canary
 outlives the operator's terminal; ``rollout watch`` follows it from any shell.
 
-The runner is ``python -m deployctl deploy --yes --runner ...`` started in a session of its own (``setsid``: no
-controlling terminal, so closing the launching shell's terminal sends it no SIGHUP), stdin from /dev/null, stdout
-and stderr appended to ``<DEPLOYCTL_STATE>/<service>/runner.log``. Its files beside the journal
-(deployctl.rollout.journal.control_dir): ``runner.pid`` (its pid), ``runner.log``, ``runner.exit`` (its exit code,
-written by the runner itself as it ends). A runner killed before it could write ``runner.exit`` is found by its
-pid no longer running: ``watch`` then says so and names ``deploy --resume``. (systemd transient units,
-``systemd-run``, are not used yet: this daemon path is the one implemented and tested.)
+The runner is ``python -m deployctl deploy --yes --runner ...``, stdin from /dev/null, stdout and stderr appended
+to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the default,
+picks the first that applies):
+
+- ``systemd``: a transient service of the service manager (``systemd-run``; ``--user`` unless deployctl runs as
+  root), unit ``deployctl-rollout-<service>.service``, used where systemd is the init system (``/run/systemd/system``
+  is a directory, sd_booted(3)) and ``systemd-run`` is on PATH. The manager owns the runner, so neither a closed
+  terminal nor logind's KillUserProcesses= at logout ends it (a ``--user`` unit lives as long as the user's manager:
+  ``loginctl enable-linger`` keeps that past the last logout). deployctl's environment reaches it through a 0600
+  ``runner.env`` (EnvironmentFile=, never the command line, which ``systemctl show`` and ``ps`` would print) that the
+  runner deletes once it runs. ``--collect``: the unit is gone once it ends, failed or not. In ``auto``, a manager
+  that refuses the unit (no user bus in this session) falls back to the process path, and says so.
+- ``process``: a daemonized process, in a session of its own (``setsid``: no controlling terminal, so closing the
+  launching shell's terminal sends it no SIGHUP).
+
+Its files beside the journal (deployctl.rollout.journal.control_dir): ``runner.pid`` (its pid, written by the runner
+itself as it starts), ``runner.log``, ``runner.exit`` (its exit code, written by the runner itself as it ends). A
+runner killed before it could write ``runner.exit`` is found by its pid no longer running: ``watch`` then says so and
+names ``deploy --resume``.
 """
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +67,10 @@ class RunnerFiles:
     def exit(self) -> Path:
         return self.dir / "runner.exit"
 
+    @property
+    def env(self) -> Path:
+        return self.dir / "runner.env"
+
 
 def files(service: str) -> RunnerFiles:
     return RunnerFiles(control_dir(service))
@@ -84,25 +102,108 @@ def runner_pid(service: str) -> Optional[int]:
     return pid if pid_running(pid) else None
 
 
-def spawn(service: str, argv: list[str]) -> tuple[int, Path]:
-    """Start ``python -m deployctl <argv>`` detached (module doc). Returns (pid, log path). Raises RunnerBusy when
-    a runner of ``service`` still runs."""
+def unit_name(service: str) -> str:
+    """The systemd unit of ``service``'s detached runner: ``deployctl-rollout-<service>.service`` (characters
+    outside systemd's unit-name set become ``_``)."""
+    return "deployctl-rollout-" + re.sub(r"[^A-Za-z0-9:_.-]", "_", service) + ".service"
+
+
+def manager() -> str:
+    """``"systemd"`` or ``"process"``: how spawn starts a runner (module doc; DEPLOYCTL_DETACH). Raises
+    DeployctlError when DEPLOYCTL_DETACH=systemd and ``systemd-run`` is not on PATH."""
+    want = settings.current().detach
+    has_run = shutil.which("systemd-run") is not None
+    if want == "systemd" and not has_run:
+        raise DeployctlError("DEPLOYCTL_DETACH=systemd but systemd-run is not on PATH",
+                             fix="install systemd, or set DEPLOYCTL_DETACH=process (or auto)")
+    if want == "process" or not has_run:
+        return "process"
+    return "systemd" if want == "systemd" or os.path.isdir("/run/systemd/system") else "process"
+
+
+def spawn(service: str, argv: list[str], *, note: Callable[[str], None] = lambda m: None) -> tuple[int, Path, str]:
+    """Start ``python -m deployctl <argv>`` detached (module doc). Returns (pid, log path, how: ``"systemd unit
+    NAME"`` or ``"process"``). ``note`` hears a fallback from systemd to the process path. Raises RunnerBusy when
+    a runner of ``service`` still runs; DeployctlError when the unit cannot be started (DEPLOYCTL_DETACH=systemd) or
+    its runner does not start within 30 s."""
     f = files(service)
     busy = runner_pid(service)
     if busy:
         raise RunnerBusy(f"a detached rollout of {service} runs as pid {busy}",
                          fix="follow it with `deployctl rollout watch`, or stop it with `deployctl abort`")
     f.dir.mkdir(parents=True, exist_ok=True)
-    f.exit.unlink(missing_ok=True)
+    for stale in (f.exit, f.pid, f.env):
+        stale.unlink(missing_ok=True)
     if f.log.exists():
         os.replace(f.log, f.dir / "runner.prev.log")
     env = {k: v for k, v in settings.environ().items() if k not in ("COLUMNS", "LINES")}
     env["COLUMNS"] = "200"  # the log is read later in terminals of any width
+    command = [sys.executable, "-m", "deployctl", *argv]
+    how = manager()
+    if how == "systemd":
+        why = _start_unit(service, command, env, f)
+        if why is None:
+            return _wait_pid(service, f), f.log, f"systemd unit {unit_name(service)}"
+        if settings.current().detach == "systemd":
+            raise DeployctlError(f"systemd-run could not start {unit_name(service)}: {why}",
+                                 fix="run it where a service manager answers (as root, or in a login session with "
+                                     "a user bus), or set DEPLOYCTL_DETACH=process")
+        note(f"systemd-run could not start {unit_name(service)} ({why}); the runner is a daemonized process instead")
     with open(f.log, "ab") as log, open(os.devnull, "rb") as devnull:
-        p = subprocess.Popen([sys.executable, "-m", "deployctl", *argv], stdin=devnull, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, env=env)
+        p = subprocess.Popen(command, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             close_fds=True, env=env)
     _write_atomic(f.pid, f"{p.pid}\n")
-    return p.pid, f.log
+    return p.pid, f.log, "process"
+
+
+def _env_file_line(key: str, value: str) -> str:
+    """One EnvironmentFile= assignment: the value double-quoted, with the escapes systemd.exec(5) reads there
+    (backslash before any of ``"\\`$``; newlines kept verbatim inside the quotes)."""
+    return f'{key}="' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
+
+
+def _start_unit(service: str, command: list[str], env: dict, f: RunnerFiles) -> Optional[str]:
+    """Start ``command`` as the transient unit; None when systemd-run accepted it, else why not (its stderr)."""
+    lines = [_env_file_line(k, v) for k, v in env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    fd = os.open(f.env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    user = ["--user"] if os.geteuid() != 0 else []
+    argv = ["systemd-run", *user, f"--unit={unit_name(service)}", "--collect", "--quiet",
+            f"--working-directory={os.getcwd()}", "-p", f"EnvironmentFile={f.env}", "-p", "StandardInput=null",
+            "-p", f"StandardOutput=append:{f.log}", "-p", f"StandardError=append:{f.log}", "--", *command]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        f.env.unlink(missing_ok=True)
+        return str(exc) or type(exc).__name__
+    if r.returncode != 0:
+        f.env.unlink(missing_ok=True)
+        return (r.stderr.strip() or f"exit {r.returncode}").splitlines()[-1][:300]
+    return None
+
+
+def _wait_pid(service: str, f: RunnerFiles, timeout_s: float = 30) -> int:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        pid = runner_pid(service)
+        if pid:
+            return pid
+        code = _exit_code(f)
+        if code is not None:
+            raise DeployctlError(f"the detached runner ended at once (exit {code})", fix=f"read {f.log}")
+        time.sleep(0.1)
+    raise DeployctlError(f"{unit_name(service)} started but its runner wrote no runner.pid within {timeout_s:g} s",
+                         fix=f"read {f.log} and `journalctl {'--user ' if os.geteuid() else ''}-u {unit_name(service)}`")
+
+
+def runner_started(service: str) -> None:
+    """The runner's first act: its own pid in runner.pid (a systemd unit's runner is not deployctl's child, so
+    only it knows its pid), and runner.env (deployctl's environment, read by systemd already) deleted."""
+    f = files(service)
+    f.dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(f.pid, f"{os.getpid()}\n")
+    f.env.unlink(missing_ok=True)
 
 
 def record_exit(service: str, code: int) -> None:

@@ -152,13 +152,28 @@ class RolloutEnv:
         return json.loads(r.stdout)["history"]
 
     def stop_runtimes(self) -> None:
-        for h in self.cfg["hosts"]:
-            pidf = Path(h["deploy_root"]) / "shared" / "run" / "runtime.pid"
+        """SIGKILL every engine the fleet started: each pidfile's process group under any deploy_root (runtime.pid,
+        the second port's runtime.<port>.pid, standbys', replicas' r<i>/), then any process left whose command line
+        names a deploy_root (a supervisor whose pidfile was already replaced)."""
+        roots = [str(Path(h["deploy_root"])) for h in self.cfg["hosts"]]
+        for root in roots:
+            for pidf in Path(root).glob("**/shared/run/*.pid"):
+                try:
+                    os.killpg(int(pidf.read_text().strip()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
             try:
-                pid = int(pidf.read_text().strip())
-                os.killpg(pid, signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if any(root + "/" in arg for arg in argv for root in roots):
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 @pytest.fixture
@@ -171,6 +186,9 @@ def rollout_env(ssh_fleet, tmp_path, rollout_cache, monkeypatch, request):
     monkeypatch.setenv("DEPLOYCTL_VERIFY_TIMEOUT_S", "90")
     monkeypatch.setenv("DEPLOYCTL_SKIP_PREFLIGHT", "1")
     monkeypatch.setenv("DEPLOYCTL_STATE", str(tmp_path / "control-state"))  # journals, detached runners' logs
+    # detached runners as daemonized processes on any CI machine (a systemd-booted one would otherwise get units);
+    # tests/deployctl/rollout/test_detach_systemd.py takes the systemd path
+    monkeypatch.setenv("DEPLOYCTL_DETACH", "process")
     monkeypatch.delenv("DEPLOYCTL_TEST_KILL_AT", raising=False)
     monkeypatch.delenv("DEPLOYCTL_RUNTIME_FAULT", raising=False)
     envs: list[RolloutEnv] = []

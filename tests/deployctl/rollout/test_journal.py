@@ -18,6 +18,7 @@ from deployctl.rollout.resume import NothingToResume, load
 def state(tmp_path, monkeypatch):
     monkeypatch.setenv("DEPLOYCTL_STATE", str(tmp_path / "state"))
     monkeypatch.delenv("DEPLOYCTL_TEST_KILL_AT", raising=False)
+    monkeypatch.setenv("DEPLOYCTL_DETACH", "process")  # the daemonized path, on a systemd-booted machine too
     return tmp_path / "state" / "svc"
 
 
@@ -74,7 +75,7 @@ def test_the_kill_hook_sigkills_right_after_the_named_record(state, spec, last):
 def test_watch_prints_the_log_and_returns_the_runners_exit_code_or_says_it_died(state):
     lines = []
     script = "import sys, time; print('step 1/2', flush=True); time.sleep(0.5); print('done', flush=True)"
-    pid, log = detach.spawn("svc", ["--version"])  # a real detached process (exits at once, records no exit)
+    pid, log, how = detach.spawn("svc", ["--version"])  # a real detached process (exits at once, records no exit)
     with pytest.raises(detach.RunnerDied, match="ended without finishing") as e:
         detach.watch("svc", lines.append, timeout_s=60)
     assert e.value.exit_code == 4 and "deploy --resume" in e.value.fix
