@@ -151,6 +151,16 @@ class RolloutEnv:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)["history"]
 
+    def make_local(self) -> None:
+        """Turn the fleet's hosts into ``address: local`` ones (the same deploy_roots, pythons and ports; commands
+        run as subprocesses instead of over SSH): for tests of the step machine where the transport is not the
+        point and the round trips of ~30 SSH commands a deploy are most of its time."""
+        for h in self.cfg["hosts"]:
+            for key in ("port", "user", "ssh_key", "connect_timeout_s"):
+                h.pop(key, None)
+            h["address"] = "local"
+        self.write()
+
     def stop_runtimes(self) -> None:
         """SIGKILL every engine the fleet started: each pidfile's process group under any deploy_root (runtime.pid,
         the second port's runtime.<port>.pid, standbys', replicas' r<i>/), then any process left whose command line
@@ -178,7 +188,8 @@ class RolloutEnv:
 
 @pytest.fixture
 def rollout_env(ssh_fleet, tmp_path, rollout_cache, monkeypatch, request):
-    """Factory ``rollout_env(n=2, engine="runtime", **rollout_overrides) -> RolloutEnv`` (see module doc).
+    """Factory ``rollout_env(n=2, engine="runtime", service="chat-tiny", **rollout_overrides) -> RolloutEnv`` (see module doc;
+    ``service``: service.name, so that two fleets of one test keep apart journals under DEPLOYCTL_STATE).
     ``engine="standin"``: the hosts run the light stand-in engine (tests/support/standin_engine, deployed through
     DEPLOYCTL_RUNTIME_WHEEL) instead of the runtime with the tiny model: for tests of the fleet, the router and the
     state machine, where the engine is not the point; it starts in well under a second."""
@@ -193,7 +204,7 @@ def rollout_env(ssh_fleet, tmp_path, rollout_cache, monkeypatch, request):
     monkeypatch.delenv("DEPLOYCTL_RUNTIME_FAULT", raising=False)
     envs: list[RolloutEnv] = []
 
-    def factory(n: int = 2, engine: str = "runtime", **rollout) -> RolloutEnv:
+    def factory(n: int = 2, engine: str = "runtime", service: str = "chat-tiny", **rollout) -> RolloutEnv:
         if engine == "standin":
             python, model = request.getfixturevalue("standin_python"), request.getfixturevalue("standin_model")
             monkeypatch.setenv("DEPLOYCTL_RUNTIME_WHEEL", str(request.getfixturevalue("standin_wheel")))
@@ -208,7 +219,7 @@ def rollout_env(ssh_fleet, tmp_path, rollout_cache, monkeypatch, request):
         for h in hosts:
             h["server_port"] = free_port()
         cfg = {
-            "service": {"name": "chat-tiny"},
+            "service": {"name": service},
             "model": {"path": str(model), "served_name": "tiny-chat", "dtype": "float32"},
             "engine": {"device": "cpu", "max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 256,
                        "kv_cache_memory": "8MiB", "enable_prefix_caching": True},

@@ -6,17 +6,20 @@ runs, then one recovery command (`deploy --resume`, or `rollback` for a killed r
 the truth (the rollout in progress and resumable exactly when the journal is unfinished; each host's release as on
 disk), the fleet ends on one release (every `current`, every runtime's release header, an even nginx split), and no
 request through nginx failed. The stand-in engine serves (the engine is not the point). The output prints the
-count of points and recoveries.
+count of points and recoveries, and the seconds they took.
 
-The suite runs CI_POINTS, one per kind of place (about 40 s a point on a loaded 2-core machine: all 30 take some
-20 minutes, over the suite's budget); DEPLOYCTL_CRASH_POINTS=all runs every point, =id,id,... a chosen few (ids as
-printed)."""
+Every point runs in the suite, on three fleets at once (three services, each its own nginx and traffic), whose hosts are
+``address: local`` (commands as subprocesses: the step machine and the journal are the point, and ~30 SSH round
+trips a deploy were 3/4 of a point's 40 s on this 2-core machine) and whose canary analysis needs no golden
+outputs. SSH_POINTS run again over the real sshd fleet. DEPLOYCTL_CRASH_POINTS=id,id,... runs a
+chosen few (ids as printed) on the local fleets."""
 from __future__ import annotations
 
 import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -36,10 +39,8 @@ RESUME = ["resume"]  # the recovery itself killed at its first record, then reco
 ROLLBACK = ["rolling back to", "traffic: ", "switching to", "ready in", "rolled back to"]  # progress lines
 POINTS = ([f"deploy:{p}" for p in DEPLOY] + [f"promote:{p}" for p in PROMOTE] + [f"abort:{p}" for p in ABORT]
           + [f"resume:{p}" for p in RESUME] + [f"rollback:{p}" for p in ROLLBACK])
-# the suite's default: inside an upload, a step boundary before and after the first weight, inside an abort,
-# inside a resume and in the middle of a rollback
-CI_POINTS = ["deploy:point:upload:put", "deploy:begin:activate", "deploy:end:weight:0", "abort:abort",
-             "resume:resume", "rollback:switching to"]
+# again over SSH (~45 s a point there): inside an upload (SFTP) and in the middle of a rollback
+SSH_POINTS = ["deploy:point:upload:put", "rollback:switching to"]
 
 
 class _Run:
@@ -93,66 +94,98 @@ def _recover(env, what: str, command: tuple[str, ...], expect: tuple[int, ...] =
     return r.returncode
 
 
+def _one_point(env, i: int, point: str) -> str:
+    """Kill deployctl at ``point``, check status, recover once; returns the outcome line. Raises AssertionError."""
+    scenario, spec = point.split(":", 1)
+    before = env.current(env.names[0])
+    _new_config(env, i)
+    if scenario == "deploy":
+        rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": spec}, timeout=600).returncode
+        assert rc == -signal.SIGKILL, (point, rc)
+        _check_status(env, point)
+        rc = _recover(env, point, ("deploy", "--resume"), expect=(0, 1) if spec == "finish" else (0,))
+    elif scenario in ("promote", "abort"):
+        steps = env.cfg["rollout"]["steps"]
+        env.cfg["rollout"]["steps"] = [{"weight": 50, "pause": 600}, 100]
+        env.write()
+        run = _Run(env, "deploy", "--yes", kill_at=spec)
+        wait_for(lambda: rollout_state(env).get("weight") == 50
+                 and rollout_state(env).get("status") == "running", 240, f"{point}: the 50% step", run.proc)
+        other = env.popen(scenario)
+        assert run.wait() == -signal.SIGKILL, (point, run.text()[-2000:])
+        _check_status(env, point)
+        rc = _recover(env, point, ("deploy", "--resume"), expect=(1,) if spec == "finish" else (0, 6))
+        o_out, o_err = other.communicate(timeout=300)
+        assert other.returncode == 0, (point, o_err[-2000:])
+        env.cfg["rollout"]["steps"] = steps
+        env.write()
+    elif scenario == "resume":
+        rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": "end:activate"}).returncode
+        assert rc == -signal.SIGKILL
+        rc = env.cli("deploy", "--resume", env={"DEPLOYCTL_TEST_KILL_AT": spec}).returncode
+        assert rc == -signal.SIGKILL
+        _check_status(env, point)
+        rc = _recover(env, point, ("deploy", "--resume"), expect=(0,))
+    else:  # rollback: a fresh deploy to roll back from, then the rollback killed at one of its progress lines
+        assert env.cli("deploy", "--yes").returncode == 0
+        before = env.current(env.names[0])
+        rb = _Run(env, "rollback")
+        wait_for(lambda: rb.saw(spec) or rb.proc.poll() is not None, 300, f"{point}: {spec!r}")
+        rb.proc.kill()
+        rb.wait()
+        _check_status(env, point)
+        rc = _recover(env, point, ("rollback",), expect=(0,))
+    after = env.current(env.names[0])
+    assert_consistent_on(env, after)  # one release: every current, every runtime, an even split
+    return (f"{env.cfg['service']['name']} {point}: recovered (exit {rc}), fleet on {after} "
+            f"({'the release it had before' if after == before else 'another release than before'})")
+
+
+def _fleet(rollout_env, service: str, *, local: bool):
+    env = rollout_env(2, engine="standin", service=service, steps=[50, 100], pause_s=0,
+                      analysis={"interval_s": 0.5 if local else 1, "min_requests": 1, "min_client_requests": 0,
+                                **({"outputs": {"enabled": False}} if local else {})})
+    if local:
+        env.make_local()
+    assert env.cli("deploy", "--yes").returncode == 0
+    return env, Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
+
+
+def _run_lanes(lanes: list, points: list[str]) -> None:
+    """The points dealt round-robin to the lanes ((env, traffic) each), each lane's in order, the lanes at once."""
+    t0, outcomes = time.monotonic(), []
+
+    def lane(k: int) -> int:
+        env = lanes[k][0]
+        done = 0
+        for i in range(k, len(points), len(lanes)):
+            outcomes.append(_one_point(env, i, points[i]))
+            done += 1
+        return done
+
+    try:
+        with ThreadPoolExecutor(len(lanes)) as pool:
+            recoveries = sum(f.result() for f in [pool.submit(lane, k) for k in range(len(lanes))])
+    finally:
+        for _, traffic in lanes:
+            traffic.stop()
+        print("\n" + "\n".join(outcomes))
+    failed = {}
+    for env, traffic in lanes:
+        ok, bad = traffic.snapshot()
+        failed.update({f"{env.cfg['service']['name']} {k}": v for k, v in bad.items()})
+    print(f"{len(points)} kill points, {recoveries} recoveries, in {time.monotonic() - t0:.0f} s on {len(lanes)} "
+          f"fleet(s); failed requests {failed}")
+    assert recoveries == len(points)
+    assert not failed, failed
+
+
 def test_sigkill_at_30_points_then_status_and_one_recovery_leave_one_release(rollout_env):
     chosen = os.environ.get("DEPLOYCTL_CRASH_POINTS", "")
-    only = CI_POINTS if not chosen else POINTS if chosen == "all" else [p for p in chosen.split(",") if p]
-    points = [p for p in POINTS if p in only]
-    assert len(POINTS) >= 30 and set(CI_POINTS) <= set(POINTS) and points
-    env = rollout_env(2, engine="standin", steps=[50, 100], pause_s=0,
-                      analysis={"interval_s": 1, "min_requests": 1, "min_client_requests": 0})
-    assert env.cli("deploy", "--yes").returncode == 0
-    traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
-    recoveries, outcomes, t0 = 0, [], time.monotonic()
-    try:
-        for i, point in enumerate(points):
-            scenario, spec = point.split(":", 1)
-            before = env.current(env.names[0])
-            _new_config(env, i)
-            if scenario == "deploy":
-                rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": spec}, timeout=600).returncode
-                assert rc == -signal.SIGKILL, (point, rc)
-                _check_status(env, point)
-                rc = _recover(env, point, ("deploy", "--resume"), expect=(0, 1) if spec == "finish" else (0,))
-            elif scenario in ("promote", "abort"):
-                env.cfg["rollout"]["steps"] = [{"weight": 50, "pause": 600}, 100]
-                env.write()
-                run = _Run(env, "deploy", "--yes", kill_at=spec)
-                wait_for(lambda: rollout_state(env).get("weight") == 50
-                         and rollout_state(env).get("status") == "running", 240, f"{point}: the 50% step", run.proc)
-                other = env.popen(scenario)
-                assert run.wait() == -signal.SIGKILL, (point, run.text()[-2000:])
-                _check_status(env, point)
-                rc = _recover(env, point, ("deploy", "--resume"), expect=(1,) if spec == "finish" else (0, 6))
-                o_out, o_err = other.communicate(timeout=300)
-                assert other.returncode == 0, (point, o_err[-2000:])
-                env.cfg["rollout"]["steps"] = [50, 100]
-                env.write()
-            elif scenario == "resume":
-                rc = env.cli("deploy", "--yes", env={"DEPLOYCTL_TEST_KILL_AT": "end:activate"}).returncode
-                assert rc == -signal.SIGKILL
-                rc = env.cli("deploy", "--resume", env={"DEPLOYCTL_TEST_KILL_AT": spec}).returncode
-                assert rc == -signal.SIGKILL
-                _check_status(env, point)
-                rc = _recover(env, point, ("deploy", "--resume"), expect=(0,))
-            else:  # rollback: a fresh deploy to roll back from, then the rollback killed at one of its progress lines
-                assert env.cli("deploy", "--yes").returncode == 0
-                before = env.current(env.names[0])
-                rb = _Run(env, "rollback")
-                wait_for(lambda: rb.saw(spec) or rb.proc.poll() is not None, 300, f"{point}: {spec!r}")
-                rb.proc.kill()
-                rb.wait()
-                _check_status(env, point)
-                rc = _recover(env, point, ("rollback",), expect=(0,))
-            recoveries += 1
-            after = env.current(env.names[0])
-            assert_consistent_on(env, after)  # one release: every current, every runtime, an even split
-            outcomes.append(f"{point}: recovered (exit {rc}), fleet on {after} "
-                            f"({'the release it had before' if after == before else 'another release than before'})")
-    finally:
-        traffic.stop()
-        print("\n" + "\n".join(outcomes))
-    ok, failed = traffic.snapshot()
-    print(f"{len(points)} kill points, {recoveries} recoveries, in {time.monotonic() - t0:.0f} s; "
-          f"traffic {dict(ok)}, failed {dict(failed)}")
-    assert recoveries == len(points)
-    assert not failed, dict(failed)
+    points = [p for p in POINTS if not chosen or p in chosen.split(",")]
+    assert len(POINTS) >= 30 and set(SSH_POINTS) <= set(POINTS) and points
+    _run_lanes([_fleet(rollout_env, f"chat-tiny-{k}", local=True) for k in "abc"], points)
+
+
+def test_sigkill_over_ssh_inside_an_upload_and_a_rollback(rollout_env):
+    _run_lanes([_fleet(rollout_env, "chat-tiny", local=False)], SSH_POINTS)
