@@ -121,7 +121,9 @@ def test_slow_responses_names_decode(rt):
 
 def test_tail_latency_behind_a_good_average(rt):
     cfg = rt.start()
-    for _ in range(12):
+    # one long request among 40 short ones: P99/mean can reach 41, and stays over 10 while the long one takes over
+    # ~13x a short one (one among 12 capped the ratio at 13: a loaded CI machine measured under 10)
+    for _ in range(40):
         assert complete(rt.port, max_tokens=1) == 200
     assert complete(rt.port, max_tokens=200, ignore_eos=True) == 200
     r = cli("runbook", "run", "tail-latency", "-c", str(cfg))
