@@ -18,6 +18,7 @@ the result and error types are in deployctl/hosts/base.py.
 from __future__ import annotations
 
 import os
+import queue
 import shlex
 import threading
 import time
@@ -219,45 +220,51 @@ def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int
     """Call ``fn(host)`` for every host, at most ``max_workers`` at once; one outcome per host, in input order.
     Every host's error is kept (not only the first), BaseExceptions included (KeyboardInterrupt, SystemExit).
 
-    Bounded: a host whose call has not returned ``deadline_s`` seconds (default DEFAULT_GROUP_DEADLINE_S) after the
-    group started gets a ``HostDeadline`` outcome naming it and ``what``, and the group returns without it. The
-    workers are daemon threads, so an abandoned one (a remote call stuck past every timeout) never holds up the
-    caller or the process's exit. The caller's thread waits in short ticks: a signal handler that only sets a
-    flag runs promptly, and nothing is raised into the workers."""
+    Bounded per host: a host whose call has not returned ``deadline_s`` seconds (default DEFAULT_GROUP_DEADLINE_S)
+    after *its own* call started gets a ``HostDeadline`` outcome naming it and ``what``, and its worker slot goes
+    to the next host waiting (a host queued behind ``max_workers`` others spends none of its time waiting). So the
+    group returns within ceil(hosts / max_workers) × ``deadline_s``, and one stuck host delays the rest by at most
+    one ``deadline_s``. The workers are daemon threads: an abandoned one (a remote call stuck past every timeout)
+    never holds up the caller or the process's exit; while it lingers, up to ``max_workers`` others run beside it.
+    The caller's thread waits in short ticks: a signal handler that only sets a flag runs promptly, and nothing is
+    raised into the workers."""
     if not hosts:
         return []
-    deadline = time.monotonic() + (DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s)
+    limit = DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s
+    workers = max(1, min(max_workers, len(hosts)))
     results: list[Optional[HostOutcome[T]]] = [None] * len(hosts)
-    done = [threading.Event() for _ in hosts]
-    slots = threading.BoundedSemaphore(max(1, min(max_workers, len(hosts))))
+    finished: "queue.SimpleQueue[tuple[int, HostOutcome[T]]]" = queue.SimpleQueue()
+    started: dict[int, float] = {}  # index -> monotonic start, for the calls still counted as running
+    waiting = list(range(len(hosts)))[::-1]  # popped from the end: input order
 
     def one(i: int, host: Host) -> None:
         try:
-            results[i] = HostOutcome(host.name, fn(host), None)
+            outcome = HostOutcome(host.name, fn(host), None)
         except BaseException as exc:  # noqa: BLE001 - every host's outcome is reported, not only the first failure
-            results[i] = HostOutcome(host.name, None, exc)
-        finally:
-            slots.release()
-            done[i].set()
+            outcome = HostOutcome(host.name, None, exc)
+        finished.put((i, outcome))
 
-    for i, host in enumerate(hosts):
-        while not slots.acquire(timeout=0.1):
-            if time.monotonic() >= deadline:
-                break
-        else:
-            threading.Thread(target=one, args=(i, host), name=f"deployctl-host-{host.name}", daemon=True).start()
+    while waiting or started:
+        while waiting and len(started) < workers:
+            i = waiting.pop()
+            started[i] = time.monotonic()
+            threading.Thread(target=one, args=(i, hosts[i]), name=f"deployctl-host-{hosts[i].name}",
+                             daemon=True).start()
+        now = time.monotonic()
+        for i in [i for i, t in started.items() if now - t >= limit]:
+            del started[i]  # abandoned: its outcome is the deadline, its slot the next host's
+            results[i] = HostOutcome(hosts[i].name, None, HostDeadline(
+                f"{hosts[i].name}: no result{f' from {what}' if what else ''} within {limit:g} s; it may still "
+                "be running there", host=hosts[i].name,
+                fix=f"check {hosts[i].name} (`deployctl status`), then act on it"))
+        if not started:
             continue
-        break  # the deadline passed before a slot freed: the rest never start
-    for ev in done:
-        while not ev.wait(0.1) and time.monotonic() < deadline:
-            pass
-    out: list[HostOutcome[T]] = []
-    for i, host in enumerate(hosts):
-        r = results[i] if done[i].is_set() else None
-        if r is None:
-            limit = DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s
-            r = HostOutcome(host.name, None, HostDeadline(
-                f"{host.name}: no result{f' from {what}' if what else ''} within {limit:g} s; it may still be "
-                "running there", host=host.name, fix=f"check {host.name} (`deployctl status`), then act on it"))
-        out.append(r)
+        try:
+            i, outcome = finished.get(timeout=max(0.0, min(0.1, min(started.values()) + limit - time.monotonic())))
+        except queue.Empty:
+            continue
+        if started.pop(i, None) is not None:  # an abandoned call that ends late keeps its deadline outcome
+            results[i] = outcome
+    out: list[HostOutcome[T]] = [r for r in results if r is not None]
+    assert len(out) == len(hosts)
     return out

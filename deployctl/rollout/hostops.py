@@ -1,7 +1,6 @@
 """Operations on one host that deploy, abort and rollback share, and running them on several hosts at once."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from typing import Callable, Optional
@@ -131,15 +130,12 @@ def activate_deadline_s(cfg: DeployConfig) -> float:
 def on_hosts(hosts: list, fn, *, workers: int, deadline_s: Optional[float] = None,
              what: str = "") -> tuple[dict, dict]:
     """Run ``fn(host)`` on every host in parallel, at most ``workers`` at once (rollout.parallel_hosts), bounded by
-    ``deadline_s`` per host: the group's bound is ``deadline_s`` × the rounds of ``workers`` the hosts need
-    (deployctl.hosts.run_on_hosts: a host that misses it gets a HostDeadline error naming it).
-    Returns ({name: value}, {name: error})."""
+    ``deadline_s`` per host from its own start (deployctl.hosts.run_on_hosts: a host that misses it gets a
+    HostDeadline error naming it, and its worker goes to the next host). Returns ({name: value}, {name: error})."""
     from deployctl.hosts import run_on_hosts
 
     if not hosts:
         return {}, {}
-    if deadline_s is not None:  # ``deadline_s`` is one host's: hosts waiting for a worker must not use it up
-        deadline_s *= math.ceil(len(hosts) / max(1, workers))
     outcomes = run_on_hosts(hosts, fn, max_workers=workers, deadline_s=deadline_s, what=what)
     ok = {o.host: o.value for o in outcomes if o.error is None}
     bad = {o.host: o.error for o in outcomes if o.error is not None}
