@@ -91,13 +91,16 @@ class Deployment:
                                          on_force=self._left_undone)
 
     # ------------------------------------------------------------------------------------------ control
-    def check(self) -> None:
-        """Raise Intervened when another shell sent abort/rollback; note a promote. Every host must answer
-        (RemoteError otherwise: losing a host mid-rollout aborts it). After Ctrl-C, raise StopRequested (in
-        worker threads too, so that parallel host steps stop at their next check)."""
+    def check(self, *, every_host: bool = False) -> None:
+        """Raise Intervened when another shell sent abort/rollback; note a promote. After Ctrl-C, raise
+        StopRequested (in worker threads too, so that parallel host steps stop at their next check).
+        ``every_host`` (at step boundaries): every host's control.json is read, and each must answer (RemoteError
+        otherwise: losing a host mid-rollout aborts it). Else (the ticks of pauses, windows and readiness waits)
+        one host's, in turn (StateStore.poll_control): a lost host is still found, at its turn."""
         self.interruption.check()
-        c = self.fleet.store.read_control(strict=True)
-        if c.generation == self.gen:
+        store = self.fleet.store
+        c = store.read_control(strict=True) if every_host else store.poll_control()
+        if c.generation <= self.gen:  # older: a poll from before this deploy's own start
             return
         if c.command == "promote":
             self.gen = c.generation
@@ -241,7 +244,7 @@ class Deployment:
         try:
             if why_not:
                 raise _Abort(f"resume could not continue: {why_not}")
-            self.check()
+            self.check(every_host=True)
             self._step("upload", lambda: fl.upload_all(plan.release, point=self.journal.point))
             if plan.mode == "canary":
                 self._canary(plan)
@@ -306,7 +309,7 @@ class Deployment:
 
     def _canary(self, plan: DeployPlan) -> None:
         new, old = list(plan.canary), list(plan.stable)
-        self.check()
+        self.check(every_host=True)
         stable_kind = self._stable_kind(plan, old)
         if stable_kind and stable_kind != self.cfg.engine.kind:  # both engines behind one nginx upstream
             self.fleet.router.engines_behind = frozenset({stable_kind})
@@ -315,10 +318,10 @@ class Deployment:
         if self.canary_check is not None:
             self._step("validate", lambda: self._validate(new))
         for i, weight in enumerate(plan.steps):
-            self.check()
+            self.check(every_host=True)
             self._step(f"weight:{i}", lambda: self._weight_step(plan, i, weight, new, old))
         for j, batch in enumerate(plan.batches):
-            self.check()
+            self.check(every_host=True)
             old = [n for n in old if n not in batch]
             self._step(f"batch:{j}", lambda: self._batch(plan, batch, new, old), switch=batch)
             new += batch

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -81,6 +83,24 @@ class Control:
     reason: str = ""
 
 
+# how long a polled control record stands (StateStore.poll_control): a deploy's checks tick every 0.25 s
+POLL_MAX_AGE_S = 0.25
+
+
+def _newest_control(texts: list[str]) -> Control:
+    """The record of the highest generation among copies of control.json (unparsable copies skipped)."""
+    best = Control()
+    for text in texts:
+        try:
+            data = json.loads(text)
+            c = Control(**{k: v for k, v in data.items() if k in Control.__dataclass_fields__})
+        except (ValueError, TypeError):
+            continue
+        if c.generation > best.generation:
+            best = c
+    return best
+
+
 class StateStore:
     """Reads and writes the state files on a set of hosts (``deployctl.hosts.Host``). Writes go to every
     reachable host; a write that reaches none raises the last host's error. Reads take the newest copy."""
@@ -89,6 +109,9 @@ class StateStore:
         self.hosts = hosts
         self.timeout = timeout
         self._dirs_made: set[str] = set()
+        self._poll_lock = threading.Lock()
+        self._polled: Optional[tuple[float, Control]] = None  # (monotonic time read, what was read)
+        self._poll_next = 0  # the host the next poll reads
 
     # ---------------------------------------------------------------------------------------------- raw
     def _each(self, fn):
@@ -172,22 +195,36 @@ class StateStore:
     def read_control(self, *, strict: bool = False) -> Control:
         """The newest control record. ``strict``: a host that cannot be read raises its RemoteError (a deploy
         must reach every host before each step)."""
-        best = Control()
-        for text in self._read_all("control.json", strict=strict):
-            try:
-                data = json.loads(text)
-                c = Control(**{k: v for k, v in data.items() if k in Control.__dataclass_fields__})
-            except (ValueError, TypeError):
-                continue
-            if c.generation > best.generation:
-                best = c
-        return best
+        return _newest_control(self._read_all("control.json", strict=strict))
+
+    def poll_control(self, *, max_age_s: float = POLL_MAX_AGE_S) -> Control:
+        """The control record as a running deploy polls it between its step boundaries (pauses, analysis windows,
+        readiness waits in every host worker): one host's copy, the next host each time, and one read per
+        ``max_age_s`` shared by every thread (the last one's answer otherwise). A request from another shell is
+        written to every host it reaches, so the next poll sees it; a host that cannot be read raises its
+        RemoteError when its turn comes (within hosts × ``max_age_s`` seconds). On N hosts that is one remote
+        read per ``max_age_s`` instead of N per check and N × N per parallel readiness wait."""
+        with self._poll_lock:
+            now = time.monotonic()
+            if self._polled is not None and now - self._polled[0] < max_age_s:
+                return self._polled[1]
+            host = self.hosts[self._poll_next % len(self.hosts)]
+            self._poll_next += 1
+            path = state_file(host.config, "control.json")
+            text = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout).stdout
+            seen = _newest_control([text] if text else [])
+            if self._polled is not None and self._polled[1].generation > seen.generation:
+                seen = self._polled[1]  # a host the sender could not reach: what another host showed stands
+            self._polled = (time.monotonic(), seen)
+            return seen
 
     def send(self, command: str, reason: str = "") -> Control:
         """Bump the generation and record ``command`` from this operator. Returns the new Control."""
         cur = self.read_control()
         c = Control(generation=cur.generation + 1, command=command, by=settings.operator(), at=now_iso(), reason=reason)
         self._write_all("control.json", json.dumps(asdict(c), sort_keys=True) + "\n")
+        with self._poll_lock:
+            self._polled = (time.monotonic(), c)  # this shell's own request: no poll may read an older one
         return c
 
     # ---------------------------------------------------------------------------------------------- history
