@@ -282,10 +282,34 @@ def even_split(conf: str) -> bool:
     return bool(servers) and not any(" down" in ln or "weight=" in ln for ln in servers)
 
 
+def runtime_facts(env: RolloutEnv, name: str) -> str:
+    """What a failed check of host ``name``'s runtime needs: its pidfiles (and whether each process lives) and the
+    tail of its runtime log."""
+    root = Path(env.host(name)["deploy_root"])
+    facts = []
+    for pidf in sorted(root.glob("**/shared/run/*.pid")):
+        try:
+            pid = int(pidf.read_text().strip())
+            os.kill(pid, 0)
+            alive = "alive"
+        except (OSError, ValueError) as e:
+            pid, alive = pidf.read_text().strip()[:20], f"not alive ({type(e).__name__})"
+        facts.append(f"{pidf.relative_to(root)} -> {pid} {alive}")
+    log = root / "shared" / "logs" / "runtime.log"
+    tail = log.read_text(errors="replace")[-2500:] if log.exists() else "(no runtime.log)"
+    return f"pidfiles: {facts or 'none'}; runtime.log ends:\n{tail}"
+
+
 def assert_consistent_on(env: RolloutEnv, release: str) -> None:
     """Every host's ``current`` is ``release``, every runtime answers as ``release``, and nginx splits evenly."""
     assert [env.current(n) for n in env.names] == [release] * len(env.names)
-    assert {env.release_served(n) for n in env.names} == {release}
+    served = {}
+    for n in env.names:
+        try:
+            served[n] = env.release_served(n)
+        except httpx.TransportError as e:
+            raise AssertionError(f"{n}: nothing serves on {env.runtime_url(n)} ({e}); {runtime_facts(env, n)}")
+    assert set(served.values()) == {release}, served
     assert even_split(env.upstream_conf()), env.upstream_conf()
 
 

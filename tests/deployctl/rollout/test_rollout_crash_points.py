@@ -159,7 +159,10 @@ def _run_lanes(lanes: list, points: list[str]) -> None:
         env = lanes[k][0]
         done = 0
         for i in range(k, len(points), len(lanes)):
-            outcomes.append(_one_point(env, i, points[i]))
+            try:
+                outcomes.append(_one_point(env, i, points[i]))
+            except Exception as e:  # name the point: the lanes' other outcomes print below
+                raise AssertionError(f"{env.cfg['service']['name']} {points[i]}: {type(e).__name__}: {e}") from e
             done += 1
         return done
 
