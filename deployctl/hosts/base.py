@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Callable, Optional, Union
 
 from deployctl.errors import RemoteError
 
@@ -44,6 +44,38 @@ class RunResult:
     stdout: str
     stderr: str
     duration_s: float
+
+
+class LineSink:
+    """A text stream that hands each complete line (without its newline) to ``on_line`` as it is written: a
+    command's stderr streamed while it runs (``Host.run(on_stderr=...)``). ``close()`` hands over a last line that
+    has no newline. A callback that raises is not the command's failure: its error is dropped."""
+
+    def __init__(self, on_line: Optional[Callable[[str], None]]):
+        self.on_line = on_line
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        self._part += text
+        *lines, self._part = self._part.split("\n")
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def _emit(self, line: str) -> None:
+        if self.on_line is not None:
+            try:
+                self.on_line(line.rstrip("\r"))
+            except Exception:  # noqa: BLE001 - progress display must not fail the command
+                pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._part:
+            self._emit(self._part)
+            self._part = ""
 
 
 class HostError(RemoteError):

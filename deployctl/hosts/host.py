@@ -63,9 +63,10 @@ class Host:
 
     # -- commands ---------------------------------------------------------------------------------
     def run(self, argv: Argv, *, timeout: float = 60, check: bool = True, input: str | None = None,
-            env: dict[str, str] | None = None) -> RunResult:
-        """Run ``argv`` (list: quoted; str: a command line) with ``timeout`` seconds. Raises
-        CommandTimeout, RemoteCommandError (non-zero exit and check), HostUnreachable, AuthFailed,
+            env: dict[str, str] | None = None, on_stderr: Callable[[str], None] | None = None) -> RunResult:
+        """Run ``argv`` (list: quoted; str: a command line) with ``timeout`` seconds. ``on_stderr``: called with
+        each line of the command's stderr as it comes (progress of a long install); the result holds it all too.
+        Raises CommandTimeout, RemoteCommandError (non-zero exit and check), HostUnreachable, AuthFailed,
         HostKeyUnknown, HostKeyChanged."""
         cmd = command_line(argv)
         if env:
@@ -74,7 +75,7 @@ class Host:
                     raise RemoteCommandError(f"env name {key!r} for {self.name} is not a shell identifier",
                                              host=self.name, command=cmd)
         t0 = time.monotonic()
-        result = self._transport.exec(cmd, timeout=timeout, input=input, env=env)
+        result = self._transport.exec(cmd, timeout=timeout, input=input, env=env, on_stderr=on_stderr)
         trace = settings.current().trace_remote
         if trace is not None:
             _trace(trace, self.name, time.monotonic() - t0, result.exit_code, cmd)
@@ -106,7 +107,7 @@ class Host:
         else:
             full = f"LC_ALL=C sudo -n -- {target}"
         result = self._transport.exec(full, timeout=timeout, input=(password + "\n") if password else None,
-                                      env=None)
+                                      env=None, on_stderr=None)
         err = result.stderr
         if result.exit_code != 0 and ("a password is required" in err or "incorrect password" in err
                                       or "no password was provided" in err or "Sorry, try again" in err):

@@ -11,12 +11,37 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from deployctl.hosts.base import CommandTimeout, RemoteCommandError, RunResult, short_command, tail
+from deployctl.hosts.base import CommandTimeout, LineSink, RemoteCommandError, RunResult, short_command, tail
 
 KILL_GRACE_S = 0.5
+
+
+def _text(data) -> str:
+    return data if isinstance(data, str) else (data or b"").decode(errors="replace")
+
+
+class _StderrReader(threading.Thread):
+    """A command's stderr, read line by line as it comes: each line to ``on_line`` (LineSink) and kept in
+    ``parts``."""
+
+    def __init__(self, stream, on_line):
+        super().__init__(name="deployctl-stderr", daemon=True)
+        self.stream, self.sink, self.parts = stream, LineSink(on_line), []
+
+    def run(self) -> None:
+        try:
+            for raw in iter(self.stream.readline, b""):
+                line = raw.decode(errors="replace")
+                self.parts.append(line)
+                self.sink.write(line)
+        except (OSError, ValueError):  # the stream closed under us (a killed command's descendants)
+            pass
+        finally:
+            self.sink.close()
 
 
 class LocalTransport:
@@ -28,22 +53,37 @@ class LocalTransport:
     def login_user(self) -> str:
         return "root" if os.geteuid() == 0 else getpass.getuser()
 
-    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None) -> RunResult:
+    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None,
+             on_stderr=None) -> RunResult:
         child_env = dict(os.environ, **env) if env else None
         start = time.monotonic()
         proc = subprocess.Popen(
             ["/bin/bash", "-c", command], stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env, start_new_session=True)
+        reader = self._stream_stderr(proc, on_stderr) if on_stderr is not None else None
         try:
             out, err = proc.communicate(input.encode() if input is not None else None, timeout=timeout)
+            if reader is not None:  # a descendant that keeps stderr open: what came within the timeout
+                reader.join(timeout=max(0.1, start + timeout - time.monotonic()))
+                err = "".join(reader.parts)
         except subprocess.TimeoutExpired:
             out, err = self._kill_group(proc)
+            if reader is not None:
+                reader.join(timeout=1)
+                err = "".join(reader.parts)
             raise CommandTimeout(
                 f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and was killed",
-                host=self.host, command=command, remote_status=None, stderr_tail=tail(err),
+                host=self.host, command=command, remote_status=None, stderr_tail=tail(_text(err)),
                 fix="raise the step's timeout or find out why it hangs") from None
-        return RunResult(self.host, command, proc.returncode, out.decode(errors="replace"),
-                         err.decode(errors="replace"), time.monotonic() - start)
+        return RunResult(self.host, command, proc.returncode, _text(out), _text(err), time.monotonic() - start)
+
+    @staticmethod
+    def _stream_stderr(proc: subprocess.Popen, on_line) -> "_StderrReader":
+        """Read ``proc``'s stderr in a thread, each line to ``on_line`` as it comes (communicate() then sees none)."""
+        reader = _StderrReader(proc.stderr, on_line)
+        proc.stderr = None
+        reader.start()
+        return reader
 
     @staticmethod
     def _kill_group(proc: subprocess.Popen) -> tuple[str, str]:
@@ -54,7 +94,7 @@ class LocalTransport:
                 pass
             try:
                 out, err = proc.communicate(timeout=grace)
-                return out.decode(errors="replace"), err.decode(errors="replace")
+                return _text(out), _text(err)
             except subprocess.TimeoutExpired:
                 continue
         # A descendant that left the group still holds our pipes: stop waiting for them.

@@ -34,7 +34,7 @@ from deployctl import settings
 from deployctl.hosts import known_hosts as hostkeys
 from deployctl.hosts.sshalive import Keepalive
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
-                             HostUnreachable, RemoteCommandError, RunResult, short_command, tail)
+                             HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
@@ -181,7 +181,8 @@ class SSHTransport:
             self._drop()
 
     # -- commands ---------------------------------------------------------------------------------
-    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None) -> RunResult:
+    def exec(self, command: str, *, timeout: float, input: str | None, env: dict | None,
+             on_stderr=None) -> RunResult:
         conn = self.connection()
         script = command
         if env:
@@ -199,15 +200,21 @@ class SSHTransport:
         wrapped = (f"exec timeout -k {REMOTE_KILL_AFTER_S:g} {max(timeout, 0.001):.3f}s "
                    f"/bin/bash -c {shlex.quote(script)}")
         start = time.monotonic()
+        # stderr streamed line by line when asked (invoke writes what it does not hide to err_stream as it reads)
+        sink = LineSink(on_stderr) if on_stderr is not None else None
+        streams = {"hide": "out", "err_stream": sink} if sink is not None else {"hide": True}
         try:
-            res = conn.run(wrapped, hide=True, warn=True, pty=False, echo=False,
-                           in_stream=io.StringIO(""), timeout=timeout + CLIENT_GRACE_S)
+            res = conn.run(wrapped, warn=True, pty=False, echo=False, in_stream=io.StringIO(""),
+                           timeout=timeout + CLIENT_GRACE_S, **streams)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
         except paramiko.ChannelException as exc:
             raise self._refused(exc, command) from None
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
+        finally:
+            if sink is not None:
+                sink.close()
         duration = time.monotonic() - start
         # 124: timeout's TERM worked; 137 or -1 (killed by a signal, no exit status): its group SIGKILL
         if res.exited in (124, 137, -1) and duration >= timeout - 0.05:

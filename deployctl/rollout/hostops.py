@@ -43,15 +43,43 @@ def verify_timeout(cfg: DeployConfig, host=None) -> tuple[float, str]:
                                            f"{','.join(map(str, host.config.gpu_ids))}): {describe(nbytes, cap)}")
 
 
+# an engine install's progress (pip's lines): one shown per host at most this often, besides its first, its
+# errors and its end (8 hosts installing vLLM at once print ~200 lines each)
+INSTALL_PROGRESS_EVERY_S = 10.0
+
+
+def install_progress(host, say: Optional[Callable[..., None]]) -> Optional[Callable[[str], None]]:
+    """The ``on_progress`` of release.switch_and_install that tells ``say`` how ``host``'s engine install goes:
+    the first line, every error, "Successfully installed ...", and otherwise one line per
+    INSTALL_PROGRESS_EVERY_S with the count of lines since the last one shown. None without ``say``."""
+    if say is None:
+        return None
+    last, skipped = [0.0], [0]
+
+    def show(line: str) -> None:
+        now = time.monotonic()
+        always = not last[0] or "error" in line.lower() or line.startswith(("Successfully", "installing "))
+        if not always and now - last[0] < INSTALL_PROGRESS_EVERY_S:
+            skipped[0] += 1
+            return
+        more = f" (+{skipped[0]} lines)" if skipped[0] else ""
+        last[0], skipped[0] = now, 0
+        say("host", f"{host.name}: engine install: {line}{more}", host=host.name)
+
+    return show
+
+
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
-             on_switch: Optional[Callable[[str], None]] = None) -> Verified:
-    """Make ``release_id`` run on ``host``: switch ``current``, install its wheel, stop the old runtime (drain),
-    start the new one, verify (ready + sample inference, release header checked). Raises RemoteError (4) or
-    HealthError (5); ``should_stop`` may raise to interrupt the wait for readiness."""
+             on_switch: Optional[Callable[[str], None]] = None,
+             on_progress: Optional[Callable[[str], None]] = None) -> Verified:
+    """Make ``release_id`` run on ``host``: switch ``current``, install its wheel (and a pinned engine the host
+    lacks: its lines to ``on_progress``, ``install_progress``), stop the old runtime (drain), start the new one,
+    verify (ready + sample inference, release header checked). Raises RemoteError (4) or HealthError (5);
+    ``should_stop`` may raise to interrupt the wait for readiness."""
     t = [time.monotonic()]
     if on_switch:  # before the switch: if it fails half-way, the abort still looks at this host
         on_switch(host.name)
-    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s)
+    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s, on_progress=on_progress)
     t.append(time.monotonic())
     launcher.stop(host, cfg)
     t.append(time.monotonic())
@@ -71,7 +99,8 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
 
 
 def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
-                    should_stop: Optional[Callable[[], None]] = None) -> Verified:
+                    should_stop: Optional[Callable[[], None]] = None,
+                    on_progress: Optional[Callable[[str], None]] = None) -> Verified:
     """Start ``release_id`` on ``host`` at ``port`` while the runtime there keeps serving (``current`` switched,
     wheel installed, a second supervisor started, verified there: ready + one short sample inference). The old
     runtime is left running: ``retire`` it once the router sends traffic to ``port``. On failure the new one is
@@ -79,7 +108,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
     HealthError 5): nothing changed for the clients."""
     was = release.current_release(host)
     t = [time.monotonic()]
-    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s)
+    release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s, on_progress=on_progress)
     t.append(time.monotonic())
     try:
         offset = launcher.start(host, cfg, port=port)

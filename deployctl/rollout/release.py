@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig
@@ -289,7 +289,9 @@ if [ -n "$dist" ] && [ ! -f "$rdir/engine/.deployctl-installed" ]; then
       # built in place (a venv's console scripts name its path), complete only once the marker is written
       echo "engine: installing $dist==$ver into $venv (once per host)" >&2
       rm -rf "$venv" && PYTHONPATH= {python} -m venv "$venv"
-      PYTHONPATH= timeout {timeout} "$venv/bin/python" -m pip install -q --disable-pip-version-check "$dist==$ver"
+      # pip's lines go to stderr as "engine: ...", which deployctl shows as they come (switch_and_install)
+      ( set -o pipefail; PYTHONPATH= timeout {timeout} "$venv/bin/python" -m pip install --progress-bar off \
+          --disable-pip-version-check "$dist==$ver" 2>&1 | sed -u 's/^/engine: /' >&2 )
       printf '%s==%s own venv, shared\\n' "$dist" "$ver" > "$venv/.deployctl-installed"
       echo engine-installed
     fi
@@ -311,14 +313,17 @@ def engine_of(host, release_id: str, *, timeout: float = 15) -> tuple:
     return info.get("engine_kind") or "deployctl-runtime", info.get("engine_version")
 
 
-def switch_and_install(host, release_id: str, *, timeout: float = 300) -> bool:
+def switch_and_install(host, release_id: str, *, timeout: float = 300,
+                       on_progress: Optional[Callable[[str], None]] = None) -> bool:
     """In one remote command: give a foreign engine its pinned version in ``<release>/engine`` (ENGINE_INSTALL;
     first, so that an install that fails or times out leaves ``current`` where it was), point ``current`` at the
     release atomically (``switch_current``), then install its runtime wheel into the host's python env (``pip install --no-deps --force-reinstall --no-index``; the env
     already has torch and the other dependencies). The install runs under ``flock`` on a file in the env
     (``<sys.prefix>/.deployctl-runtime.lock``: hosts sharing one env never install at once) and is skipped when the
     env's ``.deployctl-runtime-installed`` records a wheel with the same sha256 (byte-identical code, which a
-    running runtime of another release may be using). Returns whether pip ran. Raises RemoteError."""
+    running runtime of another release may be using). ``on_progress`` gets each line of an engine install as it
+    comes (pip's "Collecting ...", "Downloading ...", "Successfully installed ..."; a multi-GB vLLM takes
+    minutes). Returns whether pip ran. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, release_id)
     q = shlex.quote
@@ -341,7 +346,11 @@ cd "$rdir" && PYTHONPATH= {q(h.python)} -m pip install -q --no-deps --force-rein
 printf '%s\\n' "$want" > "$marker"
 echo installed
 """
-    r = host.run(["bash", "-c", script], timeout=timeout + 30)
+    def line(text: str) -> None:
+        if on_progress is not None and text.startswith("engine: "):
+            on_progress(text[len("engine: "):])
+
+    r = host.run(["bash", "-c", script], timeout=timeout + 30, on_stderr=line if on_progress else None)
     return "installed" in r.stdout
 
 

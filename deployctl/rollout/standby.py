@@ -130,8 +130,10 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
         if say:
             say("host", f"{host.name}: stopped the standby of {old.release} (port {old.port})", host=host.name)
     was = release.current_release(host)
+    progress = hostops.install_progress(host, say)
     if not was or not keeps(cfg, host, release_id) or not launcher.is_running(host, cfg):
-        return hostops.activate(host, cfg, release_id, should_stop=should_stop, on_switch=on_switch)
+        return hostops.activate(host, cfg, release_id, should_stop=should_stop, on_switch=on_switch,
+                                on_progress=progress)
     old_port, new_port = layout.service_port(cfg, h), launcher.beside_port(cfg, h)
     if on_switch:
         on_switch(host.name)
@@ -140,7 +142,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     fit = wake_fit(host, cfg, None)
     if not fit.beside:
         return _sleep_then_start(host, cfg, was, release_id, old_port, new_port, fit, should_stop, say)
-    v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop)
+    v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop, on_progress=progress)
     _own_pidfiles(host, old_port)
     timings = dict(v.timings)
     try:
@@ -182,7 +184,8 @@ def _sleep_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_po
     _own_pidfiles(host, old_port)
     sleep_s = _sleep_drained(host, cfg, old_port)
     try:
-        v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop)
+        v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop,
+                                    on_progress=hostops.install_progress(host, say))
     except BaseException:
         _do(host, cfg, "wake", old_port)  # activate_beside stopped the new one: the old one serves as before
         raise

@@ -155,3 +155,47 @@ def test_the_replicas_of_one_machine_share_one_venv_and_prune_sees_every_replica
     finally:
         for rep in reps:
             rep.close()
+
+
+def test_an_engine_install_streams_pips_lines_and_a_reuse_installs_nothing(fleet_host):
+    host, root = fleet_host
+    _release(root, "p1", "0.5.23")
+    lines: list[str] = []
+    release.switch_and_install(host, "p1", timeout=300, on_progress=lines.append)
+    assert lines[0].startswith("installing sglang==0.5.23 into ") and lines[0].endswith("(once per host)")
+    assert any(ln.startswith("Successfully installed sglang-0.5.23") for ln in lines), lines
+    _release(root, "p2", "0.5.23")
+    again: list[str] = []
+    release.switch_and_install(host, "p2", timeout=300, on_progress=again.append)
+    assert again == []  # the shared venv is reused: no install, nothing to show
+    _release(root, "p3", "0.5.99")  # what no index has: pip's own error reaches the operator, not only the exit
+    failed: list[str] = []
+    with pytest.raises(RemoteError):
+        release.switch_and_install(host, "p3", timeout=60, on_progress=failed.append)
+    assert any("ERROR" in ln and "sglang==0.5.99" in ln for ln in failed), failed
+
+
+def test_install_progress_shows_first_errors_and_end_and_one_line_per_interval(monkeypatch):
+    import time
+
+    from deployctl.rollout import hostops
+
+    monkeypatch.setattr(hostops, "INSTALL_PROGRESS_EVERY_S", 0.3)
+    said = []
+    show = hostops.install_progress(type("H", (), {"name": "gpu-a"})(),
+                                    lambda kind, msg, **kw: said.append((kind, msg, kw)))
+    show("installing vllm==0.33.0 into /d/shared/engines/vllm-0.33.0 (once per host)")
+    for i in range(50):
+        show(f"Collecting dep{i}")
+    show("ERROR: No space left on device")
+    time.sleep(0.35)
+    show("Downloading torch (900 MB)")
+    show("Successfully installed vllm-0.33.0")
+    msgs = [m for _, m, _ in said]
+    assert msgs == ["gpu-a: engine install: installing vllm==0.33.0 into /d/shared/engines/vllm-0.33.0 "
+                    "(once per host)",
+                    "gpu-a: engine install: ERROR: No space left on device (+50 lines)",
+                    "gpu-a: engine install: Downloading torch (900 MB)",
+                    "gpu-a: engine install: Successfully installed vllm-0.33.0"]
+    assert all(kind == "host" and kw == {"host": "gpu-a"} for kind, _, kw in said)
+    assert hostops.install_progress(None, None) is None
