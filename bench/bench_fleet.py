@@ -54,12 +54,19 @@ def _cli(path: Path, env: dict, *args: str) -> tuple[float, dict]:
     if r.returncode != 0:
         raise SystemExit(f"`deployctl {' '.join(args)}` failed ({r.returncode}):\n{r.stderr[-3000:]}")
     per: dict[str, list] = {}
+    kinds: dict[str, list] = {}  # the command's first 60 characters -> [count, seconds] over the gpu-* hosts
     for line in trace.read_text().splitlines() if trace.exists() else []:
         rec = json.loads(line)
         per.setdefault(rec["host"], []).append(rec["s"])
+        if rec["host"].startswith("gpu-"):
+            k = kinds.setdefault(" ".join(rec["cmd"].split())[:60], [0, 0.0])
+            k[0] += 1
+            k[1] += rec["s"]
     hosts = [v for k, v in per.items() if k.startswith("gpu-")]
-    return wall, {"commands": sum(map(len, hosts)) / max(1, len(hosts)),
-                  "remote_s": sum(map(sum, hosts)) / max(1, len(hosts))}
+    n = max(1, len(hosts))
+    top = sorted(kinds.items(), key=lambda kv: -kv[1][1])[:6]
+    return wall, {"commands": sum(map(len, hosts)) / n, "remote_s": sum(map(sum, hosts)) / n,
+                  "top": [(cmd, c / n, t / n) for cmd, (c, t) in top]}
 
 
 def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel: Path, key: Path) -> dict:
@@ -121,6 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="8,16,32")
     ap.add_argument("--parallel-hosts", type=int, default=8)
+    ap.add_argument("--top", action="store_true", help="per step, the remote commands that took the most time")
     args = ap.parse_args()
     sizes = sorted(int(x) for x in args.hosts.split(","))
     if os.geteuid() != 0 or not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
@@ -144,6 +152,9 @@ def main() -> None:
                   f" rollback {r['rollback_s']:6.1f} s; per host, remote commands (their seconds): " +
                   ", ".join(f"{k} {t['commands']:.0f} ({t['remote_s']:.1f} s)" for k, t in r["trace"].items()),
                   flush=True)
+            if args.top:
+                for k, t in r["trace"].items():
+                    print(f"    {k}, per host: " + "; ".join(f"{c:.1f}x {t_:.2f} s `{cmd}`" for cmd, c, t_ in t["top"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0]
