@@ -57,6 +57,20 @@ print(json.dumps(out))
 # that for the running supervisor started nothing (a hung runtime restarted by a runbook never came back).
 SH_ALIVE = """alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }"""
 
+# Shell functions (after SH_ALIVE): ``ours PID ROOT``: PID is alive and is one of ROOT's supervisors or runtimes
+# (its command line names ROOT/releases/, as launch.sh's does, or it runs in a release dir under ROOT, as the
+# engine does); ``group_ours PGID ROOT``: the group's leader or any member is. A pidfile outlives its process (a
+# reboot, a supervisor SIGKILLed before its cleanup) and the kernel reuses PIDs (pid_max is 32768 on many
+# machines, wrapped within minutes on a busy one): a number alone names a stranger as often as not, and a stop
+# that signalled it would kill an unrelated process group. ROOT is taken as given and resolved (readlink -f).
+SH_OURS = r"""ours() { alive "$1" || return 1; local r; for r in "$2" "$(readlink -f "$2" 2>/dev/null)"; do
+  [ -n "$r" ] || continue
+  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$r/releases/" && return 0
+  case "$(readlink "/proc/$1/cwd" 2>/dev/null)" in "$r"/releases/*) return 0;; esac
+done; return 1; }
+group_ours() { local p; ours "$1" "$2" && return 0
+  for p in $(pgrep -g "$1" 2>/dev/null); do ours "$p" "$2" && return 0; done; return 1; }"""
+
 # Is the pidfile's process alive?
 PROCESS_ALIVE = r"""
 import json, os, sys

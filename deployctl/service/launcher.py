@@ -14,7 +14,7 @@ import posixpath
 import shlex
 from typing import Optional
 
-from deployctl.hostscripts.snippets import SH_ALIVE
+from deployctl.hostscripts.snippets import SH_ALIVE, SH_OURS
 from deployctl.config import DeployConfig, layout
 from deployctl.config.layout import (child_pid_file, configured_port, current_link, log_file, pid_file, runtime_address,
                                      service_port, shared_dir, spare_pid_file)
@@ -183,11 +183,16 @@ def stop(host, cfg: DeployConfig, *, timeout: float | None = None, port: Optiona
     port = port or service_port(cfg, h)
     addr = runtime_address(cfg)
     script = f"""
+{SH_ALIVE}
+{SH_OURS}
 pidf={pidf}
 [ -f "$pidf" ] || {{ echo "not running"; exit 0; }}
 pid=$(cat "$pidf")
 case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
-if ! kill -0 -- "-$pid" 2>/dev/null; then rm -f "$pidf"; echo "not running"; exit 0; fi
+# a group none of whose processes is this deploy root's: the pidfile is stale and its number another's now
+if ! kill -0 -- "-$pid" 2>/dev/null || ! group_ours "$pid" {shlex.quote(h.deploy_root)}; then
+  rm -f "$pidf"; echo "not running"; exit 0
+fi
 listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
 was=0; listening && was=1
 # the supervisor forwards one SIGTERM to the runtime; a runtime left without it (supervisor killed) gets it directly
@@ -244,7 +249,9 @@ def is_running(host, cfg: DeployConfig) -> bool:
     if h.launcher == "systemd":
         return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg, host.config)], check=False).exit_code == 0
     pidf = shlex.quote(pid_file(h))
-    r = host.run(f'[ -f {pidf} ] && kill -0 -- "-$(cat {pidf})" 2>/dev/null', timeout=30, check=False)
+    r = host.run(f'{SH_ALIVE}; {SH_OURS}; [ -f {pidf} ] && p=$(cat {pidf}) && [ -n "$p" ] && '
+                 f'kill -0 -- "-$p" 2>/dev/null && group_ours "$p" {shlex.quote(h.deploy_root)}',
+                 timeout=30, check=False)
     return r.exit_code == 0
 
 
@@ -258,8 +265,8 @@ def liveness(host, cfg: DeployConfig, offset: int, *, port: Optional[int] = None
         return is_running(host, cfg), host.run(grep, timeout=15).stdout.strip()
     pidf = shlex.quote(spare_pid_file(host.config, port) if port else pid_file(host.config))
     # the supervisor itself, not its process group: a runtime whose supervisor died is not a live service (C30)
-    r = host.run(f'{SH_ALIVE}; if [ -f {pidf} ] && alive "$(cat {pidf})"; then echo alive; else echo dead; fi; '
-                 + grep, timeout=15)
+    r = host.run(f'{SH_ALIVE}; {SH_OURS}; if [ -f {pidf} ] && ours "$(cat {pidf})" '
+                 f'{shlex.quote(host.config.deploy_root)}; then echo alive; else echo dead; fi; ' + grep, timeout=15)
     lines = r.stdout.strip().splitlines()
     return (bool(lines) and lines[0] == "alive"), "\n".join(lines[1:]).strip()
 

@@ -42,7 +42,7 @@ def release(tmp_path):
     env = {**os.environ, "FAKE_STATE": str(state), "EXPECT_KEY": API_KEY, "DEPLOYCTL_LAUNCH_BACKOFF_S": "0.1"}
     paths = {"launch": rel / "launch.sh", "pid": root / "shared/run/runtime.pid",
              "child": root / "shared/run/runtime.child.pid", "log": root / "shared/logs/runtime.log",
-             "state": state, "env": env}
+             "state": state, "env": env, "cfg": cfg}
     yield paths
     for key in ("child", "pid"):  # never leave a supervisor behind, even when the test failed
         try:
@@ -90,6 +90,40 @@ def test_launcher_restarts_on_failure_and_drains_on_stop(release):
     assert not release["pid"].exists()
     assert "runtime stopped (exit 0)" in release["log"].read_text()
     assert subprocess.run([str(release["launch"]), "status"], env=env, timeout=10).returncode == 1
+
+
+def test_a_stale_pidfile_whose_number_another_process_has_now_blocks_no_start_and_kills_no_stranger(release):
+    """A pidfile outlives its supervisor (a reboot, a SIGKILL before cleanup) and the kernel hands its number to
+    another process (pid_max 32768 wraps within minutes on a busy machine): before, `launch.sh start` took the
+    stranger for the running supervisor and started nothing, and deployctl's stop SIGKILLed the stranger's
+    process group."""
+    from deployctl.hosts import Host
+    from deployctl.service import launcher
+
+    cfg = release["cfg"]
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)  # leads a process group, as setsid does
+    host = Host.from_config(cfg.hosts[0])
+    try:
+        release["pid"].parent.mkdir(parents=True, exist_ok=True)
+        release["pid"].write_text(f"{stranger.pid}\n")
+        assert not launcher.is_running(host, cfg)
+        assert launcher.stop(host, cfg, timeout=3) == "not running"
+        assert stranger.poll() is None and not release["pid"].exists()  # the stranger lives; the stale file went
+
+        release["pid"].write_text(f"{stranger.pid}\n")
+        started = subprocess.run([str(release["launch"]), "start"], capture_output=True, text=True,
+                                 env=release["env"], timeout=30)
+        assert started.returncode == 0, started.stderr
+        supervisor = int(started.stdout.strip())
+        assert supervisor != stranger.pid and _alive(supervisor)
+        _wait_for(release["state"] / "ready")  # a real start: the runtime runs
+        assert launcher.is_running(host, cfg)
+        assert launcher.stop(host, cfg, timeout=10) == "stopped" and not _alive(supervisor)
+        assert stranger.poll() is None
+    finally:
+        host.close()
+        stranger.kill()
+        stranger.wait()
 
 
 def test_launcher_gives_up_after_repeated_failures_with_growing_backoff(release):

@@ -44,11 +44,20 @@ LOG_CHECK_S=${DEPLOYCTL_LAUNCH_LOG_CHECK_S:-10}
 log() { printf '%s launch.sh[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$$" "$*" >>"$LOG_FILE"; }
 
 alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }
+ours() { alive "$1" || return 1; local r; for r in "$2" "$(readlink -f "$2" 2>/dev/null)"; do
+  [ -n "$r" ] || continue
+  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$r/releases/" && return 0
+  case "$(readlink "/proc/$1/cwd" 2>/dev/null)" in "$r"/releases/*) return 0;; esac
+done; return 1; }
+group_ours() { local p; ours "$1" "$2" && return 0
+  for p in $(pgrep -g "$1" 2>/dev/null); do ours "$p" "$2" && return 0; done; return 1; }
 
+# the pidfile's supervisor, if it is alive and one of this deploy root's (a stale pidfile's number reused by
+# another process is not a running supervisor: `start` would otherwise start nothing and `stop` signal a stranger)
 supervisor_pid() {
   local pid
   pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
-  [ -n "$pid" ] && alive "$pid" && echo "$pid"
+  [ -n "$pid" ] && ours "$pid" "${RELEASE_DIR%/releases/*}" && echo "$pid"
 }
 
 # The log past LOG_MAX_BYTES: older copies shift (.1 -> .2, ...; LOG_BACKUPS kept), then copy and truncate in place:
