@@ -92,6 +92,7 @@ class _Look(NamedTuple):
     wakeable: bool  # that standby is the target, valid and asleep
     fit: Optional[gpufit.WakeFit]  # gpufit.wake_fit's verdict for a wakeable standby
     served: Optional[str]  # the release the runtime answers with (None: not answering)
+    running: bool  # a runtime answers, or its supervisor runs (a foreign engine that names no release)
 
 
 def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[Progress] = None,
@@ -111,8 +112,9 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             wakeable = (rec is not None and rec.release == target and not rec.expired and cur != target
                         and standby.asleep(h, cfg, rec))
             fit = gpufit.wake_fit(h, cfg, rec.port) if wakeable else None
+            served = _served(h, cfg)
             return _Look(cur, h.exists(rdir + "/release.json"), launcher.supports_beside(h, cfg, rdir), rec, wakeable,
-                         fit, _served(h, cfg))
+                         fit, served, served is not None or launcher.is_running(h, cfg))
 
         found, bad = fleet.on_hosts(list(fleet.hosts.values()), look)
         if bad:
@@ -120,7 +122,12 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             raise err if isinstance(err, DeployctlError) else DeployctlError(about(name, err))
         # a host whose ``current`` was switched but whose runtime still serves another release (a rollback killed
         # between its switch and its restart) counts as on the release it serves, so that it is restarted
-        current = {n: found[n].served or found[n].current for n in fleet.hosts}
+        # and a host where nothing runs (a rollback killed after its stop, before its start) is on no release:
+        # `current` names the target there, but only a start makes it serve
+        current = {n: (found[n].served or found[n].current) if found[n].running else None for n in fleet.hosts}
+        for n in fleet.hosts:
+            if not found[n].running:
+                say("warn", f"{n}: no runtime runs there (current: {found[n].current}); it is started", host=n)
         split = fleet.router.read_split() if fleet.router else None
         even = split is None or (not split.get("canary") and sorted(split.get("stable", [])) == sorted(current))
         in_progress = st is not None and st.in_progress
@@ -158,7 +165,8 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             fits = {n: found[n].fit for n in wakeable}
             _stop_stale(fleet, cfg, {n: found[n].standby for n in fleet.hosts if found[n].standby and n not in wakeable},
                         target, say, phases)
-            beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts if found[n].beside}
+            beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts
+                      if found[n].beside and found[n].running}  # nothing to start beside where nothing runs
             return _do(fleet, cfg, target, current, gen, say, t0, phases, beside, wakeable, fits)
         finally:
             fleet.unlock()

@@ -192,3 +192,33 @@ def test_sigkill_at_30_points_then_status_and_one_recovery_leave_one_release(rol
 
 def test_sigkill_over_ssh_inside_an_upload_and_a_rollback(rollout_env):
     _run_lanes([_fleet(rollout_env, "chat-tiny", local=False)], SSH_POINTS)
+
+
+def test_a_rollback_killed_between_its_stop_and_its_start_is_recovered_by_the_next_one(rollout_env):
+    """Found by the 30 points: a rollback killed after it switched ``current`` on a host and stopped its runtime,
+    before the start. The next rollback saw ``current`` on the target and nothing answering, counted the host
+    as done, exited 0, and left it serving nothing. Replayed by hand here: the stop and the switch as the killed
+    rollback left them."""
+    from deployctl.config import load_config
+    from deployctl.hosts import Host
+    from deployctl.rollout import release as rel
+    from deployctl.service import launcher
+
+    env, traffic = _fleet(rollout_env, "chat-tiny", local=True)
+    try:
+        first = env.current(env.names[0])
+        _new_config(env, 1)
+        assert env.cli("deploy", "--yes").returncode == 0
+        cfg = load_config(env.path)
+        host = Host.from_config(cfg.hosts[0])
+        try:
+            rel.switch_current(host, first)  # as the killed rollback left gpu-a: switched, stopped, not started
+            assert launcher.stop(host, cfg) == "stopped"
+        finally:
+            host.close()
+        r = env.cli("rollback")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{env.names[0]}: no runtime runs there" in r.stderr
+        assert_consistent_on(env, first)
+    finally:
+        traffic.stop()
