@@ -15,7 +15,11 @@ from support.runbook_fleet import cli, free_port, make_tiny_model, write_deploy_
 def _standby(root: Path, port: int, expires_at: float) -> subprocess.Popen:
     run = root / "shared" / "run"
     run.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a process group leader, like launch.sh
+    rdir = root / "releases" / "20260101T000000Z-00000000"
+    rdir.mkdir(parents=True, exist_ok=True)
+    # a process group leader running in its release dir, like launch.sh's supervisor (a pid is the deploy root's
+    # only when it runs there or names it: snippets.SH_OURS)
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True, cwd=rdir)
     (run / f"runtime.{port}.pid").write_text(f"{proc.pid}\n")
     (run / "standby.json").write_text(json.dumps({"release": "20260101T000000Z-00000000", "port": port,
                                                   "since": expires_at - 86400, "expires_at": expires_at}))
