@@ -233,7 +233,7 @@ def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int
         return []
     limit = DEFAULT_GROUP_DEADLINE_S if deadline_s is None else deadline_s
     workers = max(1, min(max_workers, len(hosts)))
-    results: list[Optional[HostOutcome[T]]] = [None] * len(hosts)
+    results: list = [None] * len(hosts)
     finished: "queue.SimpleQueue[tuple[int, HostOutcome[T]]]" = queue.SimpleQueue()
     started: dict[int, float] = {}  # index -> monotonic start, for the calls still counted as running
     waiting = list(range(len(hosts)))[::-1]  # popped from the end: input order
@@ -266,6 +266,4 @@ def run_on_hosts(hosts: list[Host], fn: Callable[[Host], T], *, max_workers: int
             continue
         if started.pop(i, None) is not None:  # an abandoned call that ends late keeps its deadline outcome
             results[i] = outcome
-    out: list[HostOutcome[T]] = [r for r in results if r is not None]
-    assert len(out) == len(hosts)
-    return out
+    return results  # every host has its outcome or its deadline: the loop ends only then

@@ -347,7 +347,7 @@ printf '%s\\n' "$want" > "$marker"
 echo installed
 """
     def line(text: str) -> None:
-        if on_progress is not None and text.startswith("engine: "):
+        if text.startswith("engine: "):
             on_progress(text[len("engine: "):])
 
     r = host.run(["bash", "-c", script], timeout=timeout + 30, on_stderr=line if on_progress else None)

@@ -141,17 +141,17 @@ class StateStore:
 
     def _read_each(self, name: str, *, strict: bool = False) -> list[tuple[str, str]]:
         """[(host name, text)] of the non-empty copies of ``name``."""
-        def read(host):
-            path = state_file(host.config, name)
-            r = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout)
-            return r.stdout
-
-        outcomes = self._each(read)
+        outcomes = self._each(lambda host: self._read_one(host, name))
         if strict:
             for o in outcomes:
                 if o.error is not None:
                     raise o.error
         return [(o.host, o.value) for o in outcomes if o.error is None and o.value]
+
+    def _read_one(self, host, name: str) -> str:
+        """``name``'s text on ``host`` ("" when absent). Raises RemoteError."""
+        path = state_file(host.config, name)
+        return host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout).stdout
 
     def _path(self, host_name: str, name: str) -> str:
         return next(state_file(h.config, name) for h in self.hosts if h.name == host_name)
@@ -210,8 +210,7 @@ class StateStore:
                 return self._polled[1]
             host = self.hosts[self._poll_next % len(self.hosts)]
             self._poll_next += 1
-            path = state_file(host.config, "control.json")
-            text = host.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=self.timeout).stdout
+            text = self._read_one(host, "control.json")
             seen = _newest_control([text] if text else [])
             if self._polled is not None and self._polled[1].generation > seen.generation:
                 seen = self._polled[1]  # a host the sender could not reach: what another host showed stands

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from deployctl.config import HostConfig
 from deployctl.hosts import CommandTimeout, Host, HostUnreachable, run_on_hosts
 
 
@@ -32,16 +31,6 @@ def _wait_gone(marker: str, within: float = 1.0) -> list[int]:
     while (left := _procs_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-@pytest.fixture
-def two_hosts(ssh_fleet, tmp_path):
-    fleet = ssh_fleet(1, users="deploy")
-    local = HostConfig(name="here", address="local", deploy_root=str(tmp_path / "local-root"))
-    hosts = [Host.from_config(fleet.host_configs()[0]), Host.from_config(local)]
-    yield hosts
-    for h in hosts:
-        h.close()
 
 
 def test_timeout_kills_process_group_and_names_host(two_hosts):

@@ -7,18 +7,7 @@ import os
 
 import pytest
 
-from deployctl.config import HostConfig
-from deployctl.hosts import CommandTimeout, Host
-
-
-@pytest.fixture
-def two_hosts(ssh_fleet, tmp_path):
-    fleet = ssh_fleet(1, users="deploy")
-    local = HostConfig(name="here", address="local", deploy_root=str(tmp_path / "local-root"))
-    hosts = [Host.from_config(fleet.host_configs()[0]), Host.from_config(local)]
-    yield hosts
-    for h in hosts:
-        h.close()
+from deployctl.hosts import CommandTimeout
 
 
 def test_stderr_lines_arrive_while_the_command_runs(two_hosts, tmp_path):
