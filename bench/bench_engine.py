@@ -6,6 +6,10 @@ same cap on running requests (max_num_seqs), greedy, no EOS:
     GPU target >= 2x. Greedy tokens are compared request by request.
   * hf_static: static batches of max_num_seqs, left-padded. CPU target >= 2x.
   * hf_single: one request at a time (a seeded sample stands in, compared per output token). CPU target >= 8x.
+  * the GEMM floor (gemm_floor): the weight matrix products of the engine's own run, step by step, timed alone
+    (same weights, dtype and threads; no attention, norms, sampling or Python). engine_over_gemm_floor = floor
+    seconds / engine wall seconds; CPU target >= 0.8. share_* split the engine's wall time: the weight products,
+    the rest of forward and sampling, and scheduling/bookkeeping in Python.
 Workloads: cpu (48 seeded requests, 16-128 in, 16-96 out, at most 16 running) and nano-vllm (256 requests, in and
 out uniform 100-1024, nano-vllm's bench.py). --decode-steps B1,B2 also times one decode step at those batch sizes
 and prints the HBM-bandwidth floor of the step: (weights bytes + KV bytes read) / --hbm-bandwidth.
@@ -48,6 +52,7 @@ SHAPES = {
 # (requests, prompt lengths, output lengths, max_num_seqs)
 WORKLOADS = {"cpu": (48, (16, 128), (16, 96), 16), "nano-vllm": (256, (100, 1024), (100, 1024), 256)}
 TARGETS = {"cpu": {"hf_cb": 3.0, "hf_static": 2.0, "hf_single": 8.0}, "cuda": {"hf_cb": 2.0}}
+FLOOR_TARGET = 0.8  # engine tok/s over the GEMM floor's, CPU (issue 27)
 
 
 def build_checkpoint(shape: str, out: Path, seed: int) -> Path:
@@ -82,15 +87,67 @@ def make_llm(model_dir: Path, args, max_model_len: int):
 
 
 def run_engine(llm, requests, args):
+    """Returns (Timer, output tokens, token lists, steps): steps [(tokens in the flat batch, rows sampled)] of the
+    timed run, in order, for gemm_floor()."""
     from deployctl_runtime import SamplingParams
 
     params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True) for _, out in requests]
     llm.generate([requests[0][0]], params[0])  # warm the code paths, as the server's warm-up does
+    runner, steps = llm.engine.runner, []
+    forward, sample = runner.forward, runner.sample
+    spent = {"forward": 0.0, "sample": 0.0}
+
+    def timed_forward(inputs):
+        steps.append((inputs.num_tokens, len(inputs.sample_reqs)))
+        t0 = time.perf_counter()
+        hidden = forward(inputs)
+        hf_peers.sync(args.device)
+        spent["forward"] += time.perf_counter() - t0
+        return hidden
+
+    def timed_sample(hidden, inputs):
+        t0 = time.perf_counter()
+        out = sample(hidden, inputs)
+        spent["sample"] += time.perf_counter() - t0
+        return out
+
+    runner.forward, runner.sample = timed_forward, timed_sample
     t = hf_peers.Timer(args.device)
-    with t, _profiled(args.profile):
-        outs = llm.generate([p for p, _ in requests], params)
+    try:
+        with t, _profiled(args.profile):
+            outs = llm.generate([p for p, _ in requests], params)
+    finally:
+        del runner.forward, runner.sample
     tokens = [list(o.token_ids) for o in outs]
-    return t, sum(len(tk) for tk in tokens), tokens
+    return t, sum(len(tk) for tk in tokens), tokens, (steps, spent)
+
+
+def gemm_floor(model, steps: list[tuple[int, int]], device: str, repeats: int = 3) -> float:
+    """Seconds the engine run's weight matrix products take alone: for each recorded step (T tokens, N rows
+    sampled), every nn.Linear of every decoder layer on a [T, in_features] input, then lm_head on [N, hidden]; the
+    model's own weights, the same dtype and threads, no attention, norms, sampling or Python between steps. The
+    floor the engine's time is measured against (issue 27); minimum of `repeats` replays."""
+    import torch
+    import torch.nn.functional as F
+
+    layers = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.lm_head
+    dtype = head.weight.dtype
+    shapes = {(t, m.in_features) for t, _ in steps for m in layers} | {(n, head.in_features) for _, n in steps if n}
+    inputs = {s: torch.randn(s, dtype=dtype, device=device) for s in shapes}  # built before the clock starts
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            hf_peers.sync(device)
+            t0 = time.perf_counter()
+            for t, n in steps:
+                for m in layers:
+                    F.linear(inputs[(t, m.in_features)], m.weight, m.bias)
+                if n:
+                    F.linear(inputs[(n, head.in_features)], head.weight)
+            hf_peers.sync(device)
+            best = min(best, time.perf_counter() - t0)
+    return best
 
 
 class _profiled:
@@ -197,7 +254,19 @@ def main() -> int:
                 result[f"decode_step_b{b}_s"] = fig["step_s"]
                 result[f"decode_step_b{b}_hbm_floor_s"] = fig["hbm_floor_s"]
                 result[f"decode_step_b{b}_over_floor"] = fig["step_s"] / fig["hbm_floor_s"]
-        t, n, _ = runs["engine"]
+        t, n, _, (steps, spent) = runs["engine"]
+        runs["engine"] = runs["engine"][:3]
+        floor_s = gemm_floor(llm.engine.runner.model, steps, args.device)
+        result["engine_steps"] = len(steps)
+        result["gemm_floor_s"] = floor_s
+        result["gemm_floor_tok_s"] = n / floor_s
+        result["engine_over_gemm_floor"] = floor_s / t.wall
+        # where the engine's wall time goes: the weight products (as timed alone), the rest of forward + sampling
+        # (attention, norms, RoPE, activations, the sampler's reductions), and scheduling/bookkeeping in Python
+        model_s = spent["forward"] + spent["sample"]
+        result["share_weight_gemms"] = floor_s / t.wall
+        result["share_other_forward_and_sampling"] = (model_s - floor_s) / t.wall
+        result["share_scheduler_and_python"] = (t.wall - model_s) / t.wall
         if args.json_out:  # the engine's figures survive a peer that runs out of time
             Path(args.json_out).write_text(json.dumps(dict(result, engine_tok_s_wall=n / t.wall, partial=True)))
         del llm
@@ -223,6 +292,9 @@ def main() -> int:
     for name in peers:
         for kind in ("wall", "cpu"):
             result[f"ratio_vs_{name}_{kind}"] = result[f"engine_tok_s_{kind}"] / result[f"{name}_tok_s_{kind}"]
+    if args.device == "cpu":
+        met = result["engine_over_gemm_floor"] >= FLOOR_TARGET
+        result["target_vs_gemm_floor"] = f">= {FLOOR_TARGET}x {'met' if met else 'NOT met'}"
     for name, target in TARGETS[args.device].items():
         if name in peers:
             met = min(result[f"ratio_vs_{name}_wall"], result[f"ratio_vs_{name}_cpu"]) >= target

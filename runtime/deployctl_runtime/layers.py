@@ -65,10 +65,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, tables: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype)."""
-        cos, sin = tables
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        return self.rotate(tables, q), self.rotate(tables, k)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, tables: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] (any heads: q, k, or both side by side) -> a rotated copy, [T, heads, D]."""
+        cos, sin = tables
         xf = x.float()
         swapped = torch.cat((xf[..., self.half:], xf[..., :self.half]), dim=-1)
         return torch.addcmul(xf * cos, swapped, sin).to(x.dtype)

@@ -38,7 +38,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         """logits [N, V] float32 (one row per request, in order) -> one SampledToken per request."""
-        finite = torch.isfinite(logits).all(dim=-1)
+        finite = row_finite(logits)
         finite_list = finite.tolist()
         if not all(finite_list):  # keep the batch: the bad rows get zeros here and an error below
             logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)
@@ -47,7 +47,7 @@ class Sampler:
         temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
                              device=logits.device, dtype=logits.dtype)
         if all(greedy):
-            tokens = logits.argmax(dim=-1)
+            tokens = row_argmax(logits)
             scaled = logits
         else:
             scaled = logits / temps.unsqueeze(1)
@@ -133,9 +133,41 @@ class Sampler:
                     gen = self._generators[r] = torch.Generator(device=probs.device)
                     gen.manual_seed(r.params.seed)
                 noise[i].exponential_(generator=gen)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = row_argmax(probs / noise)
         greedy_t = torch.tensor(greedy, device=logits.device)
-        return torch.where(greedy_t, logits.argmax(dim=-1), sampled)
+        return torch.where(greedy_t, row_argmax(logits), sampled)
+
+
+def row_finite(x: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N] bool, True where every element of the row is finite (torch.isfinite(x).all(-1)).
+
+    A row's sum is finite only when every element is (IEEE 754: an inf or NaN operand makes the sum inf or NaN),
+    so one vectorized reduction answers for the usual all-finite batch; only when a sum is not finite (a bad row,
+    or finite values whose sum overflows) does the exact elementwise check run. On this 2-core AVX2 machine the
+    exact check of [16, 32000] float32 takes ~1.2 ms, the sum ~0.05 ms (bench/bench_engine.py's profile)."""
+    fast = torch.isfinite(x.sum(dim=-1))
+    if bool(fast.all()):
+        return fast
+    return torch.isfinite(x).all(dim=-1)
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N] long: x.argmax(-1), the first index of each row's maximum (NaN counts as the maximum, as
+    torch.argmax has it).
+
+    On CPU, torch's argmax over a dimension is not vectorized (~1 ms for [16, 32000] float32 here, where the max
+    value alone, amax, takes ~0.04 ms), so the row is cut into blocks of C: the block holding the first maximum is
+    the first whose amax is the row's (amax propagates NaN, and argmax takes the first of equal values), then the
+    first maximum inside that block. Same result, ~0.1 ms. CUDA, and vocabularies with no block size from 256 down
+    to 16 dividing them, use torch.argmax directly."""
+    n, vocab = x.shape
+    block = next((c for c in (256, 128, 64, 32, 16) if vocab % c == 0), 0)
+    if x.device.type != "cpu" or not block or vocab <= block:
+        return x.argmax(dim=-1)
+    blocks = x.reshape(n, vocab // block, block)
+    which = blocks.amax(dim=-1).argmax(dim=-1)
+    inner = blocks[torch.arange(n, device=x.device), which].argmax(dim=-1)
+    return which * block + inner
 
 
 def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:

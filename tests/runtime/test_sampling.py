@@ -177,3 +177,27 @@ def test_min_tokens_yields_when_only_a_stop_token_is_allowed():
     assert Sampler(torch.device("cpu"))._apply_constraints(logits.clone(), [req])[0].argmax().item() == 2
     logits[0, 1] = 0.0  # another token allowed: min_tokens masks the stop as usual
     assert Sampler(torch.device("cpu"))._apply_constraints(logits.clone(), [req])[0].argmax().item() == 1
+
+
+@pytest.mark.parametrize("vocab", [32000, 151936, 2048, 1000, 16, 7])
+def test_row_argmax_and_row_finite_equal_torch_on_ties_infinities_and_nan(vocab):
+    """The blocked argmax and the sum-first finite check (the CPU fast paths) give torch's own answers: ties take
+    the first index, -inf rows and +inf values count, NaN is the maximum (torch.argmax's rule), and a row whose
+    finite values overflow the sum is still finite."""
+    from deployctl_runtime.sampler import row_argmax, row_finite
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(12, vocab, generator=g)
+    top = x.max()
+    x[1, vocab // 3] = x[1, vocab - 1] = top + 1  # a tie across blocks: the first wins
+    x[2, :] = top + 2  # all equal
+    x[3, :] = float("-inf")
+    x[4, vocab // 2] = float("inf")
+    x[5, vocab - 1] = float("nan")
+    x[6, vocab // 2] = float("nan")
+    x[6, 0] = float("inf")
+    x[7, :] = 3e38  # finite, but the sum overflows to inf
+    x[8, vocab // 4] = float("-inf")
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+    assert torch.equal(row_finite(x), torch.isfinite(x).all(dim=-1))
+    assert row_finite(x).tolist()[:9] == [True, True, True, False, False, False, False, True, False]

@@ -28,14 +28,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
                 ) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary[0](rope, q, k)
+        t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
+        if self.q_norm is None:  # q and k side by side in qkv: rotated in one pass, [T, H + KVH, D]
+            qk = self.rotary[0].rotate(rope, qkv[:, :self.q_size + self.kv_size].view(t, h + kvh, d))
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = self.q_norm(qkv[:, :self.q_size].view(t, h, d))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(t, kvh, d))
+            q, k = self.rotary[0](rope, q, k)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
