@@ -34,13 +34,6 @@ class ModelRunner:
         # rotary tables stay float32 for accuracy
         model.model.rotary.to(torch.float32)
         load_weights(model, model_dir)
-        import os
-        if self.device.type == "cpu" and os.environ.get("XP_COLMAJOR"):
-            for mod in model.modules():
-                if isinstance(mod, torch.nn.Linear) and (os.environ["XP_COLMAJOR"] == "all" or mod is model.lm_head):
-                    if mod is model.lm_head and model.config.tie_word_embeddings:
-                        continue
-                    mod.weight.data = mod.weight.data.t().contiguous().t()
         self.model = model.eval()
         self.sampler = Sampler(self.device, seed)
         self.num_blocks = 0
