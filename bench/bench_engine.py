@@ -8,8 +8,8 @@ same cap on running requests (max_num_seqs), greedy, no EOS:
   * hf_single: one request at a time (a seeded sample stands in, compared per output token). CPU target >= 8x.
   * the GEMM floor (gemm_floor): the weight matrix products of the engine's own run, step by step, timed alone
     (same weights, dtype and threads; no attention, norms, sampling or Python). engine_over_gemm_floor = floor
-    seconds / engine wall seconds; CPU target >= 0.8. share_* split the engine's wall time: the weight products,
-    the rest of forward and sampling, and scheduling/bookkeeping in Python.
+    seconds / engine wall seconds (so also the weight products' share of the engine's time); CPU target >= 0.8.
+    share_* split the rest: the other work of forward and sampling, and scheduling/bookkeeping in Python.
 Workloads: cpu (48 seeded requests, 16-128 in, 16-96 out, at most 16 running) and nano-vllm (256 requests, in and
 out uniform 100-1024, nano-vllm's bench.py). --decode-steps B1,B2 also times one decode step at those batch sizes
 and prints the HBM-bandwidth floor of the step: (weights bytes + KV bytes read) / --hbm-bandwidth.
@@ -87,8 +87,8 @@ def make_llm(model_dir: Path, args, max_model_len: int):
 
 
 def run_engine(llm, requests, args):
-    """Returns (Timer, output tokens, token lists, steps): steps [(tokens in the flat batch, rows sampled)] of the
-    timed run, in order, for gemm_floor()."""
+    """Returns (Timer, output tokens, token lists, (steps, spent)): steps [(tokens in the flat batch, rows sampled)]
+    of the timed run, in order, for gemm_floor(); spent {"forward", "sample"} seconds of the model runner's stages."""
     from deployctl_runtime import SamplingParams
 
     params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True) for _, out in requests]
@@ -264,7 +264,6 @@ def main() -> int:
         # where the engine's wall time goes: the weight products (as timed alone), the rest of forward + sampling
         # (attention, norms, RoPE, activations, the sampler's reductions), and scheduling/bookkeeping in Python
         model_s = spent["forward"] + spent["sample"]
-        result["share_weight_gemms"] = floor_s / t.wall
         result["share_other_forward_and_sampling"] = (model_s - floor_s) / t.wall
         result["share_scheduler_and_python"] = (t.wall - model_s) / t.wall
         if args.json_out:  # the engine's figures survive a peer that runs out of time
