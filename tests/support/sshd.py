@@ -3,7 +3,7 @@
 ``ssh_fleet(n, *, users=None, trusted=True, nopasswd_sudo=False) -> Fleet`` starts n Debian sshd on free
 loopback ports with generated ed25519 host keys, one session-wide client key, and a known_hosts file with
 ``[127.0.0.1]:PORT`` entries that $DEPLOYCTL_KNOWN_HOSTS points at (monkeypatched). Each host gets its own
-deploy_root. Hosts log in as root unless ``users`` names login users: a str for every host, or a list with
+deploy_root, and root its own $HOME (so this machine's /root/.bashrc runs for no remote command). Hosts log in as root unless ``users`` names login users: a str for every host, or a list with
 one entry per host (None = root). Each named user is created for real (useradd) under a unique name
 (``Fleet.hosts[i].user``), with the client key authorized, a password (``Fleet.password(user)``) and a
 sudoers rule that requires it (``nopasswd_sudo=True``: NOPASSWD). Everything is torn down after the test:
@@ -175,13 +175,19 @@ class Fleet:
 
     def _config(self, host: FleetHost) -> Path:
         path = host.dir / "sshd_config"
+        home = host.dir / "home"
+        home.mkdir(exist_ok=True)
         path.write_text("\n".join([
             f"Port {host.port}", f"ListenAddress {host.address}", f"HostKey {host.host_key}",
             f"PidFile {host.dir / 'sshd.pid'}", f"AuthorizedKeysFile {self.root}/authorized_keys/%u",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UseDNS no",
             "PrintMotd no", "MaxStartups 100:30:200", f"MaxSessions {self.max_sessions.get(host.name, 50)}",
-            "Subsystem sftp internal-sftp", "",
+            "Subsystem sftp internal-sftp",
+            # each root host its own $HOME, as separate machines have: sshd runs commands through the login
+            # shell, and Debian's bash sources ~/.bashrc for them. This machine's /root/.bashrc runs `pyenv init`,
+            # whose rehash lock serialises every remote command of every host (~0.3 s each idle, ~1 s under load)
+            "Match User root", f"    SetEnv HOME={home}", "",
         ]))
         return path
 
