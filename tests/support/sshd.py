@@ -3,8 +3,9 @@
 ``ssh_fleet(n, *, users=None, trusted=True, nopasswd_sudo=False) -> Fleet`` starts n Debian sshd on free
 loopback ports with generated ed25519 host keys, one session-wide client key, and a known_hosts file with
 ``[127.0.0.1]:PORT`` entries that $DEPLOYCTL_KNOWN_HOSTS points at (monkeypatched). Each host gets its own
-deploy_root, and root its own $HOME (so this machine's /root/.bashrc runs for no remote command). Hosts log in as root unless ``users`` names login users: a str for every host, or a list with
-one entry per host (None = root). Each named user is created for real (useradd) under a unique name
+deploy_root, and root its own $HOME (so this machine's /root/.bashrc runs for no remote command). Hosts log
+in as root unless ``users`` names login users: a str for every host, or a list with one entry per host (None =
+root). Each named user is created for real (useradd) under a unique name
 (``Fleet.hosts[i].user``), with the client key authorized, a password (``Fleet.password(user)``) and a
 sudoers rule that requires it (``nopasswd_sudo=True``: NOPASSWD). Everything is torn down after the test:
 sshd processes, users and their processes, sudoers files, the temp directory.
