@@ -18,8 +18,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        if dtype == torch.float32:  # torch's fused kernel: the same arithmetic in one pass
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if dtype == torch.float32:
+            # HF's arithmetic, bit for bit, in five ops (three in place); on CPU torch's F.rms_norm is a composite
+            # of eight, two of them copies
+            return (x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()).mul_(self.weight)
         # half types: normalise in float32, round, then scale, in HF's order
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
