@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from deployctl_runtime.attention import AttentionMetadata, PrefillChunk
-from deployctl_runtime.input_batch import StepInputs, prepare_inputs
+from deployctl_runtime.input_batch import DECODE_GROUP_SIZE, StepInputs, prepare_inputs
 from deployctl_runtime.loader import load_weights
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.models import model_class
@@ -38,6 +38,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed)
         self.num_blocks = 0
         self.use_kernel = self.device.type == "cuda"
+        self.decode_group_size = DECODE_GROUP_SIZE  # torch decode path: decodes attended to per call
         self.kv_cache: torch.Tensor | None = None
         self.graphs = None  # DecodeGraphs once captured
 
@@ -145,7 +146,7 @@ class ModelRunner:
         return self.sample(hidden, inputs)
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
-        return prepare_inputs(sched, self.block_size, self.device, self.use_kernel)
+        return prepare_inputs(sched, self.block_size, self.device, self.use_kernel, self.decode_group_size)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: a CUDA graph replay when the step is decode-only and fits a bucket."""

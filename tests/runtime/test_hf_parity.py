@@ -78,7 +78,16 @@ def test_chunked_prefill_forced_by_small_token_budget(hf_checkpoint):
     path, model = hf_checkpoint("qwen2")
     llm = LLM(str(path), max_model_len=256, num_gpu_blocks_override=128, max_num_batched_tokens=7)
     llm.engine.runner.decode_group_size = 2  # several decode groups mixed with prefill chunks in one step
+    prepare, groups = llm.engine.runner.prepare_inputs, []
+
+    def counted(sched):
+        inputs = prepare(sched)
+        groups.append(len(inputs.meta.decode_groups))
+        return inputs
+
+    llm.engine.runner.prepare_inputs = counted
     _check(llm, model, _prompts(model.config.vocab_size))
+    assert max(groups) >= 2, groups
 
 
 def test_preemption_forced_by_small_block_pool(hf_checkpoint):
