@@ -16,6 +16,7 @@ from deployctl.errors import DeployctlError
 from deployctl.preflight.base import Check, gpu_of as _gpu, service_pids as _service_pids
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.preflight.gpuhealth import check_gpu_health
+from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
 from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
 from deployctl.config.units import format_bytes
@@ -400,7 +401,8 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
-                    "weights", "chat_template", "api_key", "engine_secrets", "standby_ram", "spare_port_gpu")  # the last two: spare_port
+                    "weights", "chat_template", "api_key", "engine_secrets", "standby_ram", "spare_port_gpu",  # those two: spare_port
+                    "login_shell")
 
 
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:
@@ -430,6 +432,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         check_api_key(cfg, environ),
         *([check_engine_secrets(cfg, environ)] if cfg.engine.secret_env else []),
         *standby_checks(cfg, host, facts, sized),
+        *([check_login_shell(host, facts)] if "login_shell" in facts else []),  # measured over SSH only
     ]
 
 

@@ -65,6 +65,13 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
                           fix="set hosts[].python to a working Python 3.8+ there (the runtime environment's "
                               "python)") from None
     facts = _parse_json(res.stdout, hc.name, "the probe")
+    if not hc.is_local:
+        from deployctl.preflight import shell
+
+        try:
+            facts["login_shell"] = shell.measure(host)
+        except DeployctlError as err:
+            facts["login_shell"] = {"error": err.message}
     facts["weights"] = None
     if verify_weights and (facts.get("model") or {}).get("exists"):
         total = sum(f["size"] for f in facts["model"]["files"])

@@ -60,6 +60,9 @@ def test_preflight_fleet_end_to_end(ssh_fleet, tmp_path):
     assert [h["host"] for h in out["hosts"]] == ["gpu-a", "gpu-b", "here"]
     facts = out["hosts"][0]["facts"]
     assert facts["torch"]["python"] == sys.executable and facts["weights"]["files_hashed"] == 5
+    assert 0 < facts["login_shell"]["round_trip_s"] < facts["login_shell"]["command_s"]  # measured over SSH only
+    assert checks_of(out, "gpu-a")["login_shell"]["status"] == "pass"
+    assert "login_shell" not in out["hosts"][2]["facts"] and "login_shell" not in checks_of(out, "here")
     # the hash cache lives on each host under deploy_root/shared; a second run re-uses it
     assert (Path(fleet.hosts[0].deploy_root) / "shared" / "hash-cache.json").is_file()
 
@@ -114,3 +117,26 @@ def test_preflight_fleet_end_to_end(ssh_fleet, tmp_path):
     assert sorted(os.listdir(fleet.hosts[0].deploy_root)) == ["shared"]  # only the hash cache from step 1
     reach = checks_of(out, "gpu-b")
     assert list(reach) == ["reach"] and reach["reach"]["status"] == "fail" and "gpu-b" in reach["reach"]["message"]
+
+
+def test_login_shell_start_up_is_measured_and_a_slow_rc_file_warned(ssh_fleet):
+    """A host whose ~/.bashrc takes 0.4 s before every command (as an unguarded pyenv or conda init does) is
+    warned with the measured time and the fix; a host with a bare shell passes. Real sshd: bash sources ~/.bashrc
+    for commands that arrive over SSH."""
+    from deployctl.hosts import Host
+    from deployctl.preflight import shell
+
+    fleet = ssh_fleet(2)
+    slow = fleet.hosts[0]
+    (slow.dir / "home" / ".bashrc").write_text("sleep 0.4\n")
+    verdicts = {}
+    for hc in fleet.host_configs():
+        with Host.from_config(hc) as host:
+            measured = shell.measure(host)
+        verdicts[hc.name] = (shell.shell_seconds(measured), shell.check_login_shell(hc, {"login_shell": measured}))
+    slow_s, slow_check = verdicts[slow.name]
+    fast_s, fast_check = verdicts[fleet.hosts[1].name]
+    assert 0.35 < slow_s < 2.0 and fast_s < shell.WARN_S, verdicts
+    assert slow_check.status == "warn" and slow.name in slow_check.message and "~/.bashrc" in slow_check.fix
+    assert f"~{slow_s * 1e3:.0f} ms" in slow_check.message and "case $- in *i*)" in slow_check.fix
+    assert fast_check.status == "pass", fast_check
