@@ -120,6 +120,42 @@ def main() -> None:
     print(f"  {'the rest':28s} {rest:6.2f} ms  (residual adds, SiLU, embedding, module calls, and the weight "
           "products' own slowdown inside the forward)")
     print(f"weight products / whole forward: {med['weight products alone'] / full:.3f}")
+    _cold_costs(model, step_meta(), args.repeats * 8)
+
+
+def _cold_costs(model, meta, rounds: int) -> None:
+    """Two figures behind the breakdown: one layer's K/V gather against a plain copy of the same bytes, and one
+    RMSNorm of [16, hidden], each timed right after the largest weight product (as in the forward) and alone in a
+    hot loop. Medians in microseconds."""
+    import torch
+    import torch.nn.functional as F
+
+    attn = model.model.layers[0].self_attn
+    k_cache, group = attn.k_cache, meta.decode_groups[0]
+    rows = group.cache_rows(k_cache.shape[0], k_cache.shape[1])
+    flat = k_cache.view(-1, k_cache.shape[2])
+    same_bytes = flat[:rows.numel()]
+    norm = model.model.layers[0].input_layernorm
+    x = torch.randn(NUM_REQUESTS, norm.weight.shape[0])
+    big = model.model.layers[0].mlp.gate_up_proj.weight
+    cases = {"K gather (one layer)": lambda: flat.index_select(0, rows), "copy of the same bytes": same_bytes.clone,
+             "RMSNorm": lambda: norm(x)}
+    after, hot = {k: [] for k in cases}, {k: [] for k in cases}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for k, fn in cases.items():
+                F.linear(x, big)  # streams the weights through the caches, as the forward does between small ops
+                t0 = time.perf_counter()
+                fn()
+                after[k].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                fn()
+                hot[k].append(time.perf_counter() - t0)
+    mb = rows.numel() * k_cache.shape[2] * k_cache.element_size() / 1e6
+    print(f"after a weight product / again at once (us, median of {rounds}); the gather moves {mb:.2f} MB:")
+    for k in cases:
+        a, h = sorted(after[k])[rounds // 2] * 1e6, sorted(hot[k])[rounds // 2] * 1e6
+        print(f"  {k:24s} {a:7.1f} / {h:7.1f}" + (f"   ({mb / a * 1e3:.1f} GB/s cold)" if k != "RMSNorm" else ""))
 
 
 if __name__ == "__main__":
