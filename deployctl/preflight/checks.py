@@ -401,8 +401,9 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
-                    "weights", "chat_template", "api_key", "engine_secrets", "standby_ram", "spare_port_gpu",  # those two: spare_port
-                    "login_shell")
+                    "weights", "chat_template", "api_key", "engine_secrets",
+                    "standby_ram", "spare_port_gpu",  # hosts with spare_port only
+                    "login_shell")  # SSH hosts only
 
 
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:

@@ -1,7 +1,7 @@
 """Preflight's ``login_shell`` check: the time a host's login shell takes before each remote command starts.
 
 sshd runs every command as ``$SHELL -c COMMAND``, and Debian's and Ubuntu's bash source ``~/.bashrc`` for commands
-that arrive over SSH although they are not interactive (bash(1), INVOCATION: "run by the remote shell daemon").
+that arrive over SSH although they are not interactive (bash(1), INVOCATION: a shell run by sshd reads ~/.bashrc).
 An rc file that runs ``pyenv init``, conda's block or nvm before its interactive guard charges that time to every
 command, and a deploy runs 20-30 of them per host. Measured on this project's test machine, whose /root/.bashrc
 runs pyenv init with no guard: ~0.3 s per command idle, ~1 s with 8 hosts deploying at once (pyenv's rehash lock
