@@ -56,6 +56,8 @@ def test_runtime_wheel_builds_alone(tmp_path):
     for pkg in _package_dirs(ROOT / "runtime" / "deployctl_runtime", "deployctl_runtime"):
         assert f"{pkg}/__init__.py" in names, f"{pkg} missing from the runtime wheel"
     assert not any(n.startswith("deployctl/") for n in names)
+    # the CPU operators' C source, which the runtime compiles on the host it runs on (kernels/cpu_kernels.py)
+    assert "deployctl_runtime/kernels/cpu_ops.c" in names
 
 
 def test_k8s_rollout_render_from_an_installed_wheel_validates_custom_resources(deployctl_wheel, tmp_path):

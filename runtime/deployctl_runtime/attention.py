@@ -1,10 +1,11 @@
 """Paged attention: write this step's K/V into the block-paged cache, then attend over each request's blocks.
 
-Decodes (one query token each) take one of two paths, chosen per step by the model runner:
-  * torch (CPU, and the reference): batched gathers over the block tables, in groups of similar context length to
-    limit padding; the gather indices and masks are built once per step and shared by every layer.
-  * kernel (CUDA): the Triton kernel in kernels/paged_attention.py reads K/V straight from the block table (no
-    gather copy); its inputs are fixed-shape tensors, so a CUDA graph can capture it.
+Decodes (one query token each) take one of two paths, chosen by the model runner (meta.decode_kernel):
+  * a kernel that reads K/V straight from the block table (no gather copy): on CUDA the Triton kernel in
+    kernels/paged_attention.py (fixed-shape inputs, so a CUDA graph can capture it), on CPU the C kernel in
+    kernels/cpu_paged_decode.c (float32, where the host can build it: kernels/cpu_kernels.py).
+  * torch (the reference, and the fallback): batched gathers over the block tables, in groups of similar context
+    length to limit padding; the gather indices and masks are built once per step and shared by every layer.
 Prefill chunks run per request with scaled_dot_product_attention (flash / memory-efficient kernels on CUDA).
 
 Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim] (head-major, so that a gather over slot
@@ -13,6 +14,7 @@ position p of a request: block_table[p // block_size] * block_size + p % block_s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +60,8 @@ class DecodeGroup:
 class AttentionMetadata:
     """Built once per step by the model runner, shared by every layer.
 
-    Flat batch order: the num_decodes decode tokens first, then the prefill chunks. The kernel path reads
+    Flat batch order: the num_decodes decode tokens first, then the prefill chunks. The kernel path
+    (decode_kernel(q, k_cache, v_cache, block_tables, context_lens, scale, block_size) -> [n, H, D]) reads
     block_tables [num_decodes, W] int32 (rows padded with block 0) and context_lens [num_decodes] int32; the torch
     path reads decode_groups."""
     slot_mapping: torch.Tensor  # [T] cache slot of each token
@@ -67,7 +70,7 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
     block_tables: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
-    use_kernel: bool = False
+    decode_kernel: Callable | None = None
     block_size: int = 16
 
 
@@ -82,16 +85,17 @@ def decode_group(start: int, tables: torch.Tensor, lens: list[int], block_size: 
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D]; caches [KVH, num_slots, D]. Returns [T, H, D]."""
-    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, stored: bool = False
+                    ) -> torch.Tensor:
+    """q [T, H, D], k/v [T, KVH, D]; caches [KVH, num_slots, D]. Returns [T, H, D]. stored: k and v are already in
+    the cache at meta.slot_mapping (the CPU path's rope_store put them there)."""
+    if not stored:
+        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     nd = meta.num_decodes
-    if meta.use_kernel and nd:
-        from deployctl_runtime.kernels.paged_attention import paged_decode
-
-        dec = paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                           meta.block_size)
+    if meta.decode_kernel is not None and nd:
+        dec = meta.decode_kernel(q[:nd], k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                 meta.block_size)
         if not meta.prefills:
             return dec
         out = torch.empty_like(q)

@@ -20,14 +20,16 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured decode forwards of `model` (input_ids [B], positions [B], meta) -> hidden [B, hidden].
+    """Captured decode forwards of `model` (input_ids [B], positions [B], meta) -> hidden [B, hidden], decodes through
+    `decode_kernel` (kernels.paged_attention.paged_decode on CUDA).
 
     Buffers: input_ids, positions, slot_mapping [max_num_seqs] long; block_tables [max_num_seqs, max_blocks] int32;
     context_lens [max_num_seqs] int32."""
 
-    def __init__(self, model, max_num_seqs: int, max_blocks_per_seq: int, block_size: int, scratch_slot: int,
-                 device: torch.device):
+    def __init__(self, model, decode_kernel, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 scratch_slot: int, device: torch.device):
         self.model = model
+        self.decode_kernel = decode_kernel
         self.sizes = capture_sizes(max_num_seqs)
         self.block_size = block_size
         self.scratch_slot = scratch_slot
@@ -44,7 +46,8 @@ class DecodeGraphs:
         self.num_replays = 0
 
     def _meta(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:b], num_decodes=b, use_kernel=True,
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:b], num_decodes=b,
+                                 decode_kernel=self.decode_kernel,
                                  block_tables=self.block_tables[:b], context_lens=self.context_lens[:b],
                                  block_size=self.block_size)
 

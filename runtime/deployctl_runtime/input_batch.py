@@ -4,6 +4,7 @@ Every tensor is built once per step, from Python lists in one torch.tensor call 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -27,9 +28,11 @@ class StepInputs:
     num_tokens: int
 
 
-def prepare_inputs(sched: SchedulerOutput, block_size: int, device: torch.device, use_kernel: bool,
-                   group_size: int = DECODE_GROUP_SIZE) -> StepInputs:
-    """Decodes first, shortest context first (so torch-path groups pad little), then prefill chunks."""
+def prepare_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
+                   decode_kernel: Callable | None = None, group_size: int = DECODE_GROUP_SIZE) -> StepInputs:
+    """Decodes first, shortest context first (so torch-path groups pad little), then prefill chunks. With a
+    decode_kernel (attention.AttentionMetadata), decodes get int32 block tables and context lengths; without one,
+    torch-path decode groups."""
     bs = block_size
     items = sorted(sched.scheduled, key=lambda s: (s.num_scheduled_tokens != 1,
                                                    s.request.num_computed_tokens if s.num_scheduled_tokens == 1
@@ -69,11 +72,11 @@ def prepare_inputs(sched: SchedulerOutput, block_size: int, device: torch.device
             sample_reqs.append(req)
     nd = len(decode_lens)
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), num_decodes=nd,
-                             prefills=prefills, use_kernel=use_kernel, block_size=bs)
+                             prefills=prefills, decode_kernel=decode_kernel, block_size=bs)
     if nd:
         width = max(len(t) for t in decode_tables)
         padded = [t + [0] * (width - len(t)) for t in decode_tables]
-        if use_kernel:
+        if decode_kernel is not None:
             meta.block_tables = torch.tensor(padded, dtype=torch.int32, device=device)
             meta.context_lens = torch.tensor(decode_lens, dtype=torch.int32, device=device)
         else:

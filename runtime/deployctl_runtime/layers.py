@@ -7,16 +7,32 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from deployctl_runtime.kernels import cpu_kernels
+
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as HF Llama does)."""
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as HF Llama does).
+
+    forward(x) -> y; forward(x, residual) -> (norm(x + residual), x + residual): the residual add fused in, as
+    vLLM's layers do (one pass on the CPU float32 path, cpu_ops.c, where x is overwritten and residual updated in
+    place)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        ops = cpu_kernels.native(x)
+        if ops is not None and x.is_contiguous() and (residual is None or residual.is_contiguous()):
+            y = ops.rms_norm(x, self.weight, self.eps, residual)
+            return y if residual is None else (y, residual)
+        if residual is not None:
+            residual = x + residual
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         if dtype == torch.float32:
             # HF's arithmetic, bit for bit, in five ops (three in place); on CPU torch's F.rms_norm is a composite
@@ -86,5 +102,9 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        ops = cpu_kernels.native(gate_up)
+        if ops is not None:
+            return self.down_proj(ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))

@@ -20,7 +20,8 @@ class ModelRunner:
     pass and samples one token per request that reached its end.
 
     On CUDA, decodes use the Triton paged kernel and, once capture_cuda_graphs() ran, decode-only steps replay a
-    CUDA graph. On CPU everything runs eagerly through the torch attention path."""
+    CUDA graph. On CPU decodes use the C paged kernel (float32, where the host has a C compiler) or else the torch
+    attention path; everything runs eagerly."""
 
     def __init__(self, cfg: ModelConfig, model_dir: str, device: str, dtype: str, block_size: int, seed: int = 0):
         self.cfg = cfg
@@ -37,10 +38,22 @@ class ModelRunner:
         self.model = model.eval()
         self.sampler = Sampler(self.device, seed)
         self.num_blocks = 0
-        self.use_kernel = self.device.type == "cuda"
+        self.decode_kernel = self._decode_kernel(cfg)  # None: the torch path (attention.decode_torch)
         self.decode_group_size = DECODE_GROUP_SIZE  # torch decode path: decodes attended to per call
         self.kv_cache: torch.Tensor | None = None
         self.graphs = None  # DecodeGraphs once captured
+
+    def _decode_kernel(self, cfg: ModelConfig):
+        if self.device.type == "cuda":
+            from deployctl_runtime.kernels.paged_attention import paged_decode
+
+            return paged_decode
+        from deployctl_runtime.kernels import cpu_kernels
+
+        ops = cpu_kernels.native(torch.empty(0, dtype=self.dtype, device=self.device))
+        if ops is None or not ops.supports_attention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+            return None
+        return ops.paged_decode
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -119,8 +132,8 @@ class ModelRunner:
         """Capture decode graphs for every bucket up to max_num_seqs over the current cache; returns their bytes."""
         from deployctl_runtime.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, max_num_seqs, -(-max_model_len // self.block_size), self.block_size,
-                              self.num_blocks * self.block_size, self.device)
+        graphs = DecodeGraphs(self.model, self.decode_kernel, max_num_seqs, -(-max_model_len // self.block_size),
+                              self.block_size, self.num_blocks * self.block_size, self.device)
         used = graphs.capture()
         self.graphs = graphs
         return used
@@ -146,7 +159,7 @@ class ModelRunner:
         return self.sample(hidden, inputs)
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
-        return prepare_inputs(sched, self.block_size, self.device, self.use_kernel, self.decode_group_size)
+        return prepare_inputs(sched, self.block_size, self.device, self.decode_kernel, self.decode_group_size)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: a CUDA graph replay when the step is decode-only and fits a bucket."""

@@ -26,7 +26,7 @@ def test_prepare_inputs_puts_decodes_first_and_samples_only_finished_chunks():
     chunk = ScheduledRequest(_req("c", 30, 0), 20, [4, 5])  # first chunk of a longer prompt: no sample
     last_chunk = ScheduledRequest(_req("d", 20, 16), 4, [6, 8])  # reaches its end: samples
     inputs = prepare_inputs(SchedulerOutput([chunk, long_decode, last_chunk, short_decode]), 16,
-                            torch.device("cpu"), use_kernel=False)
+                            torch.device("cpu"))
     meta = inputs.meta
     assert meta.num_decodes == 2 and inputs.num_tokens == 2 + 20 + 4 and not inputs.decode_only
     # shortest context first: b (position 4 in block 2) then a (position 39 = block index 2 -> block 9, offset 7)
@@ -46,7 +46,7 @@ def test_prepare_inputs_puts_decodes_first_and_samples_only_finished_chunks():
 def test_prepare_inputs_for_the_kernel_builds_int32_block_tables():
     inputs = prepare_inputs(SchedulerOutput([ScheduledRequest(_req("a", 40, 39), 1, [7, 3, 9]),
                                              ScheduledRequest(_req("b", 5, 4), 1, [2])]), 16,
-                            torch.device("cpu"), use_kernel=True)
+                            torch.device("cpu"), decode_kernel=object())
     meta = inputs.meta
     assert inputs.decode_only and not meta.decode_groups
     assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [[2, 0, 0], [7, 3, 9]]
@@ -57,12 +57,15 @@ def test_triton_decode_path_gives_the_torch_paths_greedy_tokens(tiny_model_facto
     """The runner's kernel branch (decodes through the Triton kernel, prefills through SDPA, mixed steps) on CPU
     under TRITON_INTERPRET=1 yields the same tokens as the torch path."""
     pytest.importorskip("triton")
+    from deployctl_runtime.kernels.paged_attention import paged_decode
+
     path = tiny_model_factory("qwen3")  # head_dim 24 (padded in the kernel), GQA
     prompts = [list(range(5, 60)), [7, 8, 9], list(range(100, 140))]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     llm = LLM(str(path), max_model_len=256, num_gpu_blocks_override=64, max_num_batched_tokens=32)
+    llm.engine.runner.decode_kernel = None
     torch_path = [o.token_ids for o in llm.generate(prompts, params)]
-    llm.engine.runner.use_kernel = True
+    llm.engine.runner.decode_kernel = paged_decode
     assert [o.token_ids for o in llm.generate(prompts, params)] == torch_path
 
 
@@ -87,13 +90,16 @@ def test_cuda_graph_buckets_cover_every_batch_up_to_max_num_seqs():
 def test_decode_graph_buffers_and_padding_rows_leave_the_tokens_unchanged(tiny_model_factory):
     """The CUDA-graph runner's static buffers on CPU (replay reruns the forward instead of a graph): decode-only
     steps of 3 requests run in the bucket of 4, whose padding row writes only the scratch slot past the pool."""
+    pytest.importorskip("triton")
+    from deployctl_runtime.kernels.paged_attention import paged_decode
+
     path = tiny_model_factory("llama")
     prompts = [list(range(5, 40)), [7, 8, 9], list(range(100, 117))]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=8, max_num_seqs=4)
     want = [o.token_ids for o in llm.generate(prompts, params)]
     runner = llm.engine.runner
-    runner.use_kernel = True
+    runner.decode_kernel = paged_decode
     assert runner.capture_cuda_graphs(4, 128) == 0 and runner.graphs.sizes == [1, 2, 4]
     scratch = runner.kv_cache[:, :, :, 8 * 16:]  # the block past the pool's 8
     assert [o.token_ids for o in llm.generate(prompts, params)] == want

@@ -77,6 +77,7 @@ def test_prefix_caching_on_and_off(hf_checkpoint, prefix_caching):
 def test_chunked_prefill_forced_by_small_token_budget(hf_checkpoint):
     path, model = hf_checkpoint("qwen2")
     llm = LLM(str(path), max_model_len=256, num_gpu_blocks_override=128, max_num_batched_tokens=7)
+    llm.engine.runner.decode_kernel = None  # the torch path (the CPU kernel has no groups)
     llm.engine.runner.decode_group_size = 2  # several decode groups mixed with prefill chunks in one step
     prepare, groups = llm.engine.runner.prepare_inputs, []
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from deployctl_runtime.attention import AttentionMetadata, paged_attention
+from deployctl_runtime.kernels import cpu_kernels
 from deployctl_runtime.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from deployctl_runtime.model_config import ModelConfig
 
@@ -30,6 +31,18 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
+        ops = cpu_kernels.native(qkv)
+        if ops is not None and d % 2 == 0 and d <= cpu_kernels.MAX_DIM:
+            # one pass: q/k norms (Qwen3), RoPE of q and k, k and v into the cache
+            cos, sin = rope
+            q_norm, k_norm = self.q_norm, self.k_norm
+            ops.rope_store(qkv, h, kvh, d, cos, sin, q_norm and q_norm.weight, k_norm and k_norm.weight,
+                           q_norm.eps if q_norm else 0.0, self.k_cache, self.v_cache, meta.slot_mapping)
+            q = qkv[:, :self.q_size].view(t, h, d)
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(t, kvh, d)
+            v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
+            o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale, stored=True)
+            return self.o_proj(o.reshape(t, self.q_size))
         v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
         if self.q_norm is None:  # q and k side by side in qkv: rotated in one pass, [T, H + KVH, D]
             qk = self.rotary[0].rotate(rope, qkv[:, :self.q_size + self.kv_size].view(t, h + kvh, d))
@@ -50,9 +63,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, meta):
+        """x [T, hidden] (the previous layer's output, or the embeddings with residual None) -> (this layer's
+        output, the residual stream before it): the adds are fused into the norms (RMSNorm.forward)."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, rope, meta), residual)
+        return self.mlp(x), residual
 
 
 class Backbone(nn.Module):
@@ -67,9 +86,10 @@ class Backbone(nn.Module):
     def forward(self, input_ids, positions, meta):
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions)  # once per step, not per layer
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, meta)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,202 @@
+/* The CPU float32 path's own operators: paged decode attention, RMSNorm (with the residual add fused), RoPE with the
+ * K/V cache store fused, and SiLU-and-multiply. Built and loaded by cpu_kernels.py with the host's C compiler
+ * (-O3 -march=native, OpenMP: torch's own libgomp, whose thread pool torch's set_num_threads sizes; the caller
+ * passes the thread count).
+ *
+ * Why: on CPU a decode step's small tensors ([16, 512] and the like) cost far more in torch's per-op dispatch and
+ * in the copies between ops than in arithmetic, and the torch decode attention copies every request's context out
+ * of the paged cache per layer (bench/bench_forward.py names the parts). Each function here is one pass over its
+ * data; vLLM's CPU backend has the same set (csrc/cpu: layernorm, pos_encoding, activation, attention).
+ *
+ * All arrays are row-major float32 unless named otherwise. Work is split over rows (or (request, KV head) pairs)
+ * only when there is enough of it to pay for waking a second thread. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_GROUP 64
+#define MAX_DIM 512
+#define TILE 32
+#define PAR_MIN_ELEMS 65536 /* below this many elements, one thread: a wake-up costs more than the work */
+
+/* e^x for float32 in a form the compiler vectorizes (glibc's expf is scalar without -ffast-math, whose
+ * finite-math assumption this file cannot take): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), e^r by
+ * Cephes' expf polynomial (S. Moshier, Cephes Math Library, expf.c; relative error ~2e-7 over the range), times
+ * 2^n built in the exponent bits. x below -87.3 gives 0 (and -inf gives 0); x above 88.7 is taken as 88.7 (the
+ * callers exponentiate scores minus their max, <= 0, and -g for SiLU, where a finite huge value divides the same). */
+static inline float exp_f32(float x) {
+    x = x < -87.33654f ? -87.33654f : x; /* n = -126 at most below: 2^n stays normal */
+    x = x > 88.7f ? 88.7f : x;
+    const float n = rintf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return x <= -87.33654f ? 0.f : p * scale.f;
+}
+
+static float row_inv_rms(const float *x, int dim, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int e = 0; e < dim; ++e) ss += x[e] * x[e];
+    return 1.f / sqrtf(ss / (float)dim + eps);
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w, per row of `dim` (HF Llama's order: normalise, then scale).
+ * residual == NULL: out = norm(x). Else the fused add: residual = x + residual, out = norm(residual).
+ * out may be x (in place); rows of x and out are `dim` apart. */
+void rms_norm_f32(const float *x, float *residual, const float *w, float *out, int64_t rows, int dim, float eps,
+                  int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * dim >= PAR_MIN_ELEMS)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        const float *src = xr;
+        if (residual) {
+            float *res = residual + r * dim;
+#pragma omp simd
+            for (int e = 0; e < dim; ++e) res[e] = xr[e] + res[e];
+            src = res;
+        }
+        const float inv = row_inv_rms(src, dim, eps);
+#pragma omp simd
+        for (int e = 0; e < dim; ++e) o[e] = (src[e] * inv) * w[e];
+    }
+}
+
+/* out[r, i] = silu(gu[r, i]) * gu[r, inter + i]: the gated MLP's gate and up halves, silu(g) = g / (1 + e^-g). */
+void silu_mul_f32(const float *gu, float *out, int64_t rows, int inter, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= PAR_MIN_ELEMS)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+#pragma omp simd
+        for (int i = 0; i < inter; ++i) o[i] = g[i] / (1.f + exp_f32(-g[i])) * u[i];
+    }
+}
+
+/* In place on qkv [T, stride] (q heads, then k heads, then v heads, each `d` wide, from column 0):
+ *   optional per-head RMSNorm of q and k (Qwen3: q_norm_w / k_norm_w [d], NULL for none),
+ *   RoPE of q and k, non-interleaved (HF rotate_half): x[i] * cos[i] + x[(i + d/2) % d] * sin[i], with the rows
+ *   cos/sin [T, d] already gathered for each token's position and sin signed (-sin on the first half),
+ *   then, when k_cache is not NULL, the token's k and v rows stored at slots[t] (int64) of the caches
+ *   [nkv, num_slots, d]. */
+void rope_store_f32(float *qkv, int64_t T, int64_t stride, int nq, int nkv, int d, const float *cos,
+                    const float *sin, const float *q_norm_w, const float *k_norm_w, float eps, float *k_cache,
+                    float *v_cache, int64_t num_slots, const int64_t *slots, int num_threads) {
+    const int half = d / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (T * stride >= PAR_MIN_ELEMS)
+    for (int64_t t = 0; t < T; ++t) {
+        float *row = qkv + t * stride;
+        const float *c = cos + t * d, *s = sin + t * d;
+        float tmp[MAX_DIM];
+        for (int h = 0; h < nq + nkv; ++h) {
+            float *x = row + (int64_t)h * d;
+            const float *nw = h < nq ? q_norm_w : k_norm_w;
+            if (nw) {
+                const float inv = row_inv_rms(x, d, eps);
+#pragma omp simd
+                for (int e = 0; e < d; ++e) x[e] = (x[e] * inv) * nw[e];
+            }
+            memcpy(tmp, x, sizeof(float) * d);
+#pragma omp simd
+            for (int e = 0; e < half; ++e) x[e] = tmp[e] * c[e] + tmp[e + half] * s[e];
+#pragma omp simd
+            for (int e = half; e < d; ++e) x[e] = tmp[e] * c[e] + tmp[e - half] * s[e];
+        }
+        if (k_cache) {
+            const int64_t slot = slots[t];
+            for (int j = 0; j < nkv; ++j) {
+                memcpy(k_cache + ((int64_t)j * num_slots + slot) * d, row + (int64_t)(nq + j) * d, sizeof(float) * d);
+                memcpy(v_cache + ((int64_t)j * num_slots + slot) * d, row + (int64_t)(nq + nkv + j) * d,
+                       sizeof(float) * d);
+            }
+        }
+    }
+}
+
+/* Paged decode attention: one query token per request, K/V read in place from one layer's block-paged cache
+ * through the block table (no gather copy); the CPU twin of paged_attention.py's Triton kernel.
+ * One (request, KV head) pair per work item, its `group` query heads together so each K and V row is read once for
+ * all of them. Online softmax over tiles of TILE tokens (Milakov & Gimelshein 2018, "Online normalizer calculation
+ * for softmax"; the flash-decoding form of Dao et al.), accumulated in float32 straight into the output rows.
+ *   q       [n, kvh * group, d], rows q_stride apart (a view into qkv)
+ *   k, v    [kvh, num_slots, d] (slot = block * block_size + offset)
+ *   tables  [n, width] int32 (rows padded with any valid block); lens [n] int32, 1 <= lens[r] <= width * block_size
+ *   out     [n, kvh * group, d], contiguous
+ * Returns 0, or -1 when group > MAX_GROUP or d > MAX_DIM (the caller checks first). */
+int paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, const int32_t *tables,
+                     const int32_t *lens, float *out, int n, int kvh, int group, int d, int64_t num_slots, int width,
+                     int block_size, float scale, int num_threads) {
+    if (group > MAX_GROUP || d > MAX_DIM || group < 1 || d < 1) return -1;
+    int64_t work = 0;
+    for (int r = 0; r < n; ++r) work += (int64_t)lens[r] * kvh * d;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (work >= PAR_MIN_ELEMS)
+    for (int pair = 0; pair < n * kvh; ++pair) {
+        const int r = pair / kvh, h = pair % kvh, len = lens[r];
+        const int32_t *table = tables + (int64_t)r * width;
+        const float *qh = q + (int64_t)r * q_stride + (int64_t)h * group * d;
+        float *oh = out + ((int64_t)r * kvh + h) * group * d;
+        const float *kh = k + (int64_t)h * num_slots * d, *vh = v + (int64_t)h * num_slots * d;
+        float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
+        int64_t rows[TILE];
+        for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
+        for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+        for (int start = 0; start < len; start += TILE) {
+            const int t_end = len - start < TILE ? len - start : TILE;
+            for (int t = 0; t < t_end; ++t) {
+                const int p = start + t;
+                rows[t] = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
+            }
+            /* scores of the tile: each K row once, against every query head of the group */
+            for (int t = 0; t < t_end; ++t) {
+                const float *kr = kh + rows[t];
+                for (int g = 0; g < group; ++g) {
+                    const float *qg = qh + g * d;
+                    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+                    for (int e = 0; e < d; ++e) acc += qg[e] * kr[e];
+                    s[g][t] = acc * scale;
+                }
+            }
+            /* online softmax: rescale what was accumulated when the running max rises */
+            for (int g = 0; g < group; ++g) {
+                float mx = m[g];
+                for (int t = 0; t < t_end; ++t) mx = s[g][t] > mx ? s[g][t] : mx;
+                const float corr = exp_f32(m[g] - mx);
+                float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+                for (int t = 0; t < t_end; ++t) { s[g][t] = exp_f32(s[g][t] - mx); sum += s[g][t]; }
+                l[g] = l[g] * corr + sum;
+                m[g] = mx;
+                if (corr != 1.f) {
+                    float *og = oh + g * d;
+#pragma omp simd
+                    for (int e = 0; e < d; ++e) og[e] *= corr;
+                }
+            }
+            /* weighted V rows: each V row once, into every query head's accumulator */
+            for (int t = 0; t < t_end; ++t) {
+                const float *vr = vh + rows[t];
+                for (int g = 0; g < group; ++g) {
+                    const float w = s[g][t];
+                    float *og = oh + g * d;
+#pragma omp simd
+                    for (int e = 0; e < d; ++e) og[e] += w * vr[e];
+                }
+            }
+        }
+        for (int g = 0; g < group; ++g) {
+            const float inv = 1.f / l[g];
+            float *og = oh + g * d;
+#pragma omp simd
+            for (int e = 0; e < d; ++e) og[e] *= inv;
+        }
+    }
+    return 0;
+}
