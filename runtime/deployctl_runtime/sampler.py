@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from deployctl_runtime.kernels import cpu_kernels
 from deployctl_runtime.request import Request, SampledToken
 
 MIN_LOGPROB = -9999.0
@@ -38,20 +39,25 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         """logits [N, V] float32 (one row per request, in order) -> one SampledToken per request."""
-        finite = row_finite(logits)
-        finite_list = finite.tolist()
-        if not all(finite_list):  # keep the batch: the bad rows get zeros here and an error below
-            logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)
-        logits = self._apply_constraints(logits, requests)
         greedy = [r.params.is_greedy for r in requests]
-        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
-                             device=logits.device, dtype=logits.dtype)
-        if all(greedy):
-            tokens = row_argmax(logits)
+        fast = self._greedy_plain(logits, requests) if all(greedy) else None
+        if fast is not None:  # every row finite, greedy, nothing to apply: the argmax is the token
+            tokens, finite_list = fast
             scaled = logits
         else:
-            scaled = logits / temps.unsqueeze(1)
-            tokens = self._sample(logits, scaled, requests, greedy)
+            finite = row_finite(logits)
+            finite_list = finite.tolist()
+            if not all(finite_list):  # keep the batch: the bad rows get zeros here and an error below
+                logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)
+            logits = self._apply_constraints(logits, requests)
+            if all(greedy):
+                tokens = row_argmax(logits)
+                scaled = logits
+            else:
+                temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
+                                     device=logits.device, dtype=logits.dtype)
+                scaled = logits / temps.unsqueeze(1)
+                tokens = self._sample(logits, scaled, requests, greedy)
         token_list = tokens.tolist()
         chosen, tops = self._logprobs(scaled, tokens, requests)
         errors = self.structured.accept(requests, token_list) if self.structured is not None else None
@@ -80,6 +86,16 @@ class Sampler:
             tops.append(list(zip(top_ids[i][:w], top_vals[i][:w])) if w else None)
         return [c if w is not None else None for c, w in zip(chosen, want)], tops
 
+    def _greedy_plain(self, logits: torch.Tensor, requests: list[Request]):
+        """(argmax [N], finite flags) in one read through the CPU operators (kernels/cpu_kernels.py), when every
+        row is finite and no request has anything to apply to its logits; else None (the general path)."""
+        ops = cpu_kernels.native(logits)
+        if ops is None or not logits.is_contiguous() or any(r.params.structured_outputs is not None or
+                                                            _needs_processing(r) for r in requests):
+            return None
+        tokens, finite = ops.argmax_finite(logits)
+        return (tokens, finite) if all(finite) else None
+
     def _apply_constraints(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         cloned = False
         if self.structured is not None and any(r.params.structured_outputs is not None for r in requests):
@@ -87,10 +103,9 @@ class Sampler:
             self.structured.apply_bitmask(logits, requests)
         for i, r in enumerate(requests):
             p = r.params
-            needs_mask = r.num_output_tokens < p.min_tokens and r.stop_ids
-            has_penalty = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if not (needs_mask or has_penalty or p.logit_bias):
+            if not _needs_processing(r):
                 continue
+            needs_mask = r.num_output_tokens < p.min_tokens and r.stop_ids
             if not cloned:
                 logits, cloned = logits.clone(), True
             row = logits[i]
@@ -136,6 +151,13 @@ class Sampler:
         sampled = row_argmax(probs / noise)
         greedy_t = torch.tensor(greedy, device=logits.device)
         return torch.where(greedy_t, row_argmax(logits), sampled)
+
+
+def _needs_processing(r: Request) -> bool:
+    """Whether the request's logits get a min_tokens mask, a penalty or a logit_bias (Sampler._apply_constraints)."""
+    p = r.params
+    return bool((r.num_output_tokens < p.min_tokens and r.stop_ids) or p.repetition_penalty != 1.0
+                or p.presence_penalty or p.frequency_penalty or p.logit_bias)
 
 
 def row_finite(x: torch.Tensor) -> torch.Tensor:

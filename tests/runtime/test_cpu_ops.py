@@ -3,8 +3,10 @@ and without them, and how they are built: cached per source/compiler/CPU, and a 
 torch's ops with a warning."""
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import platform
 import subprocess
 import sys
 
@@ -202,3 +204,55 @@ def test_rope_tables_are_what_rope_store_reads():
     cos, sin = rotary.tables(torch.tensor([3, 0, 127]))
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == (3, 1, 64)
     assert torch.equal(cos[0, 0], rotary.cos[3]) and torch.equal(sin[2, 0], rotary.sin[127])
+
+
+@pytest.mark.parametrize("vocab", [32000, 151936, 1000, 7])
+def test_argmax_finite_is_torchs_first_maximum_and_flags_non_finite_rows(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g)
+    x[1, vocab // 3] = x[1, vocab - 1] = 50.0  # a tie: the first index wins, as torch.argmax
+    x[2] = 0.0  # all equal: index 0
+    x[3, vocab // 2] = float("nan")
+    x[4, 0] = float("-inf")
+    x[5, vocab - 1] = float("inf")
+    idx, finite = ops.argmax_finite(x)
+    assert finite == [True, True, True, False, False, False]
+    assert idx[:3].tolist() == x[:3].argmax(-1).tolist()
+    assert idx[1].item() == vocab // 3 and idx[2].item() == 0
+
+
+def test_greedy_sampler_fast_path_gives_the_general_paths_tokens_and_errors():
+    """The sampler's one-read greedy path (all greedy, nothing to apply, every row finite) and its general path
+    agree; a NaN row still fails alone with its error."""
+    from deployctl_runtime.request import Request
+    from deployctl_runtime.sampler import Sampler
+
+    sampler = Sampler(torch.device("cpu"))
+    reqs = [Request(str(i), [1, 2, 3], SamplingParams(temperature=0, max_tokens=4, logprobs=2)) for i in range(4)]
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(1))
+    fast = sampler(logits, reqs)
+    with cpu_kernels.disabled():
+        general = sampler(logits, reqs)
+    assert [tuple(s) for s in fast] == [tuple(s) for s in general]
+    assert [s.token_id for s in fast] == logits.argmax(-1).tolist()
+    logits[2, 7] = float("nan")
+    out = sampler(logits, reqs)
+    assert out[2].error and not any(s.error for i, s in enumerate(out) if i != 2)
+    assert [out[i].token_id for i in (0, 1, 3)] == [fast[i].token_id for i in (0, 1, 3)]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 vector widths")
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx",)])
+def test_every_vector_width_of_the_decode_kernel(tmp_path, flags):
+    """The head-size-64/128 kernel is written for vectors of 16, 8 or 4 floats (AVX-512, AVX, SSE/NEON); this machine
+    builds the widest it has, so the narrower ones are built here on purpose and checked the same way."""
+    narrow = cpu_kernels.CPUOps(ctypes.CDLL(str(cpu_kernels.build(cpu_kernels._compiler(), tmp_path, flags))))
+    for num_heads, num_kv_heads, head_dim, lens in ((8, 2, 64, [1, 17, 40, 33, 130]), (12, 4, 128, [5, 70])):
+        g = torch.Generator().manual_seed(head_dim)
+        width = max(-(-n // 16) for n in lens)
+        tables = (torch.arange(len(lens) * width).view(len(lens), width) * 3 % 97 + 1).int()
+        kv = torch.randn(2, num_kv_heads, 100 * 16, head_dim, generator=g)
+        q = torch.randn(len(lens), num_heads, head_dim, generator=g)
+        want = _reference(q, kv[0], kv[1], tables.tolist(), lens, 16, head_dim ** -0.5)
+        got = narrow.paged_decode(q, kv[0], kv[1], tables, torch.tensor(lens, dtype=torch.int32), head_dim ** -0.5, 16)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

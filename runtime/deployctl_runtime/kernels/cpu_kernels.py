@@ -40,6 +40,7 @@ _SIGNATURES = {
     "silu_mul_f32": [_P, _P, _I64, _I, _I],
     "rope_store_f32": [_P, _I64, _I64, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _I64, _P, _I],
     "paged_decode_f32": [_P, _I64, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I64, _I, _I, _F, _I],
+    "row_argmax_finite_f32": [_P, _I64, _I64, _P, _P],
 }
 
 
@@ -92,6 +93,15 @@ class CPUOps:
                                  _ptr(v_cache), 0 if k_cache is None else k_cache.shape[1], _ptr(slots),
                                  torch.get_num_threads())
 
+    def argmax_finite(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+        """logits [N, V] contiguous -> (argmax [N] long, finite [N]): each row's first maximum and whether every
+        element of it is finite, in one read (the sampler's greedy path). A non-finite row's argmax is undefined."""
+        rows, vocab = logits.shape
+        idx = torch.empty(rows, dtype=torch.long)
+        finite = torch.empty(rows, dtype=torch.uint8)
+        self._lib.row_argmax_finite_f32(logits.data_ptr(), rows, vocab, idx.data_ptr(), finite.data_ptr())
+        return idx, [bool(f) for f in finite.tolist()]
+
     def paged_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      block_size: int) -> torch.Tensor:
@@ -140,11 +150,13 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def build(cc: str, out_dir: Path) -> Path:
+def build(cc: str, out_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile cpu_ops.c into out_dir (atomically: a temp file renamed over) and return its path; reuses a build of
-    the same source, compiler and CPU. Raises OSError (with the compiler's message) or subprocess errors."""
+    the same source, compiler, flags and CPU. extra_flags go after FLAGS (tests build the narrower vector paths with
+    -mno-avx512f / -mno-avx). Raises OSError (with the compiler's message) or subprocess errors."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode())
+    flags = [*FLAGS, *extra_flags]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), _cpu_flags()]).encode())
     target = out_dir / f"cpu_ops-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -152,7 +164,7 @@ def build(cc: str, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+        res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                              timeout=BUILD_TIMEOUT_S)
         if res.returncode != 0:
             raise OSError(f"{cc} exited {res.returncode}: {res.stderr.strip()[-500:]}")

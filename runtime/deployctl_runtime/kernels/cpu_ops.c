@@ -130,6 +130,200 @@ void rope_store_f32(float *qkv, int64_t T, int64_t stride, int nq, int nkv, int 
  *   tables  [n, width] int32 (rows padded with any valid block); lens [n] int32, 1 <= lens[r] <= width * block_size
  *   out     [n, kvh * group, d], contiguous
  * Returns 0, or -1 when group > MAX_GROUP or d > MAX_DIM (the caller checks first). */
+/* The generic body, any d: one (request, KV head) pair. */
+static void decode_pair(const float *qh, const float *kh, const float *vh, const int32_t *table, int len, float *oh,
+                        int group, int d, int block_size, float scale) {
+    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
+    int64_t rows[TILE];
+    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
+    for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+    for (int start = 0; start < len; start += TILE) {
+        const int t_end = len - start < TILE ? len - start : TILE;
+        for (int t = 0; t < t_end; ++t) {
+            const int p = start + t;
+            rows[t] = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
+        }
+        /* scores of the tile: each K row once, against every query head of the group */
+        for (int t = 0; t < t_end; ++t) {
+            const float *kr = kh + rows[t];
+            for (int g = 0; g < group; ++g) {
+                const float *qg = qh + g * d;
+                float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+                for (int e = 0; e < d; ++e) acc += qg[e] * kr[e];
+                s[g][t] = acc * scale;
+            }
+        }
+        /* online softmax: rescale what was accumulated when the running max rises */
+        for (int g = 0; g < group; ++g) {
+            float mx = m[g];
+            for (int t = 0; t < t_end; ++t) mx = s[g][t] > mx ? s[g][t] : mx;
+            const float corr = exp_f32(m[g] - mx);
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int t = 0; t < t_end; ++t) { s[g][t] = exp_f32(s[g][t] - mx); sum += s[g][t]; }
+            l[g] = l[g] * corr + sum;
+            m[g] = mx;
+            if (corr != 1.f) {
+                float *og = oh + g * d;
+#pragma omp simd
+                for (int e = 0; e < d; ++e) og[e] *= corr;
+            }
+        }
+        /* weighted V rows: each V row once, into every query head's accumulator */
+        for (int t = 0; t < t_end; ++t) {
+            const float *vr = vh + rows[t];
+            for (int g = 0; g < group; ++g) {
+                const float w = s[g][t];
+                float *og = oh + g * d;
+#pragma omp simd
+                for (int e = 0; e < d; ++e) og[e] += w * vr[e];
+            }
+        }
+    }
+    for (int g = 0; g < group; ++g) {
+        const float inv = 1.f / l[g];
+        float *og = oh + g * d;
+#pragma omp simd
+        for (int e = 0; e < d; ++e) og[e] *= inv;
+    }
+}
+
+/* The same pair for a head size known at compile time (D = NV vectors of VL floats), with GCC/clang vector types:
+ * the accumulators of one query head live in registers, and four K rows are dotted at once so that the products
+ * run as independent chains instead of one chain of dependent multiply-adds per score (the generic body's cost:
+ * it is latency-bound, ~40 cycles a score). */
+#if defined(__AVX512F__)
+#define VB 64
+#elif defined(__AVX__)
+#define VB 32
+#else
+#define VB 16
+#endif
+#define VL (VB / 4)
+typedef float vf __attribute__((vector_size(VB)));
+
+static inline vf vload(const float *p) { vf x; memcpy(&x, p, sizeof x); return x; }
+static inline void vstore(float *p, vf x) { memcpy(p, &x, sizeof x); }
+static inline float hsum(vf x) { /* a tree of adds (a loop of VL dependent adds was a quarter of the kernel) */
+    float a[VL];
+    memcpy(a, &x, sizeof a);
+    for (int w = VL / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; ++i) a[i] += a[i + w];
+    return a[0];
+}
+
+/* The sums of four vectors at once, by a transposing tree of shuffles and adds (~3 instructions a sum, where a
+ * sum alone takes a chain of log2(VL) shuffles and adds): out[i] = sum of the lanes of a_i. */
+static inline void hsum4(vf a0, vf a1, vf a2, vf a3, float *out) {
+#if VL == 16
+    vf u0 = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    vf u1 = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    vf v = __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    out[0] = v[0], out[1] = v[4], out[2] = v[8], out[3] = v[12];
+#elif VL == 8
+    vf u0 = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 8, 9, 10, 11) +
+            __builtin_shufflevector(a0, a1, 4, 5, 6, 7, 12, 13, 14, 15);
+    vf u1 = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 8, 9, 10, 11) +
+            __builtin_shufflevector(a2, a3, 4, 5, 6, 7, 12, 13, 14, 15);
+    vf v = __builtin_shufflevector(u0, u1, 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(u0, u1, 2, 3, 6, 7, 10, 11, 14, 15);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    out[0] = v[0], out[1] = v[2], out[2] = v[4], out[3] = v[6];
+#else
+    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
+#endif
+}
+
+/* always inlined into decode_pair_64/_128 below, where d is a constant: the loops over NV unroll, qv and acc stay in
+ * registers */
+static inline __attribute__((always_inline)) void decode_pair_vec(const float *qh, const float *kh, const float *vh,
+                                                                  const int32_t *table, int len, float *oh, int group,
+                                                                  int block_size, float scale, const int d) {
+    const int nv = d / VL;
+    float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
+    const float *krow[TILE], *vrow[TILE];
+    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
+    for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+    for (int start = 0; start < len; start += TILE) {
+        const int t_end = len - start < TILE ? len - start : TILE;
+        for (int t = 0; t < t_end; ++t) {
+            const int p = start + t;
+            const int64_t off = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
+            krow[t] = kh + off;
+            vrow[t] = vh + off;
+        }
+        for (int g = 0; g < group; ++g) {
+            vf qv[128 / VL], acc[128 / VL], acc2[128 / VL];
+            for (int j = 0; j < nv; ++j) qv[j] = vload(qh + g * d + j * VL);
+            int t = 0;
+            for (; t + 4 <= t_end; t += 4) { /* four scores at once: independent chains */
+                vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                for (int j = 0; j < nv; ++j) {
+                    a0 += qv[j] * vload(krow[t] + j * VL);
+                    a1 += qv[j] * vload(krow[t + 1] + j * VL);
+                    a2 += qv[j] * vload(krow[t + 2] + j * VL);
+                    a3 += qv[j] * vload(krow[t + 3] + j * VL);
+                }
+                hsum4(a0, a1, a2, a3, &s[g][t]);
+                for (int i = 0; i < 4; ++i) s[g][t + i] *= scale;
+            }
+            for (; t < t_end; ++t) {
+                vf a = {0};
+                for (int j = 0; j < nv; ++j) a += qv[j] * vload(krow[t] + j * VL);
+                s[g][t] = hsum(a) * scale;
+            }
+            float *sg = s[g];
+            float mx = m[g];
+#pragma omp simd reduction(max : mx)
+            for (t = 0; t < t_end; ++t) mx = sg[t] > mx ? sg[t] : mx;
+            const float corr = exp_f32(m[g] - mx);
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (t = 0; t < t_end; ++t) {
+                sg[t] = exp_f32(sg[t] - mx);
+                sum += sg[t];
+            }
+            l[g] = l[g] * corr + sum;
+            m[g] = mx;
+            /* two sets of accumulators (even and odd tokens): two chains of multiply-adds instead of one */
+            for (int j = 0; j < nv; ++j) {
+                acc[j] = vload(oh + g * d + j * VL) * corr;
+                acc2[j] = (vf){0};
+            }
+            for (t = 0; t + 2 <= t_end; t += 2) {
+                const float w0 = sg[t], w1 = sg[t + 1];
+                for (int j = 0; j < nv; ++j) {
+                    acc[j] += w0 * vload(vrow[t] + j * VL);
+                    acc2[j] += w1 * vload(vrow[t + 1] + j * VL);
+                }
+            }
+            if (t < t_end)
+                for (int j = 0; j < nv; ++j) acc[j] += sg[t] * vload(vrow[t] + j * VL);
+            for (int j = 0; j < nv; ++j) vstore(oh + g * d + j * VL, acc[j] + acc2[j]);
+        }
+    }
+    for (int g = 0; g < group; ++g) {
+        const float inv = 1.f / l[g];
+        for (int e = 0; e < d; ++e) oh[g * d + e] *= inv;
+    }
+}
+
+static void decode_pair_64(const float *qh, const float *kh, const float *vh, const int32_t *table, int len, float *oh,
+                           int group, int block_size, float scale) {
+    decode_pair_vec(qh, kh, vh, table, len, oh, group, block_size, scale, 64);
+}
+
+static void decode_pair_128(const float *qh, const float *kh, const float *vh, const int32_t *table, int len,
+                            float *oh, int group, int block_size, float scale) {
+    decode_pair_vec(qh, kh, vh, table, len, oh, group, block_size, scale, 128);
+}
+
 int paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, const int32_t *tables,
                      const int32_t *lens, float *out, int n, int kvh, int group, int d, int64_t num_slots, int width,
                      int block_size, float scale, int num_threads) {
@@ -138,65 +332,34 @@ int paged_decode_f32(const float *q, int64_t q_stride, const float *k, const flo
     for (int r = 0; r < n; ++r) work += (int64_t)lens[r] * kvh * d;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (work >= PAR_MIN_ELEMS)
     for (int pair = 0; pair < n * kvh; ++pair) {
-        const int r = pair / kvh, h = pair % kvh, len = lens[r];
+        const int r = pair / kvh, h = pair % kvh;
         const int32_t *table = tables + (int64_t)r * width;
         const float *qh = q + (int64_t)r * q_stride + (int64_t)h * group * d;
         float *oh = out + ((int64_t)r * kvh + h) * group * d;
         const float *kh = k + (int64_t)h * num_slots * d, *vh = v + (int64_t)h * num_slots * d;
-        float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
-        int64_t rows[TILE];
-        for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
-        for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
-        for (int start = 0; start < len; start += TILE) {
-            const int t_end = len - start < TILE ? len - start : TILE;
-            for (int t = 0; t < t_end; ++t) {
-                const int p = start + t;
-                rows[t] = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
-            }
-            /* scores of the tile: each K row once, against every query head of the group */
-            for (int t = 0; t < t_end; ++t) {
-                const float *kr = kh + rows[t];
-                for (int g = 0; g < group; ++g) {
-                    const float *qg = qh + g * d;
-                    float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-                    for (int e = 0; e < d; ++e) acc += qg[e] * kr[e];
-                    s[g][t] = acc * scale;
-                }
-            }
-            /* online softmax: rescale what was accumulated when the running max rises */
-            for (int g = 0; g < group; ++g) {
-                float mx = m[g];
-                for (int t = 0; t < t_end; ++t) mx = s[g][t] > mx ? s[g][t] : mx;
-                const float corr = exp_f32(m[g] - mx);
-                float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-                for (int t = 0; t < t_end; ++t) { s[g][t] = exp_f32(s[g][t] - mx); sum += s[g][t]; }
-                l[g] = l[g] * corr + sum;
-                m[g] = mx;
-                if (corr != 1.f) {
-                    float *og = oh + g * d;
-#pragma omp simd
-                    for (int e = 0; e < d; ++e) og[e] *= corr;
-                }
-            }
-            /* weighted V rows: each V row once, into every query head's accumulator */
-            for (int t = 0; t < t_end; ++t) {
-                const float *vr = vh + rows[t];
-                for (int g = 0; g < group; ++g) {
-                    const float w = s[g][t];
-                    float *og = oh + g * d;
-#pragma omp simd
-                    for (int e = 0; e < d; ++e) og[e] += w * vr[e];
-                }
-            }
-        }
-        for (int g = 0; g < group; ++g) {
-            const float inv = 1.f / l[g];
-            float *og = oh + g * d;
-#pragma omp simd
-            for (int e = 0; e < d; ++e) og[e] *= inv;
-        }
+        if (d == 64) decode_pair_64(qh, kh, vh, table, lens[r], oh, group, block_size, scale);
+        else if (d == 128) decode_pair_128(qh, kh, vh, table, lens[r], oh, group, block_size, scale);
+        else decode_pair(qh, kh, vh, table, lens[r], oh, group, d, block_size, scale);
     }
     return 0;
+}
+
+/* Greedy sampling's two questions about logits [rows, vocab] in one read: is every element of a row finite, and
+ * where is its first maximum (torch.argmax's answer for a finite row). finite[r] = 0 for a row holding NaN or inf
+ * (its argmax is then left unset: the caller masks such rows and takes torch's path). */
+void row_argmax_finite_f32(const float *x, int64_t rows, int64_t vocab, int64_t *argmax, uint8_t *finite) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * vocab;
+        float mx = -INFINITY, poison = 0.f;
+#pragma omp simd reduction(max : mx) reduction(+ : poison)
+        for (int64_t i = 0; i < vocab; ++i) {
+            mx = row[i] > mx ? row[i] : mx;
+            poison += row[i] * 0.f; /* NaN when an element is NaN or +-inf */
+        }
+        finite[r] = poison == 0.f;
+        if (!finite[r]) continue;
+        int64_t i = 0;
+        while (row[i] != mx) ++i;
+        argmax[r] = i;
+    }
 }
