@@ -73,13 +73,40 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
-        self.half = head_dim // 2
+        self.head_dim, self.half = head_dim, head_dim // 2
         self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin rows [T, 1, D] for positions [T]: gathered once per step and shared by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def qkv(self, tables: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+            q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None,
+            cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+        """qkv [T, (H + 2 KVH) * D] (the fused projection's output) -> (q [T, H, D], k [T, KVH, D], v [T, KVH, D],
+        stored): q and k normalised per head first when q_norm/k_norm are given (Qwen3), then rotated. On the CPU
+        float32 path (kernels/cpu_kernels.py) this is one pass in place over qkv that also writes k and v into
+        cache = (k_cache, v_cache, slot_mapping [T]); stored then says the caller need not write them."""
+        t, d = qkv.shape[0], self.head_dim
+        q_size, kv_size = num_heads * d, num_kv_heads * d
+        ops = cpu_kernels.native(qkv)
+        stored = False
+        if ops is not None and d % 2 == 0 and d <= cpu_kernels.MAX_DIM and qkv.stride(1) == 1:
+            k_cache, v_cache, slots = cache if cache is not None and cache[0].numel() else (None, None, None)
+            cos, sin = tables
+            ops.rope_store(qkv, num_heads, num_kv_heads, d, cos, sin, q_norm and q_norm.weight,
+                           k_norm and k_norm.weight, q_norm.eps if q_norm else 0.0, k_cache, v_cache, slots)
+            stored = k_cache is not None
+            q = qkv[:, :q_size].view(t, num_heads, d)
+            k = qkv[:, q_size:q_size + kv_size].view(t, num_kv_heads, d)
+        elif q_norm is None:  # q and k side by side in qkv: rotated in one pass, [T, H + KVH, D]
+            qk = self.rotate(tables, qkv[:, :q_size + kv_size].view(t, num_heads + num_kv_heads, d))
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        else:
+            q, k = self(tables, q_norm(qkv[:, :q_size].view(t, num_heads, d)),
+                        k_norm(qkv[:, q_size:q_size + kv_size].view(t, num_kv_heads, d)))
+        return q, k, qkv[:, q_size + kv_size:].view(t, num_kv_heads, d), stored
 
     def forward(self, tables: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, KVH, D] -> rotated copies (computed in float32, returned in the input dtype)."""

@@ -4,10 +4,13 @@ Tolerance (float32, CPU): the logprob of every generated token within 1e-4 of HF
 the same step); full prompt logits within 2e-4 absolute. Token ids must be identical."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from deployctl_runtime import LLM, SamplingParams
+from deployctl_runtime.kernels import cpu_kernels
 
 MAX_NEW = 12
 LOGPROB_ATOL = 1e-4
@@ -46,11 +49,16 @@ def _check(llm: LLM, model, prompts) -> None:
     assert stats.num_free_blocks == stats.num_gpu_blocks
 
 
+@pytest.mark.parametrize("ops", ["cpu-ops", "torch-ops"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama_tied"])
-def test_batch_matches_hf_generate(hf_checkpoint, kind):
+def test_batch_matches_hf_generate(hf_checkpoint, kind, ops):
+    """Both CPU paths: the C operators (kernels/cpu_ops.c, the default where a compiler is) and torch's ops (the
+    path CUDA shares, and hosts without a compiler)."""
     path, model = hf_checkpoint(kind)
-    llm = LLM(str(path), max_model_len=256, num_gpu_blocks_override=128)
-    _check(llm, model, _prompts(model.config.vocab_size))
+    with contextlib.nullcontext() if ops == "cpu-ops" else cpu_kernels.disabled():
+        llm = LLM(str(path), max_model_len=256, num_gpu_blocks_override=128)
+        assert (llm.engine.runner.decode_kernel is not None) == (ops == "cpu-ops" and cpu_kernels.load() is not None)
+        _check(llm, model, _prompts(model.config.vocab_size))
 
 
 def test_sharded_checkpoint_matches(hf_checkpoint):

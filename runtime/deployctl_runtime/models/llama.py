@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from deployctl_runtime.attention import AttentionMetadata, paged_attention
-from deployctl_runtime.kernels import cpu_kernels
 from deployctl_runtime.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from deployctl_runtime.model_config import ModelConfig
 
@@ -29,29 +28,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
                 ) -> torch.Tensor:
-        t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)
-        ops = cpu_kernels.native(qkv)
-        if ops is not None and d % 2 == 0 and d <= cpu_kernels.MAX_DIM:
-            # one pass: q/k norms (Qwen3), RoPE of q and k, k and v into the cache
-            cos, sin = rope
-            q_norm, k_norm = self.q_norm, self.k_norm
-            ops.rope_store(qkv, h, kvh, d, cos, sin, q_norm and q_norm.weight, k_norm and k_norm.weight,
-                           q_norm.eps if q_norm else 0.0, self.k_cache, self.v_cache, meta.slot_mapping)
-            q = qkv[:, :self.q_size].view(t, h, d)
-            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(t, kvh, d)
-            v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
-            o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale, stored=True)
-            return self.o_proj(o.reshape(t, self.q_size))
-        v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
-        if self.q_norm is None:  # q and k side by side in qkv: rotated in one pass, [T, H + KVH, D]
-            qk = self.rotary[0].rotate(rope, qkv[:, :self.q_size + self.kv_size].view(t, h + kvh, d))
-            q, k = qk[:, :h], qk[:, h:]
-        else:
-            q = self.q_norm(qkv[:, :self.q_size].view(t, h, d))
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(t, kvh, d))
-            q, k = self.rotary[0](rope, q, k)
-        o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        t = x.shape[0]
+        q, k, v, stored = self.rotary[0].qkv(rope, self.qkv_proj(x), self.num_heads, self.num_kv_heads,
+                                             self.q_norm, self.k_norm, (self.k_cache, self.v_cache,
+                                                                        meta.slot_mapping))
+        o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale, stored)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
