@@ -1,17 +1,20 @@
-"""Where one CPU decode forward's time goes beyond the weight products (issue 27), in one run.
+"""Where one CPU decode forward's time goes beyond the weight products (issue 27), in one run, on both CPU paths.
 
 Not a test: prints milliseconds. One decode step of 16 requests at 135-150 tokens of context on the llama-8x512
-checkpoint (bench_engine.py's shape and seeded weights), timed as the real model's forward with one part at a time
-replaced by a no-op: a part's cost is the full forward's median minus that variant's (so it is the part's cost
-inside the forward, caches as cold as there, not alone in a loop). The weight products alone are every decoder
-layer's nn.Linear on [16, in_features] with the model's weights, as bench_engine.gemm_floor times them. Variants
-alternate within each of --repeats rounds, so the machine's drift spreads over all of them.
+checkpoint (bench_engine.py's shape and seeded weights). The forward is timed on the runtime's C operators
+(kernels/cpu_ops.c, the default where the host has a C compiler) and on torch's ops (the fallback), and on the C
+path once more with one part at a time replaced by a no-op: a part's cost is the full forward's median minus that
+variant's (so it is the part's cost inside the forward, caches as cold as there, not alone in a loop). The weight
+products alone are every decoder layer's nn.Linear on [16, in_features] with the model's weights, as
+bench_engine.gemm_floor times them. Variants alternate within each of --repeats rounds, so the machine's drift
+spreads over all of them.
 
     PYTHONPATH=runtime python bench/bench_forward.py [--threads 2] [--repeats 25]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -34,12 +37,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import bench_engine
-    import deployctl_runtime.attention as attention
     import deployctl_runtime.models.llama as llama
     from deployctl_runtime import LLM
     from deployctl_runtime.attention import AttentionMetadata, decode_group
-    from deployctl_runtime.layers import RMSNorm, RotaryEmbedding
+    from deployctl_runtime.kernels import cpu_kernels
+    from deployctl_runtime.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
+    ops = cpu_kernels.load()
+    if ops is None:
+        sys.exit("the CPU operators are not built here (no C compiler?): nothing to break down")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = bench_engine.build_checkpoint("llama-8x512", Path(tmp), 0)
         llm = LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=NUM_REQUESTS,
@@ -53,109 +59,78 @@ def main() -> None:
     ids = torch.randint(0, model.config.vocab_size, (NUM_REQUESTS,), generator=torch.Generator().manual_seed(0))
     positions = torch.tensor(lens) - 1
 
-    def step_meta() -> AttentionMetadata:  # built per forward, as prepare_inputs does
+    def step_meta(native: bool) -> AttentionMetadata:  # built per forward, as prepare_inputs does
+        if native:
+            return AttentionMetadata(slot_mapping=slots, num_decodes=NUM_REQUESTS, block_size=bs,
+                                     decode_kernel=ops.paged_decode, block_tables=tables.to(torch.int32),
+                                     context_lens=torch.tensor(lens, dtype=torch.int32))
         return AttentionMetadata(slot_mapping=slots, num_decodes=NUM_REQUESTS, block_size=bs,
                                  decode_groups=[decode_group(0, tables, lens, bs)])
 
     linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {m.in_features: torch.randn(NUM_REQUESTS, m.in_features) for m in linears}
-    real = {"attention": llama.paged_attention, "decode": attention.decode_torch, "norm": RMSNorm.forward,
-            "rope": RotaryEmbedding.rotate}
+    real = {"attention": llama.paged_attention, "norm": RMSNorm.forward, "qkv": RotaryEmbedding.qkv,
+            "mlp": GatedMLP.forward}
 
-    def gather_only(q, k_cache, v_cache, g, scale):  # decode_torch's gathers, no SDPA
-        rows = g.cache_rows(k_cache.shape[0], k_cache.shape[1])
-        k_cache.view(-1, k_cache.shape[2]).index_select(0, rows)
-        v_cache.view(-1, v_cache.shape[2]).index_select(0, rows)
-        return q
+    def no_rope(self, tables_, qkv, h, kvh, q_norm=None, k_norm=None, cache=None):  # views only: no pass at all
+        t, d = qkv.shape[0], self.head_dim
+        return (qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d),
+                qkv[:, (h + kvh) * d:].view(t, kvh, d), True)
 
-    variants = {
-        "full forward": {},
-        "no attention": {"attention": lambda q, k, v, kc, vc, meta, scale: q},
-        "attention: cache writes only": {"decode": lambda q, kc, vc, g, scale: q},
-        "attention: writes + gathers": {"decode": gather_only},
-        "no RMSNorm": {"norm": lambda self, x: x},
-        "no RoPE": {"rope": lambda self, tables_, x: x},
+    def no_silu(self, x):  # both products, no activation
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(gate_up[:, :gate_up.shape[1] // 2])
+
+    variants = {  # name -> (C operators on?, parts replaced)
+        "whole forward, C operators": (True, {}),
+        "whole forward, torch ops": (False, {}),
+        "no attention": (True, {"attention": lambda q, k, v, kc, vc, meta, scale, stored=False: q}),
+        "no RMSNorm (nor residual adds)": (True, {"norm": lambda self, x, residual=None: x if residual is None
+                                                  else (x, residual)}),
+        "no RoPE + cache store": (True, {"qkv": no_rope}),
+        "no SiLU-and-multiply": (True, {"mlp": no_silu}),
     }
 
     def install(parts: dict) -> None:
         llama.paged_attention = parts.get("attention", real["attention"])
-        attention.decode_torch = parts.get("decode", real["decode"])
         RMSNorm.forward = parts.get("norm", real["norm"])
-        RotaryEmbedding.rotate = parts.get("rope", real["rope"])
+        RotaryEmbedding.qkv = parts.get("qkv", real["qkv"])
+        GatedMLP.forward = parts.get("mlp", real["mlp"])
 
     times: dict[str, list[float]] = {k: [] for k in [*variants, "weight products alone"]}
     with torch.inference_mode():
-        for _ in range(3):  # warm-up
-            model(ids, positions, step_meta())
+        for native in (True, False):  # warm-up
+            with contextlib.nullcontext() if native else cpu_kernels.disabled():
+                for _ in range(3):
+                    model(ids, positions, step_meta(native))
         for _ in range(args.repeats):
-            for name, parts in variants.items():
+            for name, (native, parts) in variants.items():
                 install(parts)
-                meta = step_meta()
-                t0 = time.perf_counter()
-                model(ids, positions, meta)
-                times[name].append(time.perf_counter() - t0)
+                with contextlib.nullcontext() if native else cpu_kernels.disabled():
+                    meta = step_meta(native)
+                    t0 = time.perf_counter()
+                    model(ids, positions, meta)
+                    times[name].append(time.perf_counter() - t0)
             install({})
             t0 = time.perf_counter()
             for m in linears:
                 F.linear(inputs[m.in_features], m.weight, m.bias)
             times["weight products alone"].append(time.perf_counter() - t0)
     med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
-    full = med["full forward"]
-    parts = {
-        "weight products (alone)": med["weight products alone"],
-        "decode attention": full - med["no attention"],
-        "  of which cache writes": med["attention: cache writes only"] - med["no attention"],
-        "  of which K/V gathers": med["attention: writes + gathers"] - med["attention: cache writes only"],
-        "  of which SDPA": full - med["attention: writes + gathers"],
-        "RMSNorm (17 calls)": full - med["no RMSNorm"],
-        "RoPE": full - med["no RoPE"],
-    }
-    top = [k for k in parts if not k.startswith("  ")]
-    rest = full - sum(parts[k] for k in top)
+    full, torch_full = med["whole forward, C operators"], med["whole forward, torch ops"]
+    parts = {name.removeprefix("no "): full - med[name] for name in variants if name.startswith("no ")}
+    rest = full - med["weight products alone"] - sum(parts.values())
     print(f"one decode forward, {NUM_REQUESTS} requests at {lens[-1]}-{lens[0]} tokens of context, llama-8x512 "
           f"float32, {args.threads} threads, median of {args.repeats}:")
-    print(f"  {'whole forward':28s} {full:6.2f} ms")
+    print(f"  {'whole forward, torch ops':32s} {torch_full:6.2f} ms")
+    print(f"  {'whole forward, C operators':32s} {full:6.2f} ms   ({torch_full / full:.2f}x faster)")
+    print(f"  {'weight products (alone)':32s} {med['weight products alone']:6.2f} ms")
     for k, v in parts.items():
-        print(f"  {k:28s} {v:6.2f} ms")
-    print(f"  {'the rest':28s} {rest:6.2f} ms  (residual adds, SiLU, embedding, module calls, and the weight "
-          "products' own slowdown inside the forward)")
-    print(f"weight products / whole forward: {med['weight products alone'] / full:.3f}")
-    _cold_costs(model, step_meta(), args.repeats * 8)
-
-
-def _cold_costs(model, meta, rounds: int) -> None:
-    """Two figures behind the breakdown: one layer's K/V gather against a plain copy of the same bytes, and one
-    RMSNorm of [16, hidden], each timed right after the largest weight product (as in the forward) and alone in a
-    hot loop. Medians in microseconds."""
-    import torch
-    import torch.nn.functional as F
-
-    attn = model.model.layers[0].self_attn
-    k_cache, group = attn.k_cache, meta.decode_groups[0]
-    rows = group.cache_rows(k_cache.shape[0], k_cache.shape[1])
-    flat = k_cache.view(-1, k_cache.shape[2])
-    same_bytes = flat[:rows.numel()]
-    norm = model.model.layers[0].input_layernorm
-    x = torch.randn(NUM_REQUESTS, norm.weight.shape[0])
-    big = model.model.layers[0].mlp.gate_up_proj.weight
-    cases = {"K gather (one layer)": lambda: flat.index_select(0, rows), "copy of the same bytes": same_bytes.clone,
-             "RMSNorm": lambda: norm(x)}
-    after, hot = {k: [] for k in cases}, {k: [] for k in cases}
-    with torch.inference_mode():
-        for _ in range(rounds):
-            for k, fn in cases.items():
-                F.linear(x, big)  # streams the weights through the caches, as the forward does between small ops
-                t0 = time.perf_counter()
-                fn()
-                after[k].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                fn()
-                hot[k].append(time.perf_counter() - t0)
-    mb = rows.numel() * k_cache.shape[2] * k_cache.element_size() / 1e6
-    print(f"after a weight product / again at once (us, median of {rounds}); the gather moves {mb:.2f} MB:")
-    for k in cases:
-        a, h = sorted(after[k])[rounds // 2] * 1e6, sorted(hot[k])[rounds // 2] * 1e6
-        print(f"  {k:24s} {a:7.1f} / {h:7.1f}" + (f"   ({mb / a * 1e3:.1f} GB/s cold)" if k != "RMSNorm" else ""))
+        print(f"  {k:32s} {v:6.2f} ms")
+    print(f"  {'the rest':32s} {rest:6.2f} ms  (embedding, module calls, and the weight products' own slowdown "
+          "inside the forward)")
+    print(f"weight products / whole forward: C operators {med['weight products alone'] / full:.3f}, torch ops "
+          f"{med['weight products alone'] / torch_full:.3f}")
 
 
 if __name__ == "__main__":
