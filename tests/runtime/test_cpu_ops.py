@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -256,3 +257,18 @@ def test_every_vector_width_of_the_decode_kernel(tmp_path, flags):
         want = _reference(q, kv[0], kv[1], tables.tolist(), lens, 16, head_dim ** -0.5)
         got = narrow.paged_decode(q, kv[0], kv[1], tables, torch.tensor(lens, dtype=torch.int32), head_dim ** -0.5, 16)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unwritable_cache_builds_in_the_users_temp_folder(tmp_path, monkeypatch):
+    """A cache folder that cannot be made (here: under a regular file, which stops root too) falls back to
+    $TMPDIR/deployctl-runtime-UID instead of the slower torch path."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DEPLOYCTL_RUNTIME_CACHE", str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setattr(cpu_kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    try:
+        cpu_kernels.load.cache_clear()
+        assert cpu_kernels.load() is not None
+        assert list((tmp_path / "tmp" / f"deployctl-runtime-{os.getuid()}").glob("cpu_ops-*.so"))
+    finally:
+        cpu_kernels.load.cache_clear()

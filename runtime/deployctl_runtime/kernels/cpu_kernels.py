@@ -7,7 +7,8 @@ decode attention (it copies every request's context out of the paged cache, per 
 (bench/bench_forward.py). Here each is one pass: see cpu_ops.c.
 
 Built with `$CC` (else `cc`/`gcc` on PATH) as `-O3 -march=native -fno-math-errno -fopenmp -shared`, into
-`$DEPLOYCTL_RUNTIME_CACHE` (else `$XDG_CACHE_HOME/deployctl-runtime`, else `~/.cache/deployctl-runtime`), under a
+`$DEPLOYCTL_RUNTIME_CACHE` (else `$XDG_CACHE_HOME/deployctl-runtime`, else `~/.cache/deployctl-runtime`; where that
+cannot be written, `$TMPDIR/deployctl-runtime-UID`), under a
 name that hashes the source, the compiler's version and this CPU's flags, so a copied cache never runs on a CPU it
 was not built for. No compiler, a failed build or `DEPLOYCTL_CPU_KERNELS=0`: `load()` returns None and the model
 keeps its torch ops (a warning says why, once). OpenMP resolves to the libgomp torch already loaded (same soname),
@@ -150,10 +151,14 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
+class BuildFailed(OSError):
+    """The compiler refused cpu_ops.c (its message attached)."""
+
+
 def build(cc: str, out_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile cpu_ops.c into out_dir (atomically: a temp file renamed over) and return its path; reuses a build of
     the same source, compiler, flags and CPU. extra_flags go after FLAGS (tests build the narrower vector paths with
-    -mno-avx512f / -mno-avx). Raises OSError (with the compiler's message) or subprocess errors."""
+    -mno-avx512f / -mno-avx). Raises BuildFailed (with the compiler's message), OSError (the folder) or subprocess errors."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     flags = [*FLAGS, *extra_flags]
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), _cpu_flags()]).encode())
@@ -167,7 +172,7 @@ def build(cc: str, out_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
         res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                              timeout=BUILD_TIMEOUT_S)
         if res.returncode != 0:
-            raise OSError(f"{cc} exited {res.returncode}: {res.stderr.strip()[-500:]}")
+            raise BuildFailed(f"{cc} exited {res.returncode}: {res.stderr.strip()[-500:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -186,7 +191,13 @@ def load() -> CPUOps | None:
                     "norms, RoPE)")
         return None
     try:
-        return CPUOps(ctypes.CDLL(str(build(cc, cache_dir()))))
+        try:
+            path = build(cc, cache_dir())
+        except BuildFailed:
+            raise
+        except OSError:  # a cache folder that cannot be written (a system account's home): the user's temp folder
+            path = build(cc, Path(tempfile.gettempdir()) / f"deployctl-runtime-{os.getuid()}")
+        return CPUOps(ctypes.CDLL(str(path)))
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("CPU operators not built (%s): the CPU path runs on torch's ops", e)
         return None
