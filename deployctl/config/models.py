@@ -234,7 +234,8 @@ class HostConfig(_Frozen):
 
 
 class OutputsConfig(_Frozen):
-    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at every step."""
+    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at weight 0, before
+    any client traffic, and at every step."""
 
     enabled: bool = True
     prompts: Optional[str] = None  # JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped
@@ -246,6 +247,9 @@ class OutputsConfig(_Frozen):
     # weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
     # re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on purpose)
     on_model_change: Literal["check", "skip"] = "check"
+    # the answers differ from stable's (the agreement rule failed, nothing degenerate): "abort" the rollout (exit 6),
+    # or "report": record the differences in the rollout's verdicts and history and go on
+    on_change: Literal["abort", "report"] = "abort"
     max_repeats: int = Field(8, ge=2)  # a token or n-gram (n <= 4) repeated this many times back to back
     min_length_ratio: float = Field(0.5, ge=0)
     max_length_ratio: float = Field(2.0, gt=0)

@@ -76,10 +76,12 @@ class Verdict:
         return d
 
     def summary(self) -> str:
-        """The verdict line. Each side's two counts come from different sources and differ on purpose:
+        """The verdict line. Each side's counts come from different sources and differ on purpose:
         ``req via router`` counts the window's access-log lines for that side (every route: /v1/models too;
-        deployctl's probes not) and the generation requests among them, ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes
-        (generation requests only, the probes included): ``canary 53 req via router (all routes), … over 2 TTFT samples (generations, probes incl.)``."""
+        deployctl's probes not) and the generation requests among them (what min_client_requests counts);
+        ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes (generation requests only,
+        the probes included): ``canary 53 req via router (all routes; 40 generations), … over 2 TTFT samples
+        (generations, probes incl.)``."""
         from deployctl.rollout.verdicts import probe_summary
 
         return (f"{self.result} [{self.source}]: {_side('canary', self.canary)} | {_side('stable', self.stable)}"

@@ -85,6 +85,30 @@ def test_degenerate_checks_are_relative_to_stable_and_length_ratio_is_bounded():
     assert repeated_run([1, 2, 3, 4], 2) is None and repeated_run([5, 1, 2, 1, 2], 2) == (1, 2)
 
 
+def test_on_change_report_lets_changed_answers_by_but_never_degenerate_ones():
+    """outputs.on_change report (deployctl.rollout.outputgate): a comparison that failed only its agreement rule is
+    recorded as ``changed`` with its differences; one that also shows a degenerate sign still aborts."""
+    from deployctl.rollout.outputgate import changed_note, history_outputs, only_changed
+
+    drift = list(HEALTHY)
+    drift[2] = ans(["The", " cat", " ran", " to", " the", " mat", " 2", "."], "stop")
+    rep = compare(PROMPTS, HEALTHY, drift, Rules("exact", "same weights, engine and dtype; no file changed"))
+    assert rep.result == "fail" and rep.changed and only_changed(rep)
+    looping = list(drift)
+    looping[0] = ans(["la"] * 8, "length")
+    bad = compare(PROMPTS, HEALTHY, looping, Rules("exact", "same"))
+    assert bad.result == "fail" and bad.changed and not only_changed(bad), bad.problems
+    assert not only_changed(compare(PROMPTS, HEALTHY, [ans([])] + HEALTHY[1:], Rules("skip")))
+    rep.result = "changed"
+    vj = {"kind": "outputs", "weight": 0, **rep.to_json()}
+    assert rep.summary().endswith("; CHANGED: " + rep.reason)
+    kept = history_outputs([vj, {"kind": "window"}])
+    assert len(kept) == 1 and kept[0]["result"] == "changed" and kept[0]["diffs"][0]["at"] == 2
+    assert kept[0]["why"] == "same weights, engine and dtype; no file changed"
+    assert changed_note([vj]) == ("outputs changed at 0% on canary (outputs.on_change report; 1 comparison(s)): "
+                                  f"{rep.reason} (exact: same weights, engine and dtype; no file changed)")
+
+
 def test_canary_errors_fail_and_a_silent_stable_is_inconclusive():
     down = [Answer(error="ConnectError: refused")] * 4
     rep = compare(PROMPTS, HEALTHY, down, Rules())
@@ -235,7 +259,8 @@ def test_release_json_model_files_name_what_changed(cfg):
         return parse_identity(json.dumps(rel), manifest, "dtype: float32\n")
 
     old = ident(base)
-    assert rules_for(cfg, old, ident(dict(base))).why == "same weights, engine and dtype"
+    # outputs that differ with every file the same point at the engine or the runtime, not the model: said so
+    assert rules_for(cfg, old, ident(dict(base))).why == "same weights, engine and dtype; no file changed"
     r = rules_for(cfg, old, ident({**base, "tokenizer_config.json": "9" * 64}))
     assert r.mode == "exact" and r.why == "same weights, engine and dtype; changed: tokenizer_config.json (chat template)"
     r = rules_for(cfg, old, ident({**base, "generation_config.json": "8" * 64, "config.json": "7" * 64}))
