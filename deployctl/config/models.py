@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -27,6 +28,9 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
 MAX_SECONDS = 7 * 24 * 3600
 # Seconds: a number or a duration string ("30s", "5m", "24h"; deployctl.config.units.parse_duration), up to a week.
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_SECONDS)]
+# The shortest SSH keepalive interval (hosts[].keepalive_interval_s) besides 0 (off): OpenSSH's ServerAliveInterval
+# counts whole seconds, and more often than that only floods the connection.
+MIN_KEEPALIVE_S = 1.0
 # An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
@@ -172,7 +176,7 @@ class HostConfig(_Frozen):
     # SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
     # that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
     # ServerAliveInterval / ServerAliveCountMax)
-    keepalive_interval_s: float = Field(15, ge=0, le=3600)
+    keepalive_interval_s: Annotated[float, BeforeValidator(parse_duration)] = 15
     keepalive_count: int = Field(3, ge=2, le=100)
     server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
     # a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
@@ -200,6 +204,14 @@ class HostConfig(_Frozen):
                              "e.g. /opt/deployctl/SERVICE")
         return v
 
+    @field_validator("keepalive_interval_s")
+    @classmethod
+    def _keepalive(cls, v: float) -> float:
+        if v != 0 and not MIN_KEEPALIVE_S <= v <= 3600:
+            raise ValueError(f"keepalive_interval_s must be 0 (off) or from {MIN_KEEPALIVE_S:g} s to 1h (a keepalive "
+                             "more often than once a second floods the SSH connection); e.g. 15 or 15s")
+        return v
+
     @model_validator(mode="after")
     def _spare_differs(self) -> "HostConfig":
         if self.spare_port is not None and self.spare_port == self.server_port:
@@ -222,7 +234,8 @@ class HostConfig(_Frozen):
 
 
 class OutputsConfig(_Frozen):
-    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at every step."""
+    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at weight 0, before
+    any client traffic, and at every step."""
 
     enabled: bool = True
     prompts: Optional[str] = None  # JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped
@@ -234,6 +247,9 @@ class OutputsConfig(_Frozen):
     # weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
     # re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on purpose)
     on_model_change: Literal["check", "skip"] = "check"
+    # the answers differ from stable's (the agreement rule failed, nothing degenerate): "abort" the rollout (exit 6),
+    # or "report": record the differences in the rollout's verdicts and history and go on
+    on_change: Literal["abort", "report"] = "abort"
     max_repeats: int = Field(8, ge=2)  # a token or n-gram (n <= 4) repeated this many times back to back
     min_length_ratio: float = Field(0.5, ge=0)
     max_length_ratio: float = Field(2.0, gt=0)
@@ -267,12 +283,21 @@ class AnalysisConfig(_Frozen):
     inconclusive_limit: int = Field(5, ge=0)
     # The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does
     # (a fleet slow as a whole, or 100% against an old baseline).
-    max_slo_factor: float = Field(1.0, gt=0)
+    max_slo_factor: float = 1.0
     # Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
     # pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
     min_client_requests: int = Field(1, ge=0)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     probes: ProbesConfig = Field(default_factory=ProbesConfig)
+
+    @field_validator("max_slo_factor")
+    @classmethod
+    def _slo_factor(cls, v: float) -> float:
+        # below 1 the canary would fail at latencies its own SLO (and the alerts rendered from it) accept
+        if not math.isfinite(v) or v < 1:
+            raise ValueError("max_slo_factor must be a finite number >= 1 (1: the canary fails over the SLO itself; "
+                             "1.5: up to 50% over it); for a stricter canary lower slo.*_p99_s instead")
+        return v
 
 
 # Free space under deploy_root (releases, logs): preflight fails below DISK_FAIL_BYTES and warns below
@@ -323,10 +348,22 @@ class RolloutStep(_Frozen):
 
 
 def _step_form(v: Any) -> Any:
-    """A bare percentage (the short form ``steps: [5, 25, 50, 100]``) is a step without its own pause."""
-    if isinstance(v, list):
-        return [{"weight": s} if isinstance(s, int) and not isinstance(s, bool) else s for s in v]
-    return v
+    """A bare percentage (the short form ``steps: [5, 25, 50, 100]``) is a step without its own pause; anything
+    else that is not a mapping (a quoted '5', 5.5, null) is refused naming the entry and both forms."""
+    if not isinstance(v, list):
+        return v
+    out = []
+    for i, s in enumerate(v):
+        whole = isinstance(s, (int, float)) and not isinstance(s, bool) and float(s).is_integer()
+        if whole:
+            out.append({"weight": int(s)})
+        elif isinstance(s, dict):
+            out.append(s)
+        else:
+            what = "a string" if isinstance(s, str) else "not a whole percentage" if isinstance(s, float) else "no step"
+            raise ValueError(f"item {i} is {s!r}, {what}: write a whole percentage unquoted (5) or "
+                             "{weight: 5, pause: 24h}")
+    return out
 
 
 class RolloutConfig(_Frozen):
@@ -494,7 +531,9 @@ def _format_error(err: dict, source: str, lines: dict[tuple, int]) -> str:
     if not loc:  # a cross-key check: its message names the keys
         return f"{where}: {msg}"
     value = err.get("input")
-    shown = "" if isinstance(value, (dict, list)) or value is None else f" (got {value!r})"
+    # the message may name the value itself (parse_duration's does): say it once
+    shown = ("" if isinstance(value, (dict, list)) or value is None or f"got {value!r}" in msg
+             else f" (got {value!r})")
     return f"{where}: {dotted}: {msg}{shown}"
 
 

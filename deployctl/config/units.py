@@ -62,8 +62,11 @@ def parse_duration(value: object) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest exact rendering among h/m/s: 86400 -> '24h', 90 -> '90s', 300 -> '5m', 0.5 -> '0.5s'."""
-    for unit, n in (("h", 3600), ("m", 60)):
-        if seconds >= n and seconds % n == 0:
-            return f"{seconds / n:g}{unit}"
-    return f"{seconds:g}s"
+    """Hours, minutes and seconds, largest first, zero parts left out: 86400 -> '24h', 87000 -> '24h10m',
+    300 -> '5m', 90 -> '1m30s', 0.5 -> '0.5s', 0 -> '0s'."""
+    sign = "-" if seconds < 0 else ""
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{int(hours)}h" if hours else "", f"{int(minutes)}m" if minutes else "",
+             f"{secs:g}s" if secs or not (hours or minutes) else ""]
+    return sign + "".join(parts)

@@ -14,9 +14,10 @@ says ``inconclusive`` for the same window. Rules, as judge() applies them to one
 - ``p99-ttft-ratio`` / ``p99-tpot-ratio``: P99 canary / P99 stable (histogram_quantile over the window's bucket
   increases, each side pooled over its pods), 0 when canary − stable is within ``min_p99_delta_s`` (bucket noise),
   judged once the canary also holds ``min_latency_samples`` TTFT observations; fails over ``max_p99_*_ratio``.
-- ``p99-ttft-slo`` / ``p99-tpot-slo`` / ``p99-e2e-slo``: the canary's own P99, judged once it served
-  ``min_requests`` (and ``min_client_requests``) and holds ``min_latency_samples`` TTFT observations, stable or
-  not; fails over ``slo.*_p99_s × max_slo_factor`` (E2E only with ``slo.e2e_p99_s``).
+- ``p99-ttft-slo`` / ``p99-tpot-slo`` / ``p99-e2e-slo``: the canary's own P99, judged once it holds
+  ``min_latency_samples`` TTFT observations, whatever its request count and whatever stable does (a quiet canary
+  cannot pass, but it can fail its SLO: deployctl.rollout.canaryrules); fails over ``slo.*_p99_s ×
+  max_slo_factor`` (E2E only with ``slo.e2e_p99_s``).
 - ``kv-usage``: the highest canary pod's KV cache usage gauge, always judged (0 without the gauge); fails over
   ``slo.max_kv_cache_usage``, the KVCacheUsageHigh alert's threshold.
 
@@ -123,7 +124,7 @@ def prom_metrics(cfg: DeployConfig, client_reasons: str) -> list[PromMetric]:
             if not m[role] or slo is None:
                 continue
             c = _p99(cfg, m[role], ARG_CANARY, w)
-            out.append(PromMetric(f"p99-{role}-slo", f"(\n  ({c})\n  and {canary_gate}\n  and {samples}\n) or vector(NaN)",
+            out.append(PromMetric(f"p99-{role}-slo", f"(\n  ({c})\n  and {samples}\n) or vector(NaN)",
                                   slo * a.max_slo_factor,
                                   f"canary P99 {role.upper()} over slo.{role}_p99_s × max_slo_factor"))
     if m["kv_usage"]:

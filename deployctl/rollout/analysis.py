@@ -1,28 +1,25 @@
 """Canary analysis over a window (../shared/notes/canary-analysis.md).
 
-Error rate: from the router's JSON access log lines of the window, split by upstream (canary vs stable). Each
-upstream attempt of a request counts against the server that answered it; a 5xx (502 from a dead backend
-included) is an error. Latency: P99 TTFT and P99 TPOT from the runtimes' Prometheus histograms
-(the engine adapter's ``ttft`` and ``tpot`` metrics, deployctl.engines) scraped
-at the window's start and end; bucket deltas summed over a group's hosts; quantile as Prometheus'
-histogram_quantile (deployctl.promhist).
+Client traffic: from the router's JSON access log lines of the window, split by upstream (canary vs stable)
+(deployctl.rollout.accesslog: every route's requests and 5xx errors, and the generation requests among them).
+Latency: P99 TTFT, TPOT and E2E from the runtimes' Prometheus histograms (the engine adapter's ``ttft``, ``tpot``
+and ``e2e`` metrics, deployctl.engines) scraped at the window's start and end; bucket deltas summed over a group's
+hosts; quantile as Prometheus' histogram_quantile (deployctl.promhist). The canary's own histograms are read
+whenever its engine exports them (its SLO rule needs nothing of stable); stable's only when both sides' engines do.
 
-Verdict from the metrics (``judge``), in this order: ``fail`` when a canary runtime is down or restarted in the
-window, or the canary's KV cache usage (the engine's ``kv_usage`` gauge, highest canary host at the window's end) is
-over ``slo.max_kv_cache_usage`` (the threshold of the rendered KVCacheUsageHigh alert); ``inconclusive`` when the
-canary served fewer than ``min_requests`` or ``min_client_requests`` client requests; ``fail`` when, with at least
-``min_latency_samples`` samples, the canary's own P99 TTFT / TPOT / E2E is over ``slo.ttft_p99_s`` /
-``slo.tpot_p99_s`` / ``slo.e2e_p99_s`` × ``max_slo_factor`` (whatever stable does: the whole fleet may be slow, or
-at 100% stable has only an old baseline); ``fail`` when its error rate is over ``max_error_rate`` or a P99 ratio canary/stable is over its limit and the
-difference exceeds ``min_p99_delta_s`` (with 1 to ``min_latency_samples`` − 1 canary latency samples the window is
-``inconclusive`` and stays open: a P99 of a handful is noise); ``inconclusive`` too, with the reason, when a
-histogram holds NaN, a counter went down without a restart (reset), or stable served nothing and no earlier
-window gives a baseline; else ``pass``. The active probes (deployctl.rollout.probes) are judged beside it and
-combined by deployctl.rollout.verdicts. Every verdict carries the numbers, the sample sizes and the source.
+Verdict from the metrics (``judge``), in this order: ``fail`` on the canary's own figures whatever the traffic
+(deployctl.rollout.canaryrules: down, restarted, KV usage over the alert threshold, P99 over slo × max_slo_factor
+with ``min_latency_samples``); ``inconclusive`` when the canary served fewer than ``min_requests`` client requests
+(every route) or fewer than ``min_client_requests`` generation requests: a quiet window cannot pass, it can only
+fail; ``inconclusive`` when a histogram holds NaN, a counter went down without a restart (reset), or stable served
+nothing and no earlier window gives a baseline; ``fail`` when its error rate is over ``max_error_rate`` or a P99
+ratio canary/stable is over its limit and the difference exceeds ``min_p99_delta_s`` (with 1 to
+``min_latency_samples`` − 1 canary latency samples the window is ``inconclusive`` and stays open: a P99 of a handful
+is noise); else ``pass``. The active probes (deployctl.rollout.probes) are judged beside it and combined by
+deployctl.rollout.verdicts. Every verdict carries the numbers, the sample sizes and the source.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,9 +27,9 @@ from typing import Optional
 
 from deployctl.config import DeployConfig
 from deployctl.service.http import http
-from deployctl.config.layout import network_address, service_port
+from deployctl.rollout.accesslog import count_access_log, upstream_map
+from deployctl.rollout.canaryrules import canary_failure
 from deployctl.rollout.verdicts import combine, low_traffic
-
 
 
 @dataclass
@@ -40,8 +37,9 @@ class GroupStats:
     """One side of the comparison over a window. Latencies in seconds (None: no observations)."""
 
     hosts: list[str]
-    requests: int = 0
+    requests: int = 0  # client requests via the router, every route (deployctl.rollout.accesslog)
     errors: int = 0
+    generations: int = 0  # the generation requests among them (what min_client_requests counts)
     p99_ttft_s: Optional[float] = None
     p99_tpot_s: Optional[float] = None
     p99_e2e_s: Optional[float] = None
@@ -49,6 +47,7 @@ class GroupStats:
     kv_usage: Optional[float] = None  # the highest KV cache usage (0-1) over the hosts at the window's end
     down: list[str] = field(default_factory=list)  # hosts whose runtime did not answer /metrics at window end
     restarted: list[str] = field(default_factory=list)  # hosts whose runtime process changed within the window
+    restarts: dict = field(default_factory=dict)  # host -> restarts seen in the window (runtime pids in turn)
     nan: list[str] = field(default_factory=list)  # hosts whose latency histogram holds NaN
     reset: list[str] = field(default_factory=list)  # hosts whose histogram went down with the same process
 
@@ -77,10 +76,12 @@ class Verdict:
         return d
 
     def summary(self) -> str:
-        """The verdict line. Each side's two counts come from different sources and differ on purpose:
+        """The verdict line. Each side's counts come from different sources and differ on purpose:
         ``req via router`` counts the window's access-log lines for that side (every route: /v1/models too;
-        deployctl's probes not), ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes
-        (generation requests only, the probes included): ``canary 53 req via router (all routes), … over 2 TTFT samples (generations, probes incl.)``."""
+        deployctl's probes not) and the generation requests among them (what min_client_requests counts);
+        ``TTFT samples`` counts the TTFT histogram observations on that side's runtimes (generation requests only,
+        the probes included): ``canary 53 req via router (all routes; 40 generations), … over 2 TTFT samples
+        (generations, probes incl.)``."""
         from deployctl.rollout.verdicts import probe_summary
 
         return (f"{self.result} [{self.source}]: {_side('canary', self.canary)} | {_side('stable', self.stable)}"
@@ -93,7 +94,8 @@ def _side(label: str, g: "GroupStats") -> str:
     def ms(v):
         return "n/a" if v is None else f"{v * 1000:.1f} ms"
 
-    return (f"{label} {g.requests} req via router (all routes), {g.errors} errors ({g.error_rate:.1%}), "
+    return (f"{label} {g.requests} req via router (all routes; {g.generations} generations), "
+            f"{g.errors} errors ({g.error_rate:.1%}), "
             f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)}"
             + ("" if g.p99_e2e_s is None else f", P99 E2E {ms(g.p99_e2e_s)}")
             + ("" if g.kv_usage is None else f", KV {g.kv_usage:.0%}")
@@ -106,70 +108,6 @@ def kv_usage(samples: Optional[list], name: Optional[str]) -> Optional[float]:
         return None
     vals = [x.value for x in samples if x.name == name and not math.isnan(x.value)]
     return max(vals) if vals else None
-
-
-def slo_breach(cfg: DeployConfig, g: GroupStats) -> Optional[str]:
-    """The first of the canary's P99 TTFT / TPOT / E2E over its objective × max_slo_factor, as a verdict reason
-    naming the number and the limit; None when all are within (or unmeasured, or without an objective)."""
-    f = cfg.rollout.analysis.max_slo_factor
-    for label, got, slo in (("TTFT", g.p99_ttft_s, cfg.slo.ttft_p99_s), ("TPOT", g.p99_tpot_s, cfg.slo.tpot_p99_s),
-                            ("E2E", g.p99_e2e_s, cfg.slo.e2e_p99_s)):
-        if got is None or slo is None or got <= slo * f:
-            continue
-        key = f"slo.{label.lower()}_p99_s"
-        return (f"canary P99 {label} {got * 1000:.1f} ms > {key} {slo * 1000:g} ms × max_slo_factor {f:g} = "
-                f"{slo * f * 1000:g} ms (SLO)")
-    return None
-
-
-def upstream_map(cfg: DeployConfig) -> dict[str, str]:
-    """``"address:port"`` (and ``"port"`` as a fallback key) -> host name, as nginx logs upstream_addr."""
-    out: dict[str, str] = {}
-    for h in cfg.hosts:
-        port = service_port(cfg, h)
-        addr = network_address(h)
-        out[f"{addr}:{port}"] = h.name
-        out.setdefault(f":{port}", h.name)
-    return out
-
-
-def _split(v) -> list[str]:
-    if v is None:
-        return []
-    # several attempts: "a:p, b:p"; an internal redirect adds " : "
-    return [p.strip() for p in str(v).replace(" : ", ", ").split(",") if p.strip()]
-
-
-def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, list[int]]:
-    """Per host [requests, errors] from JSON access log lines. Lines that are not JSON are skipped.
-
-    Keys read: ``upstream_addr`` (``"a:p, b:p"`` when nginx tried several), ``upstream_status`` (one status per
-    attempt) and ``status``. A request that reached no upstream is not counted (it is the router's own answer), nor
-    one marked ``probe`` (the X-Deployctl-Probe header of deployctl's own requests)."""
-    counts: dict[str, list[int]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("probe"):  # deployctl's own probe (X-Deployctl-Probe): not user traffic
-            continue
-        addrs = _split(rec.get("upstream_addr") or rec.get("upstream"))
-        statuses = _split(rec.get("upstream_status"))
-        final = str(rec.get("status", ""))
-        for i, addr in enumerate(addrs):
-            host = addr_to_host.get(addr) or addr_to_host.get(":" + addr.rsplit(":", 1)[-1])
-            if host is None:
-                continue
-            st = statuses[i] if i < len(statuses) else (final if i == len(addrs) - 1 else "502")
-            c = counts.setdefault(host, [0, 0])
-            c[0] += 1
-            if not st.isdigit() or int(st) >= 500:
-                c[1] += 1
-    return counts
 
 
 def scrape(host, cfg: DeployConfig, kind: Optional[str] = None) -> Optional[list]:
@@ -231,31 +169,21 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
     """The verdict for one window (rules in the module doc). ``baseline`` supplies stable latencies when the
     stable side had none in this window (e.g. at 100%)."""
     a = cfg.rollout.analysis
-    if canary.down:
-        return Verdict("fail", f"canary {', '.join(canary.down)}: the runtime does not answer /metrics (down or hung)",
-                       canary, stable, window_s, weight)
-    if canary.restarted:
-        return Verdict("fail", f"canary {', '.join(canary.restarted)}: the runtime restarted during the window "
-                               f"(crashed; restarts allowed: 0)", canary, stable, window_s, weight)
-    if canary.kv_usage is not None and canary.kv_usage > cfg.slo.max_kv_cache_usage:
-        return Verdict("fail", f"canary KV cache usage {canary.kv_usage:.1%} > slo.max_kv_cache_usage "
-                               f"{cfg.slo.max_kv_cache_usage:.1%} (the KVCacheUsageHigh alert's threshold)",
-                       canary, stable, window_s, weight)
+    failure = canary_failure(cfg, canary)  # the canary's own figures: judged whatever the traffic
+    if failure:
+        return Verdict("fail", failure, canary, stable, window_s, weight)
     if canary.requests < a.min_requests:
         return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
                        canary, stable, window_s, weight)
-    if canary.requests < a.min_client_requests:
-        return Verdict("inconclusive", f"{canary.requests} canary client requests < min_client_requests "
-                                       f"{a.min_client_requests}", canary, stable, window_s, weight)
+    if canary.generations < a.min_client_requests:
+        return Verdict("inconclusive", f"{canary.generations} canary client requests < min_client_requests "
+                                       f"{a.min_client_requests} (generation requests via the router)",
+                       canary, stable, window_s, weight)
     for label, hosts in (("NaN in the latency histogram of", canary.nan + stable.nan),
                          ("counter reset (histogram went down) on", canary.reset + stable.reset)):
         if hosts:
             return Verdict("inconclusive", f"{label} {', '.join(hosts)}: latency not comparable this window",
                            canary, stable, window_s, weight)
-    if canary.ttft_count >= a.min_latency_samples:
-        breach = slo_breach(cfg, canary)
-        if breach:
-            return Verdict("fail", breach, canary, stable, window_s, weight)
     # stable's latency counts only while it serves user traffic: with none (e.g. at 100%) its histograms hold
     # the probes' requests on an idle server, no match for a loaded canary; an earlier window's baseline stands in
     # (an engine without metrics: a window where stable served traffic; its latency comes from the probes)
@@ -291,14 +219,24 @@ class Window:
     scrapes: dict = field(default_factory=dict)
     pids: dict = field(default_factory=dict)
     probes: Optional[object] = None  # deployctl.rollout.probes.ProbeRunner
+    seen: dict = field(default_factory=dict)  # canary host -> the runtime pids seen in turn (restarts counted)
+
+    def note_pids(self, pids: dict) -> dict[str, int]:
+        """Add this scrape's pids; return host -> restarts seen since the window opened (pid changes)."""
+        for host, pid in pids.items():
+            run = self.seen.setdefault(host, [self.pids.get(host)])
+            if pid != run[-1]:
+                run.append(pid)
+        return {h: len([p for p in run[1:] if p is not None]) for h, run in self.seen.items()}
 
 
 class Analyzer:
     """Measures windows for a split. ``hosts`` maps host name -> deployctl.hosts.Host. Each side is read with its
     own engine's adapter (a mixed fleet: stable on one engine, canary on another): the canary runs engine.kind,
-    the stable hosts ``stable_kind`` (default engine.kind). Latency comes from the Prometheus histograms when both
-    engines export them (``metrics``), else from the active probes on both sides (histograms of one engine are not
-    compared with probe timings of another); the canary's liveness from its metrics route when it has one.
+    the stable hosts ``stable_kind`` (default engine.kind). Latency canary/stable comes from the Prometheus
+    histograms when both engines export them (``metrics``), else from the active probes on both sides (histograms
+    of one engine are not compared with probe timings of another); the canary's own P99 against the SLO, its KV
+    usage and liveness from its metrics route whenever it has one (``canary_metrics``).
     ``chat``: the model has a chat template (probes use /v1/chat/completions). ``baseline``: stable's figures from
     an earlier step (used when stable serves nothing, e.g. at 100%)."""
 
@@ -377,6 +315,7 @@ class Analyzer:
         text, _ = self.router.access_log_since(w.log_offset) if self.router is not None else ("", 0)
         counts = count_access_log(text, self.addr)
         after, pids = self._scrape_all()
+        restarts = w.note_pids(pids)
 
         def metric(side, role):
             return self.adapters[side].metrics[role]
@@ -384,15 +323,19 @@ class Analyzer:
         groups = []
         for side, names in (("canary", self.canary), ("stable", self.stable)):
             g = GroupStats(hosts=names)
-            g.requests = sum(counts.get(n, [0, 0])[0] for n in names)
-            g.errors = sum(counts.get(n, [0, 0])[1] for n in names)
-            ttft, tpot = metric(side, "ttft"), metric(side, "tpot")  # this side's engine
-            if self.metrics and ttft:
+            for n in names:
+                c = counts.get(n)
+                if c is not None:
+                    g.requests, g.errors, g.generations = (g.requests + c.requests, g.errors + c.errors,
+                                                           g.generations + c.generations)
+            # the canary's histograms judge its SLO alone; stable's are read only to compare both sides
+            histograms = self.canary_metrics if side == "canary" else self.metrics
+            ttft, tpot, e2e = (metric(side, r) if histograms else None for r in ("ttft", "tpot", "e2e"))
+            if ttft:
                 g.p99_ttft_s, g.ttft_count = _p99(w.scrapes, after, names, ttft, g)
-            if self.metrics and tpot:
+            if tpot:
                 g.p99_tpot_s, _ = _p99(w.scrapes, after, names, tpot, g)
-            e2e = metric(side, "e2e")
-            if self.metrics and e2e:
+            if e2e:
                 g.p99_e2e_s, _ = _p99(w.scrapes, after, names, e2e, g)
             kv = [u for u in (kv_usage(after.get(n), metric(side, "kv_usage")) for n in names)
                   if u is not None]
@@ -401,6 +344,7 @@ class Analyzer:
         if self.canary_metrics:
             groups[0].down = [n for n in self.canary if after.get(n) is None]
             groups[0].restarted = [n for n in self.canary if n not in groups[0].down and w.pids.get(n) != pids.get(n)]
+            groups[0].restarts = {n: restarts.get(n, 0) for n in groups[0].restarted}
         canary, stable = groups
         v = judge(self.cfg, canary, stable, time.monotonic() - w.started, weight, self.baseline)
         if stable.requests and (stable.ttft_count or not self.metrics):

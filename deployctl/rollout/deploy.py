@@ -1,8 +1,10 @@
 """``deploy``: the step machine (../shared/notes/canary-analysis.md; cases C18, C20).
 
 preflight gate → lock → upload the release to every host → canary hosts: drain, switch, install, restart, verify →
-for each weight step: render + ``nginx -t`` + reload, analysis over the pause → at 100% roll the remaining hosts
-in batches (drain, switch, restart, verify, put back) → all hosts stable on the new release → prune → done.
+golden outputs at weight 0 (deployctl.rollout.outputgate: before the router sends the canary any client request) →
+for each weight step: render + ``nginx -t`` + reload, analysis over the pause (a pause of 0: none, said) → at 100%
+roll the remaining hosts in batches (drain, switch, restart, verify, put back) → all hosts stable on the new
+release → prune → done.
 
 Any failure or failed verdict → abort: all traffic to the hosts still on the previous release, switched hosts back
 to it (restarted, verified, put back), RolloutAborted (exit 6) with the reason and the numbers. Before every step
@@ -30,6 +32,7 @@ from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
 from deployctl.rollout.interrupt import Interruption, StopRequested
 from deployctl.rollout.journal import Journal, Progress as JournalProgress
+from deployctl.rollout.outputgate import OutputGate, OutputsFailed, changed_note, history_outputs
 from deployctl.rollout.plan import DeployPlan, make_plan
 from deployctl.rollout.router import Split, split_for
 from deployctl.rollout.state import Control, RolloutState
@@ -83,7 +86,7 @@ class Deployment:
         self.switched: set[str] = set()
         self.state: Optional[RolloutState] = None
         self.verdicts: list[dict] = []
-        self.golden = None  # deployctl.rollout.goldencheck.GoldenCheck of this deploy
+        self.outputs: Optional[OutputGate] = None  # this deploy's golden-output comparisons
         self.baseline = None  # stable's latency figures from the last window that had them
         self.stable_engine = None  # engine.kind of the stable hosts' release (mixed fleets: analysis per side)
         # Ctrl-C is cooperative (deployctl.rollout.interrupt): the handler records it, check() acts on it
@@ -262,17 +265,18 @@ class Deployment:
         except (StopRequested, KeyboardInterrupt):  # KeyboardInterrupt: a caller's own handler (not the CLI's)
             self.interruption.request()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
-        except _Abort as a:
+        except (_Abort, OutputsFailed) as a:
             self._abort(plan, a.reason, verdict=a.verdict)
         except DeployctlError as e:
             self._abort(plan, str(e), cause=e)
         self._step("prune", lambda: fl.prune(plan))
-        self._save(status="done", step_index=len(plan.steps) - 1, weight=100)
+        note = changed_note(self.verdicts)  # outputs.on_change report: the differences it let by
+        self._save(status="done", step_index=len(plan.steps) - 1, weight=100, reason=note)
         dur = time.monotonic() - t0
-        outputs = [{k: v.get(k) for k in ("weight", "canary_host", "result", "mode", "identical", "compared", "total")}
-                   for v in self.verdicts if v.get("kind") == "outputs"]
+        outputs = history_outputs(self.verdicts)
         fl.store.append_history("deploy", release=plan.release.id, result="ok", from_release=plan.from_release,
-                                duration_s=round(dur, 1), **({"outputs": outputs} if outputs else {}))
+                                duration_s=round(dur, 1), **({"outputs": outputs} if outputs else {}),
+                                **({"reason": note} if note else {}))
         self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)")
         return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
 
@@ -317,6 +321,7 @@ class Deployment:
         self._step("activate", lambda: self._activate(new, plan.release.id), switch=new)
         if self.canary_check is not None:
             self._step("validate", lambda: self._validate(new))
+        self._step("outputs", lambda: self._gate(plan).before_traffic(new, old))  # weight 0: no client yet
         for i, weight in enumerate(plan.steps):
             self.check(every_host=True)
             self._step(f"weight:{i}", lambda: self._weight_step(plan, i, weight, new, old))
@@ -338,9 +343,9 @@ class Deployment:
         self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
         self._route(split_for(new, old, weight))
         self._save(step_index=i, weight=weight)
-        job = self._start_outputs(plan, new, old)
+        job = self._gate(plan).start(new, old)
         self._analyze(plan, new, old, weight, job, pause=plan.pause_at(i))
-        self._outputs_done(job, weight, wait=True)
+        self._gate(plan).settle(job, weight, wait=True)
 
     def _batch(self, plan: DeployPlan, batch: list[str], new: list[str], old: list[str]) -> None:
         """Drain ``batch``, switch it to the new release, put it back beside ``new`` (``old``: stable without it)."""
@@ -356,38 +361,11 @@ class Deployment:
         self.state.verdicts = [v for i, v in enumerate(self.verdicts) if i in recent or v.get("kind") == "outputs"]
         self._save()
 
-    def _start_outputs(self, plan: DeployPlan, new: list[str], old: list[str]):
-        """Start this step's golden-output comparison (deployctl.rollout.goldencheck) beside the analysis."""
-        if not self.cfg.rollout.analysis.outputs.enabled or not old:
-            return None
-        from deployctl.rollout.goldencheck import GoldenCheck
-
-        if self.golden is None:
-            self.golden = GoldenCheck(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release)
-        return self.golden.start(new, old)
-
-    def _outputs_done(self, job, weight: int, *, wait: bool) -> None:
-        """Report the comparison once it is done (``wait``: until then, checking for intervention); a failure aborts."""
-        if job is None or job.reported:
-            return
-        while wait and not job.done():
-            self.check()
-            time.sleep(0.25)
-        if not job.done():
-            return
-        job.reported = True
-        try:
-            reports = job.result()
-        except DeployctlError:
-            raise
-        except Exception as e:  # a bug in the check must not leave the fleet half switched
-            raise _Abort(f"output check at {weight}% crashed: {type(e).__name__}: {e}") from e
-        for rep in reports:
-            vj = {"kind": "outputs", "weight": weight, **rep.to_json()}
-            self._record(vj)
-            self.say("analysis", f"at {weight}%: {rep.summary()}", outputs=vj)
-            if rep.result == "fail":
-                raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
+    def _gate(self, plan: DeployPlan) -> OutputGate:
+        if self.outputs is None:
+            self.outputs = OutputGate(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release,
+                                      record=self._record, say=self.say, check=self.check)
+        return self.outputs
 
     def _wait_paused(self, weight: int, why: str, job=None) -> bool:
         """Pause for a human: True when promoted (go on), else Intervened/StopRequested raise out of check()
@@ -396,7 +374,7 @@ class Deployment:
         self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
         while not self.promote_requested:
             self.check()
-            self._outputs_done(job, weight, wait=False)
+            self.outputs.settle(job, weight, wait=False)
             time.sleep(0.25)
         self._save(status="running", reason=None)
         return True
@@ -411,12 +389,14 @@ class Deployment:
     def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None, *,
                  pause: float = 0.0) -> None:
         a = self.cfg.rollout.analysis
-        if pause <= 0:
+        if pause <= 0:  # rollout.steps[].pause / pause_s 0: the plan said so too
+            self.say("warn", f"{weight}%: pause 0, no analysis window: the step goes on unjudged but for the "
+                             "canary's start checks and its golden outputs")
             return
         from deployctl.rollout.verdicts import InconclusiveStreak, idle
 
         fl = self.fleet
-        chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
+        chat = self.outputs.chat if self.outputs is not None and self.outputs.chat is not None else True
         an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline,
                       stable_kind=self._stable_kind(plan, old))
         streak = InconclusiveStreak(a.inconclusive_limit)
@@ -428,7 +408,7 @@ class Deployment:
                 next_eval = min(deadline, time.monotonic() + a.interval_s)
                 while time.monotonic() < next_eval:
                     self.check()
-                    self._outputs_done(job, weight, wait=False)
+                    self.outputs.settle(job, weight, wait=False)
                     if self.promote_requested:  # sent during this pause or just before it
                         self.promote_requested = False
                         self.say("info", f"promoted by hand at {weight}%")
@@ -484,8 +464,8 @@ class Deployment:
     def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
                cause: Optional[BaseException] = None, interrupted: bool = False):
         fl = self.fleet
-        if self.golden is not None:
-            self.golden.stop()
+        if self.outputs is not None:
+            self.outputs.stop()
         self.say("abort", f"aborting: {reason}")
         self.journal.abort(reason)
         # fresh SSH connections: the ones in use when the failure or Ctrl-C came may be broken or busy (issue 31)

@@ -10,8 +10,9 @@ Which agreement rule applies comes from the two releases (their release director
   differ → ``prefix``;
 - else ``exact``.
 The reason also names which of the model's tokenizer.json, tokenizer_config.json (chat template),
-generation_config.json and config.json changed (release.json ``model_files``; releases without it say nothing):
-"exact: same weights, engine and dtype; changed: tokenizer_config.json (chat template)".
+generation_config.json and config.json changed (release.json ``model_files``; "no file changed" when none did;
+releases without it say nothing): "exact: same weights, engine and dtype; changed: tokenizer_config.json (chat
+template)".
 The model has a chat template when the canary's model directory holds ``chat_template.jinja`` or a
 ``chat_template`` in tokenizer_config.json; then prompts go to /v1/chat/completions, else /v1/completions.
 Stable's answers are asked once per deploy (stable does not change during it). ``start`` runs the check in a
@@ -89,7 +90,8 @@ def rules_for(cfg: DeployConfig, stable: Identity, canary: Identity) -> Rules:
     changed = [f"{k} {getattr(stable, k) or '?'} → {getattr(canary, k) or '?'}" for k in ("engine", "dtype")
                if getattr(stable, k) != getattr(canary, k)]
     files = changed_files(stable, canary)
-    also = f"; changed: {', '.join(files)}" if files else ""
+    # which model files changed, when both releases recorded them (an older release: nothing said, not "none")
+    also = f"; changed: {', '.join(files)}" if files else "; no file changed" if stable.files and canary.files else ""
     if stable.weights != canary.weights:
         wc = f"weights changed {stable.weights or '?'} → {canary.weights or '?'}"
         if o.on_model_change == "skip":

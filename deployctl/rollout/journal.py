@@ -9,8 +9,9 @@ a torn last line, the only one a kill can tear, is ignored: its step counts as n
 new journal (the old one is renamed ``journal.prev.jsonl``), atomically (temporary file, then rename).
 
 Records (``kind``): ``start`` (the plan: release info, hosts, steps, batches, generation), ``begin``/``end`` of a
-step (``step``: upload, drain, activate, validate, weight:I, batch:J, route, prune; ``hosts`` where it acts on
-hosts), ``point`` (a moment inside a step, such as one host's upload put), ``abort`` (the abort began: reason),
+step (``step``: upload, drain, activate, validate, outputs (at weight 0), weight:I, batch:J, route, prune;
+``hosts`` where it acts on hosts), ``point`` (a moment inside a step, such as one host's upload put), ``abort`` (the
+abort began: reason),
 ``finish`` (result and exit code). ``Progress.of(records)`` reads them back.
 
 Test-only kill hook: DEPLOYCTL_TEST_KILL_AT=N makes the process SIGKILL itself right after writing its N-th

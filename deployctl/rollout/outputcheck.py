@@ -41,7 +41,7 @@ class OutputReport:
 
     canary_host: str
     stable_host: str
-    result: str  # pass | fail | inconclusive
+    result: str  # pass | fail | inconclusive | changed (failed agreement only, outputs.on_change report)
     mode: str
     why: str
     total: int
@@ -54,6 +54,7 @@ class OutputReport:
     level: str = "token"
     prefix_tokens: int = 8
     reason: str = ""
+    changed: bool = False  # the agreement rule (exact or prefix share) failed: the answers differ from stable's
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,7 +72,7 @@ class OutputReport:
                     + f" ({self.mode}: {self.why})")
         if self.length_ratio is not None:
             head += f", length ratio {self.length_ratio:.2f}"
-        return head + (f"; FAIL: {self.reason}" if self.result == "fail" else "")
+        return head + {"fail": f"; FAIL: {self.reason}", "changed": f"; CHANGED: {self.reason}"}.get(self.result, "")
 
 
 def repeated_run(units: list, max_repeats: int) -> Optional[tuple[int, int]]:
@@ -196,10 +197,12 @@ def compare(prompts: list[Prompt], stable: list[Answer], canary: list[Answer], r
             rep.problems.append(f"mean output length ratio canary/stable {rep.length_ratio:.2f} outside "
                                 f"[{rules.min_length_ratio:g}, {rules.max_length_ratio:g}] ({c_tokens} vs {s_tokens} tokens)")
     if rules.mode == "exact" and rep.compared and rep.identical < rules.min_exact_share * rep.compared:
+        rep.changed = True
         rep.problems.append(f"{rep.identical}/{rep.compared} prompts identical < min_exact_share "
                             f"{rules.min_exact_share:g}; " + diff_line(rep.diffs[0]))
     if rules.mode == "prefix" and rep.compared and rep.agreeing < rules.min_prefix_share * rep.compared:
         first = next((d for d in rep.diffs if d["at"] < rules.min_prefix_tokens), rep.diffs[0])
+        rep.changed = True
         rep.problems.append(f"{rep.agreeing}/{rep.compared} prompts share the first {rules.min_prefix_tokens} tokens "
                             f"< min_prefix_share {rules.min_prefix_share:g}; " + diff_line(first))
     if rep.problems:

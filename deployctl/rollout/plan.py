@@ -121,12 +121,14 @@ def make_plan(cfg: DeployConfig, info: ReleaseInfo, current: dict[str, Optional[
 
 def step_schedule(weights: list[int], pauses: list[float], start: float) -> list[str]:
     """One line per step, ``5% for 24h, ends ≥ 2026-12-03 10:00 UTC (+24h)``: its analysis pause and the earliest
-    clock time it ends when the steps start at Unix time ``start``."""
+    clock time it ends when the steps start at Unix time ``start``. A pause of 0 holds no analysis window: the line
+    says so (``5% with no analysis (pause 0)``), the step moves on once the canary's outputs are checked."""
     out, t = [], start
     for w, pause in zip(weights, pauses):
         t += pause
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
-        out.append(f"{w}% for {format_duration(pause)}, ends ≥ {when} (+{format_duration(round(t - start))})")
+        held = f"for {format_duration(pause)}" if pause > 0 else "with no analysis (pause 0)"
+        out.append(f"{w}% {held}, ends ≥ {when} (+{format_duration(round(t - start))})")
     return out
 
 

@@ -12,10 +12,11 @@ Probes (``judge_probes``), client-side medians over the window's successful prob
   limits applied to medians: a P99 of a few probes is noise);
 - else ``pass``.
 
-Combination (``combine``): a fail from either source fails; a metrics pass passes (source ``metrics``, or
+Combination (``combine``): a fail from either source fails (a quiet window included: judge fails the canary on its
+own figures, its SLO, KV usage and restarts, before it looks at the traffic); a metrics pass passes (source ``metrics``, or
 ``metrics+probes`` when the probes passed too); a metrics window that is inconclusive only for lack of real
 traffic (too few requests or latency samples) takes the probes' verdict (source ``probes``), except that a pass
-needs the canary to have served ``min_client_requests`` client requests (probes alone never promote unless it is 0:
+needs the canary to have served ``min_client_requests`` client generation requests (probes alone never promote unless it is 0:
 the window stays inconclusive); any other inconclusive (NaN, counter reset, stable without traffic) stays
 inconclusive with its reason.
 
@@ -35,8 +36,9 @@ LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_l
 
 
 def idle(v, min_client_requests: int) -> bool:
-    """The window's canary served fewer than ``min_client_requests`` client requests (a probes-only window)."""
-    return v.canary.requests < min_client_requests
+    """The window's canary served fewer than ``min_client_requests`` client generation requests (a probes-only
+    window; a GET of /v1/models is no proof of serving users)."""
+    return v.canary.generations < min_client_requests
 
 
 def low_traffic(v) -> bool:
@@ -105,7 +107,7 @@ def combine(v, probe: Optional[tuple[str, str, dict]], min_client_requests: int 
         v.source = "metrics+probes" if result == "pass" else "metrics"
     elif low_traffic(v):
         if result == "pass" and idle(v, min_client_requests):
-            v.reason = (f"{v.reason}; probes passed, but {v.canary.requests} client requests < min_client_requests "
+            v.reason = (f"{v.reason}; probes passed, but {v.canary.generations} client requests < min_client_requests "
                         f"{min_client_requests}: probes alone do not promote")
         elif result == "pass":
             v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason})", "probes"

@@ -137,12 +137,16 @@ def test_analysis_names_what_a_generic_server_cannot_be_judged_on():
     assert any(s.startswith("a restart or hang inside the window (openai (engine.server) has no metrics route")
                for s in said), said
     assert any(s.startswith("KV cache usage against slo.max_kv_cache_usage") for s in said), said
-    assert not any("TTFT" in s for s in said)  # the active probes judge latency
+    # the active probes judge latency against stable, but the SLO rule reads the canary's own histograms: named
+    assert "P99 TTFT against slo.ttft_p99_s (openai (engine.server) exports no ttft histogram)" in said, said
+    assert "P99 TPOT against slo.tpot_p99_s (openai (engine.server) exports no tpot histogram)" in said, said
+    assert not any("against stable" in s for s in said), said
     full = parse_config(yaml.safe_dump(_doc(metrics_route="/metrics", metrics={
         "ttft": "a_ttft_seconds", "tpot": "a_tpot_seconds", "kv_usage": "a_kv"})), "d.yaml")
     assert cannot_judge(full, of(full), both_metrics=True) == []
     half = parse_config(yaml.safe_dump(_doc(metrics_route="/metrics", metrics={"ttft": "a_ttft_seconds"})), "d.yaml")
     said = cannot_judge(half, of(half), both_metrics=True)
-    assert "P99 TPOT (openai (engine.server) exports no tpot metric)" in said and len(said) == 2, said
+    assert ("P99 TPOT against slo.tpot_p99_s and against stable (openai (engine.server) exports no tpot histogram)"
+            in said and len(said) == 2), said
     v = Verdict("pass", "", GroupStats(["a"]), GroupStats(["b"]), 2.0, cannot_judge=said)
     assert v.summary().endswith("cannot judge: " + "; ".join(said))

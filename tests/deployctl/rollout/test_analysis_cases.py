@@ -12,7 +12,7 @@ def _stats(side: dict | None, hosts: list[str]) -> GroupStats:
     if side is None:
         return GroupStats(hosts=hosts)
     samples = side["requests"] - side["errors"]
-    return GroupStats(hosts=hosts, requests=side["requests"], errors=side["errors"],
+    return GroupStats(hosts=hosts, requests=side["requests"], errors=side["errors"], generations=side["requests"],
                       p99_ttft_s=side["ttft_p99_s"] if samples else None,
                       p99_tpot_s=side["tpot_p99_s"] if samples else None,
                       p99_e2e_s=e2e(side) if samples else None, ttft_count=samples, kv_usage=kv(side))

@@ -85,6 +85,30 @@ def test_degenerate_checks_are_relative_to_stable_and_length_ratio_is_bounded():
     assert repeated_run([1, 2, 3, 4], 2) is None and repeated_run([5, 1, 2, 1, 2], 2) == (1, 2)
 
 
+def test_on_change_report_lets_changed_answers_by_but_never_degenerate_ones():
+    """outputs.on_change report (deployctl.rollout.outputgate): a comparison that failed only its agreement rule is
+    recorded as ``changed`` with its differences; one that also shows a degenerate sign still aborts."""
+    from deployctl.rollout.outputgate import changed_note, history_outputs, only_changed
+
+    drift = list(HEALTHY)
+    drift[2] = ans(["The", " cat", " ran", " to", " the", " mat", " 2", "."], "stop")
+    rep = compare(PROMPTS, HEALTHY, drift, Rules("exact", "same weights, engine and dtype; no file changed"))
+    assert rep.result == "fail" and rep.changed and only_changed(rep)
+    looping = list(drift)
+    looping[0] = ans(["la"] * 8, "length")
+    bad = compare(PROMPTS, HEALTHY, looping, Rules("exact", "same"))
+    assert bad.result == "fail" and bad.changed and not only_changed(bad), bad.problems
+    assert not only_changed(compare(PROMPTS, HEALTHY, [ans([])] + HEALTHY[1:], Rules("skip")))
+    rep.result = "changed"
+    vj = {"kind": "outputs", "weight": 0, **rep.to_json()}
+    assert rep.summary().endswith("; CHANGED: " + rep.reason)
+    kept = history_outputs([vj, {"kind": "window"}])
+    assert len(kept) == 1 and kept[0]["result"] == "changed" and kept[0]["diffs"][0]["at"] == 2
+    assert kept[0]["why"] == "same weights, engine and dtype; no file changed"
+    assert changed_note([vj]) == ("outputs changed at 0% on canary (outputs.on_change report; 1 comparison(s)): "
+                                  f"{rep.reason} (exact: same weights, engine and dtype; no file changed)")
+
+
 def test_canary_errors_fail_and_a_silent_stable_is_inconclusive():
     down = [Answer(error="ConnectError: refused")] * 4
     rep = compare(PROMPTS, HEALTHY, down, Rules())
@@ -147,20 +171,20 @@ def test_nan_counter_reset_and_idle_stable_are_inconclusive_with_their_reason(cf
     g = GroupStats(["a"])
     before, after = {"a": _samples(10, 5)}, {"a": _samples(4, 2)}  # went down with the same process
     assert _p99(before, after, ["a"], name, g) == (None, 0) and g.reset == ["a"]
-    v = judge(cfg, GroupStats(["a"], requests=30, reset=["a"]), GroupStats(["b"], requests=30), 5.0)
+    v = judge(cfg, GroupStats(["a"], requests=30, generations=30, reset=["a"]), GroupStats(["b"], requests=30, generations=30), 5.0)
     assert v.result == "inconclusive" and "counter reset (histogram went down) on a" in v.reason
     g = GroupStats(["b"])
     assert _p99({"b": _samples(1, 1)}, {"b": _samples("NaN", 1)}, ["b"], name, g)[0] is None and g.nan == ["b"]
-    v = judge(cfg, GroupStats(["a"], requests=30), GroupStats(["b"], requests=30, nan=["b"]), 5.0)
+    v = judge(cfg, GroupStats(["a"], requests=30, generations=30), GroupStats(["b"], requests=30, generations=30, nan=["b"]), 5.0)
     assert v.result == "inconclusive" and "NaN in the latency histogram of b" in v.reason
-    busy = GroupStats(["a"], requests=30, p99_ttft_s=0.1, p99_tpot_s=0.01, ttft_count=30)
+    busy = GroupStats(["a"], requests=30, generations=30, p99_ttft_s=0.1, p99_tpot_s=0.01, ttft_count=30)
     v = judge(cfg, busy, GroupStats(["b"]), 5.0)
     assert v.result == "inconclusive" and "stable served 0 requests" in v.reason
     assert judge(cfg, busy, GroupStats(["b"]), 5.0, baseline=busy).result == "pass"  # an earlier window's baseline
     assert "inconclusive [metrics]" in v.summary() and "over 30 TTFT samples" in v.summary()
     # at 100% stable's histograms hold only the probes on an idle server: the loaded canary is judged against the
     # baseline from a window where stable served users, not against that
-    idle = GroupStats(["b"], requests=0, p99_ttft_s=0.02, p99_tpot_s=0.002, ttft_count=4)
+    idle = GroupStats(["b"], requests=0, generations=0, p99_ttft_s=0.02, p99_tpot_s=0.002, ttft_count=4)
     assert judge(cfg, busy, idle, 5.0, baseline=busy).result == "pass"
     assert judge(cfg, busy, idle, 5.0).result == "inconclusive"
 
@@ -169,14 +193,14 @@ def test_verdict_line_says_what_each_count_counts(cfg):
     """C33 (issue 21): the demo's line said "53 req" and "2 latency samples" side by side without saying why they
     differ: the requests are the router's access-log lines (every route), the samples the TTFT histogram's
     observations (generations only). Each number carries its own label, on each side."""
-    canary = GroupStats(["a"], requests=53, errors=1, p99_ttft_s=0.012, p99_tpot_s=0.003, ttft_count=2)
-    stable = GroupStats(["b"], requests=900, p99_ttft_s=0.01, p99_tpot_s=0.002, ttft_count=41)
+    canary = GroupStats(["a"], requests=53, generations=53, errors=1, p99_ttft_s=0.012, p99_tpot_s=0.003, ttft_count=2)
+    stable = GroupStats(["b"], requests=900, generations=900, p99_ttft_s=0.01, p99_tpot_s=0.002, ttft_count=41)
     v = judge(cfg, canary, stable, 5.0)
     line = v.summary()
     assert v.result == "inconclusive" and "2 canary latency samples < min_latency_samples" in v.reason
-    assert ("canary 53 req via router (all routes), 1 errors (1.9%), P99 TTFT 12.0 ms, P99 TPOT 3.0 ms "
-            "over 2 TTFT samples (generations, probes incl.)") in line
-    assert "stable 900 req via router (all routes), 0 errors (0.0%)" in line
+    assert ("canary 53 req via router (all routes; 53 generations), 1 errors (1.9%), P99 TTFT 12.0 ms, P99 TPOT "
+            "3.0 ms over 2 TTFT samples (generations, probes incl.)") in line
+    assert "stable 900 req via router (all routes; 900 generations), 0 errors (0.0%)" in line
     assert "over 41 TTFT samples (generations, probes incl.)" in line
 
 
@@ -202,16 +226,16 @@ def test_probe_verdicts_and_how_they_combine_with_metrics(cfg):
     assert judge_probes(a, probes(4, tpot=0.4), ok, latency=False) == ("pass", "")
     assert judge_probes(a, probes(0, errors=4, failing=["a"]), ok, latency=False)[0] == "fail"
 
-    quiet = judge(cfg, GroupStats(["a"], requests=0), GroupStats(["b"], requests=0), 5.0)
+    quiet = judge(cfg, GroupStats(["a"], requests=0, generations=0), GroupStats(["b"], requests=0, generations=0), 5.0)
     assert quiet.result == "inconclusive"
     v = combine(quiet, ("pass", "", {"canary": {}, "stable": {}}))
     assert (v.result, v.source) == ("pass", "probes") and "judged on probes (0 canary requests < min_requests 10)" in v.reason
     slow = combine(judge(cfg, GroupStats(["a"]), GroupStats(["b"]), 5.0), ("fail", "canary probe median TPOT …", {}))
     assert (slow.result, slow.source) == ("fail", "probes")
-    nan = judge(cfg, GroupStats(["a"], requests=30), GroupStats(["b"], requests=30, nan=["b"]), 5.0)
+    nan = judge(cfg, GroupStats(["a"], requests=30, generations=30), GroupStats(["b"], requests=30, generations=30, nan=["b"]), 5.0)
     assert combine(nan, ("pass", "", {})).result == "inconclusive"  # probes do not paper over broken metrics
-    healthy = judge(cfg, GroupStats(["a"], requests=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01),
-                    GroupStats(["b"], requests=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01), 5.0)
+    healthy = judge(cfg, GroupStats(["a"], requests=30, generations=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01),
+                    GroupStats(["b"], requests=30, generations=30, ttft_count=30, p99_ttft_s=0.1, p99_tpot_s=0.01), 5.0)
     assert combine(healthy, ("pass", "", None)).source == "metrics+probes"
 
 
@@ -235,7 +259,8 @@ def test_release_json_model_files_name_what_changed(cfg):
         return parse_identity(json.dumps(rel), manifest, "dtype: float32\n")
 
     old = ident(base)
-    assert rules_for(cfg, old, ident(dict(base))).why == "same weights, engine and dtype"
+    # outputs that differ with every file the same point at the engine or the runtime, not the model: said so
+    assert rules_for(cfg, old, ident(dict(base))).why == "same weights, engine and dtype; no file changed"
     r = rules_for(cfg, old, ident({**base, "tokenizer_config.json": "9" * 64}))
     assert r.mode == "exact" and r.why == "same weights, engine and dtype; changed: tokenizer_config.json (chat template)"
     r = rules_for(cfg, old, ident({**base, "generation_config.json": "8" * 64, "config.json": "7" * 64}))

@@ -19,6 +19,7 @@ def cfg(**analysis):
 
 def side(hosts, **kw):
     base = dict(requests=100, errors=0, p99_ttft_s=0.1, p99_tpot_s=0.02, p99_e2e_s=1.0, ttft_count=100)
+    kw.setdefault("generations", kw.get("requests", base["requests"]))  # client traffic: generation requests
     return GroupStats(hosts, **{**base, **kw})
 
 
@@ -62,9 +63,42 @@ def test_kv_usage_over_the_alert_threshold_fails_with_little_traffic():
     assert "KV 93%" in v.summary()
 
 
-def test_restart_fails_naming_the_allowance():
+def test_restart_fails_naming_the_count_and_the_allowance():
     v = judge(cfg(), side(["a"], restarted=["a"]), side(["b"]), 30.0)
-    assert v.result == "fail" and "a: the runtime restarted" in v.reason and "restarts allowed: 0" in v.reason
+    assert v.result == "fail"
+    assert v.reason == "canary a: the runtime restarted 1 time during the window > restarts allowed 0 (crashed)"
+    v = judge(cfg(), side(["a", "c"], restarted=["a", "c"], restarts={"a": 1, "c": 2}, requests=0), side(["b"]), 30.0)
+    assert v.reason == ("canary a, c: the runtime restarted 3 times during the window (a 1, c 2) > restarts "
+                        "allowed 0 (crashed)"), v.reason
+
+
+def test_restarts_are_counted_from_the_pids_seen_in_the_window():
+    from deployctl.rollout.analysis import Window
+
+    w = Window(0.0, 0, pids={"a": 411, "c": 7})
+    assert w.note_pids({"a": 502, "c": 7}) == {"a": 1, "c": 0}
+    assert w.note_pids({"a": None, "c": 7}) == {"a": 1, "c": 0}  # between two starts: not running
+    assert w.note_pids({"a": 588, "c": 7}) == {"a": 2, "c": 0}
+
+
+@pytest.mark.parametrize("client_requests", [0, 15])
+def test_a_quiet_window_fails_on_the_slo_and_the_probes_cannot_pass_it(client_requests):
+    """Issue 28 audit: 15 client requests (< min_requests 20) with a P99 TTFT of 3 s over 200 samples (the probes'
+    included) against an SLO of 0.5 s came out "pass [probes]": judge said inconclusive before the SLO rule ran."""
+    c = cfg(min_requests=20, max_slo_factor=1.0)
+    quiet = side(["a"], requests=client_requests, p99_ttft_s=3.0, ttft_count=200)
+    v = combine(judge(c, quiet, side(["b"]), 30.0, 5), _probe_pass(), c.rollout.analysis.min_client_requests)
+    assert (v.result, v.source) == ("fail", "metrics"), v.summary()
+    assert v.reason == "canary P99 TTFT 3000.0 ms > slo.ttft_p99_s 500 ms × max_slo_factor 1 = 500 ms (SLO)"
+    # within the SLO the same quiet window cannot fail on it, and passes only on probes with client traffic
+    fine = combine(judge(c, side(["a"], requests=client_requests, ttft_count=200), side(["b"]), 30.0, 5),
+                   _probe_pass(), c.rollout.analysis.min_client_requests)
+    assert fine.result == ("pass" if client_requests else "inconclusive"), fine.summary()
+
+
+def test_kv_usage_fails_a_window_without_client_traffic():
+    v = judge(cfg(), side(["a"], kv_usage=0.93, requests=0, ttft_count=0), side(["b"]), 30.0)
+    assert v.result == "fail" and "canary KV cache usage 93.0% > slo.max_kv_cache_usage 80.0%" in v.reason
 
 
 def _probe_pass():
@@ -90,7 +124,8 @@ def test_probes_alone_never_promote_unless_min_client_requests_is_0():
 def test_min_client_requests_above_min_requests_holds_the_metrics_pass():
     c = cfg(min_client_requests=50)
     v = judge(c, side(["a"], requests=20), side(["b"]), 30.0)
-    assert v.result == "inconclusive" and v.reason == "20 canary client requests < min_client_requests 50"
+    assert v.result == "inconclusive" and v.reason == ("20 canary client requests < min_client_requests 50 "
+                                                       "(generation requests via the router)")
 
 
 def test_streak_of_idle_windows():

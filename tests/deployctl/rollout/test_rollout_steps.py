@@ -40,7 +40,8 @@ def test_bad_durations_name_the_value_and_the_forms(bad):
 
 
 def test_format_duration():
-    assert [format_duration(s) for s in (86400, 300, 90, 0.5, 7200)] == ["24h", "5m", "90s", "0.5s", "2h"]
+    assert [format_duration(s) for s in (86400, 300, 90, 0.5, 7200, 87000, 0, 3661)] == [
+        "24h", "5m", "1m30s", "0.5s", "2h", "24h10m", "0s", "1h1m1s"]
 
 
 def test_short_form_stays_valid_and_takes_pause_s():
@@ -79,7 +80,7 @@ def test_plan_prints_when_each_step_ends():
     text = "; ".join(plan.lines())
     day = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0 + 86400))
     assert f"5% for 24h, ends ≥ {day} (+24h)" in text, text
-    assert "50% for 5m" in text and "(+24h5m)" not in text and "100% for 30s" in text, text
+    assert "50% for 5m" in text and "(+24h5m)" in text and "100% for 30s" in text, text
     j = plan.to_json()
     assert j["pauses_s"] == [86400, 300, 30] and len(j["step_ends"]) == 3 and j["step_ends"][0].endswith("Z")
 
@@ -120,9 +121,69 @@ def test_capacity_plan_command_prints_the_step_schedule(tmp_path):
 
     model = tiny_model(tmp_path / "tiny")
     cfg = write_config(tmp_path / "deploy.yaml", model={"path": str(model)}, engine={"device": "cpu", "max_model_len": 256, "max_num_batched_tokens": 256, "kv_cache_memory": "8MiB"},
-                       rollout={"steps": [{"weight": 10, "pause": "2h"}, {"weight": 100, "pause": "10m"}]})
+                       rollout={"steps": [{"weight": 10, "pause": "2h"}, {"weight": 50, "pause": 0},
+                                          {"weight": 100, "pause": "10m"}]})
     r = subprocess.run([sys.executable, "-m", "deployctl", "plan", "-c", str(cfg)], capture_output=True, text=True,
                        timeout=120)
     out = " ".join(r.stdout.split())
     assert "canary steps if deployed now: 10% for 2h, ends ≥ " in out and "100% for 10m" in out, r.stdout + r.stderr
-    assert "(+2h10m)" not in out and "(+130m)" in out, out
+    assert "(+2h10m)" in out and "(+130m)" not in out, out  # offsets in hours and minutes, not 130m
+    assert "50% with no analysis (pause 0), ends ≥ " in out, out  # a step without a window says so
+
+
+BAD_CONFIGS = [
+    # (deploy.yaml addition, what the one-line error says)
+    ("rollout: {analysis: {max_slo_factor: .inf}}",
+     "rollout.analysis.max_slo_factor: max_slo_factor must be a finite number >= 1 (1: the canary fails over the SLO "
+     "itself; 1.5: up to 50% over it); for a stricter canary lower slo.*_p99_s instead (got inf)"),
+    ("rollout: {analysis: {max_slo_factor: 0.5}}", "max_slo_factor must be a finite number >= 1"),
+    ("rollout: {analysis: {max_slo_factor: .nan}}", "max_slo_factor must be a finite number >= 1"),
+    ("rollout: {steps: ['5', 100]}",
+     "rollout.steps: item 0 is '5', a string: write a whole percentage unquoted (5) or {weight: 5, pause: 24h}"),
+    ("rollout: {steps: [5.5, 100]}", "rollout.steps: item 0 is 5.5, not a whole percentage: write a whole percentage"),
+    ("rollout: {steps: [5, null, 100]}", "rollout.steps: item 1 is None, no step: write"),
+    ("rollout: {steps: [{weight: 5, pause: 24x}, 100]}",
+     "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h or a number of seconds, got '24x'"),
+]
+
+
+@pytest.mark.parametrize("extra, says", BAD_CONFIGS, ids=[b[0] for b in BAD_CONFIGS])
+def test_bad_analysis_and_step_settings_are_refused_naming_key_value_and_fix(extra, says):
+    with pytest.raises(ConfigError) as e:
+        parse_config(BASE + extra + "\n")
+    assert says in str(e.value), str(e.value)
+    assert str(e.value).count("24x") <= 1, str(e.value)  # the value is named once, not "(got '24x') (got '24x')"
+
+
+def test_whole_float_steps_and_finite_slo_factors_are_taken():
+    c = parse_config(BASE + "rollout: {steps: [5.0, 100], analysis: {max_slo_factor: 1.5}}\n")
+    assert c.rollout.weights == [5, 100] and c.rollout.analysis.max_slo_factor == 1.5
+
+
+@pytest.mark.parametrize("value, seconds", [(0, 0), (1, 1), ("30s", 30), ("1m", 60), (15, 15)])
+def test_keepalive_interval_takes_durations(value, seconds):
+    c = parse_config(BASE.replace("server_port: 8001}", f"server_port: 8001, keepalive_interval_s: {value}}}"))
+    assert c.hosts[0].keepalive_interval_s == seconds
+
+
+@pytest.mark.parametrize("value", [0.001, 0.5, "2h", "fast"])
+def test_keepalive_interval_below_a_second_is_refused(value):
+    with pytest.raises(ConfigError) as e:
+        parse_config(BASE.replace("server_port: 8001}", f"server_port: 8001, keepalive_interval_s: {value}}}"))
+    msg = str(e.value)
+    assert "hosts[0].keepalive_interval_s: " in msg and repr(value) in msg, msg
+    assert msg.count(repr(value)) == 1, msg
+    if value != "fast":
+        assert "must be 0 (off) or from 1 s to 1h" in msg and "e.g. 15 or 15s" in msg, msg
+
+
+def test_plan_command_refuses_a_bad_setting_with_exit_3(tmp_path):
+    from support.cli import run_cli
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text(BASE + "rollout: {steps: [{weight: 5, pause: 24x}, 100], analysis: {max_slo_factor: .inf}}\n")
+    r = run_cli("plan", "-c", str(path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h or a number of seconds, got '24x'" in err
+    assert err.count("'24x'") == 1 and "rollout.analysis.max_slo_factor" in err and "(got inf)" in err, err

@@ -10,7 +10,8 @@ import pytest
 
 from deployctl.config import parse_config
 from deployctl.errors import ConfigError, UsageError
-from deployctl.rollout.analysis import GroupStats, count_access_log, judge, upstream_map
+from deployctl.rollout.accesslog import HostCount, count_access_log, upstream_map
+from deployctl.rollout.analysis import GroupStats, judge
 from deployctl.rollout.router import split_for
 from deployctl.rollout.lock import judge as judge_lock
 from deployctl.rollout.plan import make_plan, steps_for
@@ -38,7 +39,8 @@ def cfg():
 
 
 def line(addr, status, upstream_status=None):
-    return json.dumps({"status": status, "upstream_addr": addr, "upstream_status": upstream_status or str(status)})
+    return json.dumps({"request_method": "POST", "uri": "/v1/chat/completions", "status": status,
+                       "upstream_addr": addr, "upstream_status": upstream_status or str(status)})
 
 
 def test_access_log_counts_each_attempt_against_its_server(cfg):
@@ -51,27 +53,27 @@ def test_access_log_counts_each_attempt_against_its_server(cfg):
         json.dumps({"status": 500, "upstream_addr": "127.0.0.1:8001", "upstream_status": "500", "probe": "probe"}),
     ])
     counts = count_access_log(text, upstream_map(cfg))
-    assert counts == {"a": [3, 2], "b": [1, 0], "c": [1, 1]}
+    assert counts == {"a": HostCount(3, 2, 3), "b": HostCount(1, 0, 1), "c": HostCount(1, 1, 1)}
 
 
 def test_verdicts(cfg):
-    ok = GroupStats(["b"], requests=100, errors=0, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=50)
-    few = GroupStats(["a"], requests=9)
+    ok = GroupStats(["b"], requests=100, generations=100, errors=0, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=50)
+    few = GroupStats(["a"], requests=9, generations=9)
     assert judge(cfg, few, ok, 5.0).result == "inconclusive"
-    bad = GroupStats(["a"], requests=20, errors=2, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=10)
+    bad = GroupStats(["a"], requests=20, generations=20, errors=2, p99_ttft_s=0.1, p99_tpot_s=0.02, ttft_count=10)
     v = judge(cfg, bad, ok, 5.0)
     assert v.result == "fail" and "10.0%" in v.reason and "max_error_rate" in v.reason
-    slow = GroupStats(["a"], requests=20, p99_ttft_s=0.1, p99_tpot_s=0.2, ttft_count=10)
+    slow = GroupStats(["a"], requests=20, generations=20, p99_ttft_s=0.1, p99_tpot_s=0.2, ttft_count=10)
     v = judge(cfg, slow, ok, 5.0)
     assert v.result == "fail" and "TPOT" in v.reason and "10.0×" in v.reason
     # over the ratio but within min_p99_delta_s: noise, not a regression
-    tiny = GroupStats(["a"], requests=20, p99_ttft_s=0.1, p99_tpot_s=0.012, ttft_count=10)
-    fast = GroupStats(["b"], requests=100, p99_ttft_s=0.1, p99_tpot_s=0.005, ttft_count=50)
+    tiny = GroupStats(["a"], requests=20, generations=20, p99_ttft_s=0.1, p99_tpot_s=0.012, ttft_count=10)
+    fast = GroupStats(["b"], requests=100, generations=100, p99_ttft_s=0.1, p99_tpot_s=0.005, ttft_count=50)
     assert judge(cfg, tiny, fast, 5.0).result == "pass"
-    good = GroupStats(["a"], requests=20, p99_ttft_s=0.12, p99_tpot_s=0.021, ttft_count=10)
+    good = GroupStats(["a"], requests=20, generations=20, p99_ttft_s=0.12, p99_tpot_s=0.021, ttft_count=10)
     assert judge(cfg, good, ok, 5.0).result == "pass"
     # a P99 of a handful of samples is noise: latency is not judged (the demo flaked on 59.7 vs 14.3 ms this way)
-    handful = GroupStats(["a"], requests=73, p99_ttft_s=0.0597, p99_tpot_s=0.2, ttft_count=3)
+    handful = GroupStats(["a"], requests=73, generations=73, p99_ttft_s=0.0597, p99_tpot_s=0.2, ttft_count=3)
     v = judge(cfg, handful, ok, 5.0)
     assert v.result == "inconclusive" and "3 canary latency samples < min_latency_samples 5" in v.reason
     # no stable latency in this window (100% on the canary): the baseline from earlier windows is used
@@ -149,11 +151,11 @@ def test_stale_lock_detection():
 
 
 def test_down_or_restarted_canary_fails_before_counting(cfg):
-    ok = GroupStats(["b"], requests=100)
-    down = GroupStats(["a"], requests=0, down=["a"])
+    ok = GroupStats(["b"], requests=100, generations=100)
+    down = GroupStats(["a"], requests=0, generations=0, down=["a"])
     v = judge(cfg, down, ok, 5.0)
     assert v.result == "fail" and "does not answer /metrics" in v.reason
-    v = judge(cfg, GroupStats(["a"], requests=50, restarted=["a"]), ok, 5.0)
+    v = judge(cfg, GroupStats(["a"], requests=50, generations=50, restarted=["a"]), ok, 5.0)
     assert v.result == "fail" and "restarted" in v.reason
 
 
