@@ -108,3 +108,25 @@ def test_repeated_isolated_errors_in_the_window_end_the_process(start_server, ti
     assert second.status_code == 500, second.text
     assert srv.proc.wait(20) == 3, srv.log
     assert "2 requests failed alone within 600 s" in srv.log
+
+
+def test_non_finite_logits_count_as_isolated_errors_and_k_of_them_end_the_process(start_server,
+                                                                                  overflow_token_model):
+    # every kind of error that fails a request alone goes through one count: the metric and the K-in-a-window
+    # rule. Non-finite logits used to fail the request without either, so a model overflowing on most prompts
+    # stayed in rotation answering 500s.
+    from .conftest import OVERFLOW_TOKEN
+
+    srv = start_server(["--model", str(overflow_token_model), *ARGS, "--fatal-after-errors", "2",
+                        "--fatal-error-window-s", "600"])
+    first = _complete(srv, [5, OVERFLOW_TOKEN, 7])
+    assert first.status_code == 500 and first.json()["error"]["code"] == "non_finite_logits", first.text
+    m = srv.wait_metrics(lambda m: m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1)
+    assert m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1
+    assert m['deployctl_runtime_engine_errors_total{kind="fatal"}'] == 0
+    assert httpx.get(srv.url + "/readyz", timeout=10).status_code == 200
+    assert _answer(_complete(srv, CLEAN[0]))  # a clean request is served between them
+    second = _complete(srv, [OVERFLOW_TOKEN])
+    assert second.status_code == 500, second.text
+    assert srv.proc.wait(20) == 3, srv.log
+    assert "2 requests failed alone within 600 s" in srv.log and "non-finite logits" in srv.log

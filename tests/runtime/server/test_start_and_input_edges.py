@@ -61,6 +61,26 @@ def test_nan_weights_fail_the_start(tmp_path, tiny_model):
     del torch
 
 
+def test_a_model_that_always_overflows_fails_the_start(tmp_path, tiny_model):
+    # finite weights (the weight check passes) whose activations overflow on every prompt: a stand-in for a
+    # float16 overflow. It used to report ready, answer every request 500 and never count an engine error.
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "overflow-model"
+    shutil.copytree(tiny_model, model)
+    (model / "manifest.sha256").unlink()
+    weights = next(model.glob("*.safetensors"))
+    tensors = load_file(str(weights))
+    for name in tensors:
+        if name.endswith("down_proj.weight"):
+            tensors[name].fill_(3e38)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    r = _serve("--model", str(model), timeout=120)
+    assert r.returncode == 1, r.stderr  # a failed start, as NaN weights
+    assert "failed to start: the warm-up forward pass gave non-finite logits" in r.stderr, r.stderr
+    assert "in float32" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_top_logprobs_error_names_top_logprobs(api_server):
     r = httpx.post(api_server.url + "/v1/chat/completions", timeout=30,
                    json={"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21})
