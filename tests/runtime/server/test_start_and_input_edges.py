@@ -1,6 +1,7 @@
 """Edges found by trying the runtime as a new user: /health says 503 until the model serves, a missing model
-directory is a configuration error (exit 2), corrupt (NaN) weights fail the start instead of reporting ready, and
-the errors of top_logprobs and seed name what the client sent."""
+directory (or one without config.json) is a configuration error (exit 2), corrupt (NaN) weights or a model whose
+warm-up overflows fail the start instead of reporting ready, and the errors of top_logprobs and seed name what the
+client sent."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,13 @@ def test_a_missing_model_directory_is_a_configuration_error(tmp_path):
     r = _serve("--model", str(tmp_path / "nope"))
     assert r.returncode == 2, r.stderr  # was 1: a crash, restarted 4 times by launch.sh
     assert f"model directory {tmp_path / 'nope'} does not exist" in r.stderr and "--model" in r.stderr
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_a_configuration_error(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    r = _serve("--model", str(tmp_path))
+    assert r.returncode == 2, r.stderr  # was 1: a failed load, retried 4 times by launch.sh
+    assert f"model directory {tmp_path} has no config.json" in r.stderr and "--model" in r.stderr
 
 
 def test_nan_weights_fail_the_start(tmp_path, tiny_model):
