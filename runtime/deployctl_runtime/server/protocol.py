@@ -2,16 +2,18 @@
 
 Requests are parsed in strict JSON mode: wrong types and impossible values raise `APIError` 400 with `param` naming
 the field (`parse_request`). Top-level fields the models do not declare are kept (`model_extra`) for the field
-table (fields.py), which honours, ignores or refuses every field by name. Responses are plain dicts built in
-`serving`.
+table (fields.py), which honours, ignores or refuses every field by name. A field sent as null is parsed as if it
+were absent (fields.without_nulls), at the top level and inside the option objects (`_Options`). Responses are plain
+dicts built in `serving`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import APIError, invalid
+from .fields import without_nulls
 
 MAX_N = 64
 
@@ -29,20 +31,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class StreamOptions(_Strict):
+class _Options(_Strict):
+    """A request's option object (stream_options, structured_outputs, response_format[.json_schema]): its keys sent
+    as null are absent. `path` is where it sits in the request, for the field table's nested names."""
+
+    path: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        declared = tuple(f.alias or name for name, f in cls.model_fields.items())
+        return without_nulls(data, True, cls.path + ".", declared)
+
+
+class StreamOptions(_Options):
+    path: ClassVar[str] = "stream_options"
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM extension: usage in every chunk
 
 
-class JSONSchemaFormat(BaseModel):
+class JSONSchemaFormat(_Options):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    path: ClassVar[str] = "response_format.json_schema"
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(_Options):
+    path: ClassVar[str] = "response_format"
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -54,8 +72,10 @@ class ResponseFormat(_Strict):
         return self
 
 
-class StructuredOutputsRequest(_Strict):
+class StructuredOutputsRequest(_Options):
     """vLLM's `structured_outputs` object: exactly one of json, regex, choice, grammar, json_object."""
+
+    path: ClassVar[str] = "structured_outputs"
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
@@ -70,6 +90,7 @@ class _SamplingFields(BaseModel):
     Undeclared top-level fields are kept in `model_extra` for the field table (fields.py)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+    chat: ClassVar[bool] = False
 
     model: str | None = None
     max_tokens: int | None = None
@@ -99,6 +120,11 @@ class _SamplingFields(BaseModel):
     structured_outputs: StructuredOutputsRequest | None = None
     modalities: list[str] | None = None
     best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        return without_nulls(data, cls.chat)
 
     @model_validator(mode="after")
     def _best_of(self):
@@ -208,6 +234,7 @@ class NamedToolChoice(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    chat: ClassVar[bool] = True
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool = False
     top_logprobs: int | None = None

@@ -264,8 +264,52 @@ def test_every_field_is_honoured_ignored_or_refused(server, name, chat):
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert (err["code"], err["param"]) == ("unsupported_parameter", name) and rule.why in err["message"]
-        if rule.off is not _NO_OFF:
-            ok(server, chat, **{name: rule.off})
+        if rule.off_value(chat) is not _NO_OFF:
+            ok(server, chat, **{name: rule.off_value(chat)})
+
+
+def post(srv, chat: bool, body: dict) -> httpx.Response:
+    """The body as is: a None value goes out as JSON null."""
+    return httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, timeout=120)
+
+
+def answer(r: httpx.Response) -> tuple:
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"], body["usage"]
+
+
+@pytest.mark.parametrize("name,chat", CASES, ids=[f"{n}-{'chat' if c else 'completions'}" for n, c in CASES])
+def test_null_is_answered_as_if_the_field_were_absent(server, name, chat):
+    # OpenAI's and vLLM's optional fields are nullable: null asks for nothing (it used to be a 400 for n,
+    # presence_penalty, logprobs, stream, echo, suffix, min_p, ignore_eos, the refused fields, ...)
+    base = {"max_tokens": 8, "temperature": 0, "seed": 1,
+            "messages" if chat else "prompt": [{"role": "user", "content": "Tell me about the sea"}] if chat
+            else "Tell me about the sea"}
+    base.pop(name, None)
+    if name == "max_tokens":
+        base["max_completion_tokens"] = 8
+    if name in ("messages", "prompt"):  # required: null is a missing field, not an empty one
+        err = post(server, chat, {**base, name: None}).json()["error"]
+        assert (err["param"], err["code"]) == (name, "missing_required_parameter")
+        return
+    assert answer(post(server, chat, {**base, name: None})) == answer(post(server, chat, base))
+
+
+def test_the_openai_sdk_passing_none_through_is_served(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Tell me about the sea"}]
+    model = client.models.list().data[0].id
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    nones = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0, n=None,
+                                           presence_penalty=None, frequency_penalty=None, logprobs=None,
+                                           stream=None, parallel_tool_calls=None, reasoning_effort=None)
+    assert nones.choices[0].message.content == plain.choices[0].message.content
+    done = client.completions.create(model=model, prompt="Tell me about the sea", max_tokens=8, temperature=0,
+                                     echo=None, suffix=None, n=None, stream=None)
+    assert done.choices[0].finish_reason == "length"
 
 
 def test_the_table_covers_both_endpoints_and_every_probe_is_used():
@@ -302,3 +346,23 @@ def test_tools_with_a_template_that_cannot_show_them_are_400(start_server, tiny_
     assert (err["param"], err["code"]) == ("tools", "unsupported_parameter")
     assert "does not show tools" in err["message"]
     ok(srv, True)  # without tools the model serves as before
+
+
+@pytest.mark.parametrize("chat,value,status", [(False, True, 200), (False, False, 400), (True, False, 200),
+                                               (True, True, 400)])
+def test_add_special_tokens_passes_when_it_asks_for_what_the_server_does(server, chat, value, status):
+    # completions add the tokenizer's special tokens, chat leaves them to the template (vLLM's defaults): sending
+    # that is no request at all; the other value would change the prompt, so it is refused
+    r = ask(server, chat, add_special_tokens=value)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == "add_special_tokens"
+
+
+@pytest.mark.parametrize("name,nothing,something", [("logits_processors", [], ["pkg.module:Processor"]),
+                                                    ("bad_words", [], ["sea"])])
+def test_empty_lists_ask_for_nothing(server, name, nothing, something):
+    for chat in (False, True):
+        assert text(ok(server, chat, ignore_eos=True, **{name: nothing}), chat) == text(ok(server, chat,
+                                                                                         ignore_eos=True), chat)
+        assert ask(server, chat, **{name: something}).json()["error"]["param"] == name
