@@ -17,6 +17,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .errors import APIError, invalid
 
 
+# Variables the server gives a render -> where they come from. A request's chat_template_kwargs may not set them.
+SERVER_VARIABLES = {"messages": "the request's messages", "add_generation_prompt": "the request's field of that name",
+                    "tools": "the request's tools field", "bos_token": "the model's tokenizer",
+                    "eos_token": "the model's tokenizer", "raise_exception": "the renderer (a template function)",
+                    "strftime_now": "the renderer (a template function)"}
+
+
 class TemplateRaised(Exception):
     pass
 

@@ -11,8 +11,11 @@ null asks for nothing: a field of the table sent as null is answered as if it we
 OpenAI's and vLLM's optional fields are nullable, and the openai SDK sends None when a caller passes it through).
 A field not in the table (or not for this endpoint) is unknown: 400 `unsupported_parameter` by default; with
 --ignore-unknown-fields it is ignored with one warning per field name (vLLM's behaviour).
+Keys of the option objects (stream_options, structured_outputs, response_format, response_format.json_schema)
+follow the same rules under their dotted names: the model's own keys are honoured, the table lists the others
+(e.g. "structured_outputs.whitespace_pattern"), any other is unknown, its dotted name in the error's `param`.
 Sources: OpenAI's API reference (Create chat completion, Create completion); vLLM's protocol.py
-(ChatCompletionRequest / CompletionRequest extra parameters).
+(ChatCompletionRequest / CompletionRequest extra parameters, StreamOptions, StructuredOutputsParams).
 """
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ FIELDS: dict[str, FieldRule] = {
     "stop_token_ids": _h(), "guided_json": _h(), "guided_regex": _h(), "guided_choice": _h(),
     "guided_grammar": _h(), "structured_outputs": _h(),
     "guided_decoding_backend": _i("one backend here (llguidance) enforces every grammar"),
-    "request_id": _i("the X-Request-Id header names a request here; the answer is the same"),
+    "request_id": _h(),  # the response's id, "cmpl-"/"chatcmpl-" + it, as vLLM (an X-Request-Id header wins)
     "min_p": _r("min_p is not supported by this server; use top_p or top_k", off=0.0),
     "use_beam_search": _r("beam search is not supported by this server", off=False),
     "length_penalty": _r("length_penalty applies to beam search, which is not supported", off=1.0),
@@ -120,6 +123,18 @@ FIELDS: dict[str, FieldRule] = {
     "documents": _r("documents (RAG) are not supported by this server", CHAT),
     "include_reasoning": _i("the model is served without a reasoning parser: there is no reasoning to include",
                             CHAT),
+    # keys of the option objects beyond the ones their models declare (protocol.py)
+    "stream_options.include_obfuscation": _r("stream obfuscation (random padding in stream events) is not supported "
+                                             "by this server", off=False),
+    "structured_outputs.disable_fallback": _i("one backend here (llguidance) enforces every grammar: there is no "
+                                              "fallback to disable"),
+    "structured_outputs.whitespace_pattern": _r("whitespace_pattern is not supported by this server"),
+    "structured_outputs.disable_any_whitespace": _r("disable_any_whitespace is not supported by this server",
+                                                    off=False),
+    "structured_outputs.disable_additional_properties": _r("disable_additional_properties is not supported by this "
+                                                           "server; set additionalProperties in the schema",
+                                                           off=False),
+    "structured_outputs.structural_tag": _r("structural tags are not supported; use grammar"),
 }
 _warned: set[str] = set()
 
@@ -137,8 +152,9 @@ def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, 
 
 
 def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None:
-    """Apply the table to the top-level fields a client sent (name -> parsed value). Raises APIError 400
-    `unsupported_parameter` naming the first refused or unknown field."""
+    """Apply the table to the fields a client sent (name -> parsed value; the undeclared keys of option objects
+    under their dotted names). Raises APIError 400 `unsupported_parameter` naming the first refused or unknown
+    field."""
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     for name, value in sent.items():
         rule = FIELDS.get(name)

@@ -16,6 +16,7 @@ from .errors import APIError, invalid
 from .fields import without_nulls
 
 MAX_N = 64
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"  # a request id: the X-Request-Id header's and the body's
 
 
 class _CrossFieldError(ValueError):
@@ -31,11 +32,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class _Options(_Strict):
+class _Options(BaseModel):
     """A request's option object (stream_options, structured_outputs, response_format[.json_schema]): its keys sent
-    as null are absent. `path` is where it sits in the request, for the field table's nested names."""
+    as null are absent; the keys it does not declare are kept for the field table under their dotted names
+    (`extras`). `path` is where it sits in the request."""
 
+    model_config = ConfigDict(extra="allow", strict=True)
     path: ClassVar[str] = ""
+
+    def extras(self) -> dict[str, Any]:
+        out = {f"{self.path}.{k}": v for k, v in (self.model_extra or {}).items()}
+        for name in self.model_fields_set:
+            value = getattr(self, name)
+            if isinstance(value, _Options):
+                out.update(value.extras())
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -51,7 +62,7 @@ class StreamOptions(_Options):
 
 
 class JSONSchemaFormat(_Options):
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
     path: ClassVar[str] = "response_format.json_schema"
     name: str = "response"
     description: str | None = None
@@ -120,6 +131,7 @@ class _SamplingFields(BaseModel):
     structured_outputs: StructuredOutputsRequest | None = None
     modalities: list[str] | None = None
     best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
+    request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)] | None = None  # vLLM: the response's id
 
     @model_validator(mode="before")
     @classmethod
@@ -157,9 +169,13 @@ class _SamplingFields(BaseModel):
         return self
 
     def sent_fields(self) -> dict[str, Any]:
-        """The top-level fields the client sent (declared or not), name -> parsed value, for fields.check_fields."""
+        """The fields the client sent (declared or not), name -> parsed value, for fields.check_fields: the top
+        level's, and the option objects' undeclared keys as "parent.key"."""
         out = {k: getattr(self, k) for k in self.model_fields_set if k in type(self).model_fields}
         out.update(self.model_extra or {})
+        for value in list(out.values()):
+            if isinstance(value, _Options):
+                out.update(value.extras())
         return out
 
     @property

@@ -216,6 +216,23 @@ def _chat_template_kwargs(srv, chat):
             > ok(srv, chat)["usage"]["prompt_tokens"])
 
 
+def _request_id(srv, chat):
+    # vLLM's: the response's id; an X-Request-Id header wins, as in vLLM
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    r = ask(srv, chat, request_id="my-req.1")
+    assert r.json()["id"] == prefix + "my-req.1" and r.headers["x-request-id"] == prefix + "my-req.1"
+    body = {"max_tokens": 4, "request_id": "my-req.2", "stream": True,
+            **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
+    s = httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, timeout=60)
+    ids = {json.loads(line[6:])["id"] for line in s.text.splitlines() if line.startswith("data: {")}
+    assert ids == {prefix + "my-req.2"}
+    r = httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), timeout=60,
+                   headers={"X-Request-Id": "from-header"}, json={**body, "stream": False})
+    assert r.json()["id"] == "from-header" == r.headers["x-request-id"]
+    err = ask(srv, chat, request_id="two words\n").json()["error"]
+    assert err["param"] == "request_id"
+
+
 def _is_json_object(s):
     return s.startswith("{")
 
@@ -242,12 +259,34 @@ HONOURED_PROBES = {
     "structured_outputs": _grammar("structured_outputs", {"choice": ["red", "green"]},
                                    lambda s: s in ("red", "green")),
     "add_generation_prompt": _add_generation_prompt, "chat_template_kwargs": _chat_template_kwargs,
+    "request_id": _request_id,
 }
 IGNORED_VALUES = {"user": "u-1", "metadata": {"team": "a"}, "store": True, "service_tier": "auto",
                   "prompt_cache_key": "k", "safety_identifier": "s", "guided_decoding_backend": "xgrammar",
-                  "request_id": "r-1", "include_reasoning": True}
+                  "include_reasoning": True, "structured_outputs.disable_fallback": True}
 CASES = [(name, chat) for name, rule in FIELDS.items() for chat in (False, True)
          if rule.applies(chat)]
+PARENTS = {"structured_outputs": {"choice": ["red", "green"]}, "stream_options": {}}  # a nested key's object
+
+
+def nest(name: str, value) -> dict:
+    """The top-level fields that send `value` under the field table's (maybe dotted) name; a key of stream_options
+    comes with stream true. value None (the Python object): the parent object without the key."""
+    if "." not in name:
+        return {name: value}
+    parent, key = name.split(".", 1)
+    out = {parent: {**PARENTS[parent], **({} if value is None else {key: value})}}
+    return {**out, "stream": True} if parent == "stream_options" else out
+
+
+def outcome(r: httpx.Response, chat: bool) -> str:
+    """The text of a 200 answer, whole or streamed."""
+    assert r.status_code == 200, r.text
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        return text(r.json(), chat)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join((c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+                   for c in chunks if c["choices"])
 
 
 @pytest.mark.parametrize("name,chat", CASES, ids=[f"{n}-{'chat' if c else 'completions'}" for n, c in CASES])
@@ -256,16 +295,16 @@ def test_every_field_is_honoured_ignored_or_refused(server, name, chat):
     if rule.status == HONOURED:
         HONOURED_PROBES[name](server, chat)
     elif rule.status == IGNORED:
-        base = text(ok(server, chat, ignore_eos=True), chat)
-        assert text(ok(server, chat, ignore_eos=True, **{name: IGNORED_VALUES[name]}), chat) == base
+        base = outcome(ask(server, chat, ignore_eos=True, **nest(name, None)), chat)
+        assert outcome(ask(server, chat, ignore_eos=True, **nest(name, IGNORED_VALUES[name])), chat) == base
     else:
         assert rule.status == REFUSED
-        r = ask(server, chat, **{name: {"some": "value"}})
+        r = ask(server, chat, **nest(name, {"some": "value"}))
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert (err["code"], err["param"]) == ("unsupported_parameter", name) and rule.why in err["message"]
         if rule.off_value(chat) is not _NO_OFF:
-            ok(server, chat, **{name: rule.off_value(chat)})
+            outcome(ask(server, chat, **nest(name, rule.off_value(chat))), chat)
 
 
 def post(srv, chat: bool, body: dict) -> httpx.Response:
@@ -292,6 +331,12 @@ def test_null_is_answered_as_if_the_field_were_absent(server, name, chat):
     if name in ("messages", "prompt"):  # required: null is a missing field, not an empty one
         err = post(server, chat, {**base, name: None}).json()["error"]
         assert (err["param"], err["code"]) == (name, "missing_required_parameter")
+        return
+    if "." in name:  # a key of an option object sent as null: as if the object did not have it
+        parent, key = name.split(".", 1)
+        absent = {**base, **nest(name, None)}
+        nulled = {**absent, parent: {**absent[parent], key: None}}
+        assert outcome(post(server, chat, nulled), chat) == outcome(post(server, chat, absent), chat)
         return
     assert answer(post(server, chat, {**base, name: None})) == answer(post(server, chat, base))
 
@@ -325,11 +370,36 @@ def test_unknown_fields_are_400_naming_them(server, chat, name):
     assert (err["code"], err["param"]) == ("unsupported_parameter", name)
 
 
+@pytest.mark.parametrize("chat,fields,param", [
+    (False, {"stream": True, "stream_options": {"include_usage": True, "foo": 1}}, "stream_options.foo"),
+    (True, {"structured_outputs": {"choice": ["a"], "whitespace_patern": " "}}, "structured_outputs.whitespace_patern"),
+    (True, {"response_format": {"type": "json_object", "foo": True}}, "response_format.foo"),
+    (False, {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "foo": 1}}},
+     "response_format.json_schema.foo")])
+def test_unknown_keys_of_option_objects_are_400_naming_their_path(server, chat, fields, param):
+    # they used to be dropped with a 200
+    r = ask(server, chat, **fields)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_parameter", param) and f"'{param}'" in err["message"]
+
+
+@pytest.mark.parametrize("key", ["tools", "messages", "add_generation_prompt", "bos_token", "raise_exception"])
+def test_chat_template_kwargs_cannot_set_what_the_server_sets(server, key):
+    # they used to be dropped silently (tools there would have rendered tools the server never parses for)
+    r = ask(server, True, chat_template_kwargs={"enable_thinking": False, key: "x"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == f"chat_template_kwargs.{key}" and "the server sets" in err["message"]
+
+
 def test_ignore_unknown_fields_ignores_them_with_a_warning(start_server, tiny_model):
     srv = start_server(["--model", str(tiny_model), "--ignore-unknown-fields"])
     base = text(ok(srv, False, ignore_eos=True), False)
     assert text(ok(srv, False, ignore_eos=True, foo={"x": 1}), False) == base
     assert "ignoring unknown request field 'foo'" in srv.log
+    assert text(ok(srv, False, ignore_eos=True, response_format={"type": "text", "foo": 1}), False) == base
+    assert "ignoring unknown request field 'response_format.foo'" in srv.log
     # refused fields are still refused: the setting is about names the server does not know
     assert ask(srv, False, suffix="x").json()["error"]["param"] == "suffix"
 
