@@ -109,11 +109,11 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
             raise invalid(f"'chat_template_kwargs.{taken}': the server sets {taken} for the chat template (from "
                           f"{SERVER_VARIABLES[taken]}); remove it from chat_template_kwargs",
                           f"chat_template_kwargs.{taken}", "invalid_value")
-        if tools is not None:
-            extra["tools"] = tools.template_tools
-        text = ctx.chat_template.render(messages, req.add_generation_prompt, **extra)
-        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt,
-                                                                  **{**extra, "tools": None}):
+        text = ctx.chat_template.render(messages, req.add_generation_prompt,
+                                        **extra, **({} if tools is None else {"tools": tools.template_tools}))
+        # does the template show the tools? Compared with a render without them: `tools` left undefined, as for a
+        # request without tools (a template guarded by `tools is defined` must not see tools=None)
+        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt, **extra):
             raise invalid("'tools': this model's chat template does not show tools to the model (the prompt is the "
                           "same with and without them); serve a model whose template renders `tools`, or describe "
                           "the functions in the messages", "tools", "unsupported_parameter")

@@ -436,3 +436,26 @@ def test_empty_lists_ask_for_nothing(server, name, nothing, something):
         assert text(ok(server, chat, ignore_eos=True, **{name: nothing}), chat) == text(ok(server, chat,
                                                                                          ignore_eos=True), chat)
         assert ask(server, chat, **{name: something}).json()["error"]["param"] == name
+
+
+def test_a_template_guarded_by_tools_is_defined_serves_tools_and_a_failing_template_names_why(start_server,
+                                                                                              tiny_model, tmp_path):
+    # the "does the template show tools" probe rendered tools=None, which such a template iterates: a TypeError
+    # escaped as a bare 500
+    model = tmp_path / "tools-defined"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (
+        "{% if tools is defined %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+        "{% endif %}{% for m in messages %}{% if m['content'] == 'boom' %}{{ 1 + m['content'] }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    srv = start_server(["--model", str(model), "--skip-verify"])
+    r = ok(srv, True, max_tokens=60, tools=[WEATHER], tool_choice="required")
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert ok(srv, True, tools=[WEATHER])["usage"]["prompt_tokens"] > ok(srv, True)["usage"]["prompt_tokens"]
+    r = ask(srv, True, messages=[{"role": "user", "content": "boom"}])
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["code"] == "chat_template_error" and "TypeError" in err["message"], err
+    assert "Traceback" not in srv.log
