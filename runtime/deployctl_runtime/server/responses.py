@@ -5,7 +5,9 @@ markers like `Ġ`) plus its raw bytes (chat), with the requested number of most 
 usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
 choices of each prompt with the highest cumulative logprob, re-indexed 0..n-1 per prompt (all generated tokens are
 counted in usage, as OpenAI bills them). Streaming with tools: a tool call comes as one `tool_calls` delta once
-its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual.
+its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual. A forced call cut by max_tokens
+(tools.ToolMode.parse_truncated) is `tool_calls` with the arguments so far and finish_reason "length", whole or
+streamed; cut before its function was known, the answer has neither content nor tool_calls.
 """
 from __future__ import annotations
 
@@ -103,12 +105,13 @@ class ResponseBuilder:
                 message: dict[str, Any] = {"role": "assistant", "content": ch.text}
                 reason = ch.finish_reason
                 calls = self.prep.tools.parse(ch.text) if self.prep.tools is not None else None
-                if calls:
-                    message, reason = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+                if calls:  # finish_reason "length" stays (as streamed): the call came out whole, max_tokens cut it
+                    message = {"role": "assistant", "content": None, "tool_calls": calls}
+                    reason = "length" if reason == "length" else "tool_calls"
                 elif reason == "length" and self.prep.tools is not None:
                     cut = self.prep.tools.parse_truncated(ch.text)  # a forced call cut by max_tokens
-                    if cut:
-                        message = {"role": "assistant", "content": None, "tool_calls": cut}
+                    if cut is not None:  # never its JSON as text; no call when no function was known yet
+                        message = {"role": "assistant", "content": None, **({"tool_calls": cut} if cut else {})}
                 out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
             else:
                 out.append({"index": index, "text": ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
@@ -143,7 +146,7 @@ class ResponseBuilder:
                     if calls is not None:
                         reason = "length" if ev.finish_reason == "length" else "tool_calls"
                         out.append(self._chunk([self._ids({
-                            "index": ev.index, "delta": {"tool_calls": calls},
+                            "index": ev.index, "delta": {"tool_calls": calls} if calls else {},
                             "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
                             "finish_reason": reason}, ev)], usage))
                         continue
@@ -188,8 +191,8 @@ class ResponseBuilder:
             return None, None
         calls = self.prep.tools.parse(text)
         if not calls and ev.finish_reason == "length":
-            calls = self.prep.tools.parse_truncated(text)
-        if calls:
+            calls = self.prep.tools.parse_truncated(text)  # a forced call cut: [] before a function was known
+        if calls is not None:
             return ev, [{"index": k, **call} for k, call in enumerate(calls)]
         return replace(ev, text=text), None
 

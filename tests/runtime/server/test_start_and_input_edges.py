@@ -142,6 +142,51 @@ def test_a_forced_tool_call_cut_by_max_tokens_is_a_truncated_call_with_finish_re
     assert args == full_args or (args and compact.startswith(args) and args != compact), (args, full_args)
 
 
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _tool_answer(url: str, body: dict, stream: bool) -> tuple:
+    """(content, tool_calls, finish_reason) of the only choice, whole or gathered from the stream."""
+    if not stream:
+        ch = httpx.post(url, json=body, timeout=60).json()["choices"][0]
+        return ch["message"]["content"], ch["message"].get("tool_calls"), ch["finish_reason"]
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
+    return ("".join(d["delta"].get("content") or "" for d in deltas) or None, calls or None,
+            next(d["finish_reason"] for d in deltas if d["finish_reason"]))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tools,choice", [([WEATHER, TIME], NAMED), ([WEATHER], "required"),
+                                          ([WEATHER, TIME], "required")], ids=["named", "required", "required-2"])
+def test_a_forced_tool_call_cut_at_every_point_is_a_truncated_call_never_text(api_server, stream, tools, choice):
+    # cut before "arguments" (or inside the name) it used to come back as content '[{"name":"get_weathe...'
+    body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "tool_choice": choice,
+            "temperature": 0}
+    url = api_server.url + "/v1/chat/completions"
+    whole = httpx.post(url, json={**body, "max_tokens": 200}, timeout=60).json()
+    (call,) = whole["choices"][0]["message"]["tool_calls"]
+    name, full_args = call["function"]["name"], call["function"]["arguments"]
+    compact = json.dumps(json.loads(full_args), separators=(",", ":"))
+    seen = []
+    for cut in range(1, whole["usage"]["completion_tokens"]):
+        content, calls, reason = _tool_answer(url, {**body, "max_tokens": cut}, stream)
+        assert content is None and reason == "length", (cut, content, reason)
+        if calls is None:  # only while two tools' names are still alike ("get_")
+            assert choice == "required" and len(tools) == 2 and not seen, cut
+            continue
+        (got,) = calls
+        args = got["function"]["arguments"]
+        assert got["function"]["name"] == name and got["type"] == "function" and got["id"].startswith("call_")
+        assert args == full_args or compact.startswith(args), (cut, args)
+        seen.append(args)
+    assert "" in seen and len(set(seen)) > 2  # cuts before the arguments, inside them, and after
+    assert [len(a) for a in seen] == sorted(len(a) for a in seen)
+
+
 def _byte_token(tiny_model, byte: int) -> int:
     from tokenizers import Tokenizer
 
