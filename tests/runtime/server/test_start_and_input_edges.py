@@ -216,6 +216,39 @@ def test_text_offset_counts_characters_of_the_text_for_partial_utf8_tokens(api_s
     assert streamed == offsets
 
 
+def _streamed_completion(url: str, body: dict) -> tuple[str, list[int], list[int]]:
+    """(text, text_offset, token_ids) gathered from a streamed completion."""
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+    return ("".join(c["text"] for c in chunks),
+            [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]],
+            [t for c in chunks for t in c.get("token_ids") or []])
+
+
+def test_text_offset_indexes_into_the_text_when_a_stop_string_cuts_it(api_server):
+    # a stop string beginning inside one token and ending inside a later one: the text ends where it begins, yet
+    # the tokens that carried it are returned; their offsets used to run past the text (text of 20 characters,
+    # last offset 22), and streamed ones too
+    url = api_server.url + "/v1/completions"
+    body = {"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True}
+    whole = httpx.post(url, json=body, timeout=60).json()["choices"][0]
+    text, starts = whole["text"], whole["logprobs"]["text_offset"]
+    ends = starts[1:] + [len(text)]
+    k = next(k for k in range(2, len(starts) - 3) if ends[k] - starts[k] >= 2 and ends[k + 1] > starts[k + 1]
+             and text.find(text[starts[k] + 1:starts[k + 2] + 1]) == starts[k] + 1)
+    cut = starts[k] + 1
+    body = {**body, "stop": [text[cut:starts[k + 2] + 1]]}
+    ch = httpx.post(url, json=body, timeout=60).json()["choices"][0]
+    offsets = ch["logprobs"]["text_offset"]
+    assert ch["text"] == text[:cut] and ch["finish_reason"] == "stop"
+    assert len(offsets) == len(ch["token_ids"]) == k + 3  # the tokens through the one that completed the stop
+    assert offsets == starts[:k + 1] + [cut, cut] and max(offsets) <= len(ch["text"])
+    assert _streamed_completion(url, body) == (ch["text"], offsets, ch["token_ids"])
+    # without a stop the streamed offsets are the whole response's (tokens go out once the text reaches them)
+    assert _streamed_completion(url, {**body, "stop": None}) == (text, starts, whole["token_ids"])
+
+
 def test_a_streamed_tool_call_carries_the_logprobs_of_every_token(api_server):
     body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER], "tool_choice": "required",
             "temperature": 0, "max_tokens": 200, "logprobs": True, "top_logprobs": 2}
