@@ -2,7 +2,8 @@
 
 Logprobs: each token as text a client can show (UTF-8; a partial character as `\\xNN` escapes, never byte-level
 markers like `Ġ`) plus its raw bytes (chat), with the requested number of most likely alternatives per position.
-Completions' text_offset indexes into the returned text, whole and streamed alike (`_HeldLogprobs`). usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
+Completions' text_offset indexes into the returned text, whole and streamed alike (`_HeldLogprobs`).
+usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
 choices of each prompt with the highest cumulative logprob, re-indexed 0..n-1 per prompt (all generated tokens are
 counted in usage, as OpenAI bills them). Streaming with tools: a tool call comes as one `tool_calls` delta once
 its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual. A forced call cut by max_tokens
