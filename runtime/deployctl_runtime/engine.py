@@ -115,7 +115,6 @@ class LLMEngine:
         self._arrivals = 0
         self._pending_outputs: list[RequestOutput] = []
         self.fatal_markers: tuple[str, ...] = DEFAULT_FATAL_MARKERS  # isolation.is_fatal; the server adds its own
-        self.num_isolated_errors = 0  # requests failed alone by an exception of theirs (since start)
         self.is_sleeping = False
 
     # -- sleep ------------------------------------------------------------------------------------------------
@@ -244,7 +243,6 @@ class LLMEngine:
             self.kv.uncache(blocks[req.num_computed_tokens // bs:])
             req.error = f"the engine step raised for this request: {describe(exc)}"
             self.scheduler.finish(req, "error")
-            self.num_isolated_errors += 1
             outputs.append(self._output(req, [], None))
         for item in sched.scheduled:
             req = item.request

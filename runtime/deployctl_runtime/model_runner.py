@@ -141,8 +141,9 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self) -> None:
         """Check every weight is finite, then one prefill-shaped forward on block 0 (free at start; overwritten
-        before use). Raises ValueError naming the first tensors holding NaN or inf (a corrupt checkpoint would
-        otherwise report ready and answer every request 500 non_finite_logits)."""
+        before use) whose logits must be finite. Raises ValueError naming the first tensors holding NaN or inf, or
+        saying the forward overflowed (finite weights whose activations overflow the dtype, e.g. float16): either
+        model would otherwise report ready and answer every request 500 non_finite_logits."""
         bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
         if bad:
             raise ValueError(f"the checkpoint's weights hold NaN or inf in {len(bad)} tensor(s), first "
@@ -150,7 +151,14 @@ class ModelRunner:
         n = min(self.block_size, 8)
         pos = torch.arange(n, device=self.device)
         meta = AttentionMetadata(slot_mapping=pos.clone(), prefills=[PrefillChunk(0, n, n, None)])
-        self.model.compute_logits(self.model(torch.zeros(n, dtype=torch.long, device=self.device), pos, meta)[-1:])
+        logits = self.model.compute_logits(
+            self.model(torch.zeros(n, dtype=torch.long, device=self.device), pos, meta)[-1:])
+        if not bool(torch.isfinite(logits).all()):
+            dtype = str(self.dtype).removeprefix("torch.")
+            fix = ("check the checkpoint (its weights overflow even float32)" if dtype == "float32" else
+                   "serve it with --dtype float32" + (" or bfloat16" if dtype == "float16" else ""))
+            raise ValueError(f"the warm-up forward pass gave non-finite logits (NaN or inf) in {dtype}: the model's "
+                             f"activations overflow the dtype, so every request would fail; {fix}")
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:

@@ -47,7 +47,6 @@ def test_a_poisoned_request_fails_alone_and_the_batch_matches_solo_runs(tiny_lla
     assert "raise_on_token=7" in done["bad"][2] and "RuntimeError" in done["bad"][2]
     for rid in CLEAN:
         assert done[rid] == solo[rid], rid
-    assert engine.num_isolated_errors == 1
     assert engine.kv.num_free_blocks == engine.kv.pool.num_blocks  # nothing leaked by the failed request
     # the engine goes on serving
     assert _run(engine, {"again": CLEAN["a"]})["again"] == solo["a"]

@@ -16,7 +16,7 @@ from .errors import APIError, error_body, invalid
 from .generation import Generation
 from .middleware import RequestContextMiddleware
 from .responses import DONE, ResponseBuilder, error_event
-from .serving import RequestRecord, prepare
+from .serving import RequestRecord, adopt_body_request_id, prepare
 from .sse import SSEResponse
 from .tokenize import detokenize_body, tokenize_body
 from .state import RETRY_AFTER_LOADING_S, ServerContext
@@ -141,6 +141,7 @@ async def _inference(ctx: ServerContext, request: Request, chat: bool):
         raise APIError(500, "injected fault (DEPLOYCTL_RUNTIME_FAULT error_rate)", "internal_error", None,
                        "injected_fault")
     prep = await prepare(ctx, await request.body(), chat, rec.request_id)
+    adopt_body_request_id(rec, prep.request, chat)
     if ctx.cfg.log_requests:
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)

@@ -6,11 +6,14 @@ the per-request `asyncio.Queue` given at `add` (several engine requests, e.g. th
 may share one queue). `stats` is refreshed after every step and every command batch, so /metrics shows freed
 blocks right after an abort even when the engine is idle.
 
-Errors: a request whose step raised alone was already failed by the engine (isolation.py); the loop goes on. The
-loop dies (every open request gets EngineDead, then `on_fatal(message)` so the server exits to be restarted) when
-a step raises past the engine's isolation (EngineFatalError: a poisoned device; or any other exception, which
-leaves the engine's state unknown), or when `max_isolated_errors` requests failed alone within
-`isolated_error_window_s` (something is wrong beyond one request). `on_error(kind)` ("isolated", "fatal") counts.
+Errors: a request that fails alone was already ended by the engine with finish_reason "error" (a step exception
+bisected down to it, isolation.py; non-finite logits, a grammar matcher or a stop check that raised, sampler.py and
+scheduler.py), or by the server (its detokenizer raised: `report_isolated`); the loop goes on. Both are counted in
+one place, `_count_isolated`: `on_error("isolated")` per request, and the window rule below. The loop dies (every
+open request gets EngineDead, then `on_fatal(message)` so the server exits to be restarted) when a step raises past
+the engine's isolation (EngineFatalError: a poisoned device; or any other exception, which leaves the engine's
+state unknown), or when `max_isolated_errors` requests failed alone within `isolated_error_window_s` (something is
+wrong beyond one request, e.g. a model whose activations overflow on most prompts). `on_error("fatal")` then.
 """
 from __future__ import annotations
 
@@ -48,6 +51,11 @@ class _Abort:
 
 
 @dataclass
+class _Isolated:
+    error: str  # a request the server failed alone (its detokenizer raised)
+
+
+@dataclass
 class EngineDead:
     """Put on every open queue when the step loop crashed; the request ends with an error finish."""
 
@@ -67,7 +75,7 @@ class AsyncEngine:
     stats: Any = None
     error: str | None = None
     _error_times: deque = field(default_factory=deque)  # monotonic times of the isolated errors in the window
-    _isolated_seen: int = 0  # engine.num_isolated_errors already counted
+    _reported: list = field(default_factory=list)  # errors report_isolated queued, counted after the next step
     _cmds: deque = field(default_factory=deque)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queues: dict = field(default_factory=dict)  # request id -> (loop, queue); loop thread only
@@ -113,6 +121,11 @@ class AsyncEngine:
         if request_ids:
             self._push(_Abort(list(request_ids)))
 
+    def report_isolated(self, error: str) -> None:
+        """Count a request the server failed alone (outside the engine, e.g. its detokenizer raised) as the
+        engine's own are: the engine_errors metric and the window rule. Thread-safe; counted on the loop thread."""
+        self._push(_Isolated(error))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         with self._cond:
             self._stop = True
@@ -122,6 +135,9 @@ class AsyncEngine:
 
     # ---- loop thread ----
     def _apply(self, cmd) -> None:
+        if isinstance(cmd, _Isolated):
+            self._reported.append(cmd.error)
+            return
         if isinstance(cmd, _Call):
             try:
                 result = cmd.fn(self.engine)
@@ -162,40 +178,41 @@ class AsyncEngine:
                     return
                 cmds = list(self._cmds)
                 self._cmds.clear()
+            outputs = []
             try:
                 for cmd in cmds:
                     self._apply(cmd)
                 if cmds:
                     self.stats = engine.stats()
-                if not engine.has_unfinished_requests():
-                    continue
-                outputs = engine.step()
-                if self.step_delay_s:
-                    time.sleep(self.step_delay_s)
-                self.stats = engine.stats()
+                if engine.has_unfinished_requests():
+                    outputs = engine.step()
+                    if self.step_delay_s:
+                        time.sleep(self.step_delay_s)
+                    self.stats = engine.stats()
             except Exception as exc:
                 log.exception("engine step loop crashed; failing all open requests")
                 self._die(f"engine step loop crashed: {type(exc).__name__}: {exc}", cmds)
                 return
             self._deliver(outputs)
-            if self._count_isolated(engine):
+            errors = [o.error or "error" for o in outputs if o.finished and o.finish_reason == "error"]
+            errors += self._reported
+            self._reported = []
+            if self._count_isolated(errors):
                 self._die(f"{len(self._error_times)} requests failed alone within {self.isolated_error_window_s:g} s "
-                          f"(--fatal-after-errors {self.max_isolated_errors}); the last: "
-                          f"{next((o.error for o in outputs if o.error), 'see the log')}", [])
+                          f"(--fatal-after-errors {self.max_isolated_errors}); the last: {errors[-1]}", [])
                 return
 
-    def _count_isolated(self, engine) -> bool:
-        """Record the requests the last step failed alone; True when the window holds max_isolated_errors."""
-        total = getattr(engine, "num_isolated_errors", 0)
+    def _count_isolated(self, errors: list[str]) -> bool:
+        """The one place requests failed alone are counted (engine outputs finished with "error", and those the
+        server reported): on_error("isolated") each; True when the window holds max_isolated_errors."""
         now = time.monotonic()
-        for _ in range(total - self._isolated_seen):
+        for _ in errors:
             self._error_times.append(now)
             if self.on_error:
                 self.on_error("isolated")
-        self._isolated_seen = total
         while self._error_times and now - self._error_times[0] > self.isolated_error_window_s:
             self._error_times.popleft()
-        return self.max_isolated_errors > 0 and len(self._error_times) >= self.max_isolated_errors
+        return bool(errors) and self.max_isolated_errors > 0 and len(self._error_times) >= self.max_isolated_errors
 
     def _die(self, message: str, cmds) -> None:
         with self._cond:  # from here on _push refuses; what was queued meanwhile is failed too

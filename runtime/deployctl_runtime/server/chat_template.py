@@ -3,7 +3,7 @@
 The template is the `chat_template` string of the model's tokenizer_config.json, rendered as Hugging Face
 transformers does: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception()`, `tojson`,
 `strftime_now()`. A template that raises or fails is the request's problem when it calls `raise_exception`
-(400), and ours otherwise.
+(400), and ours otherwise (500 `chat_template_error` naming the exception, whatever its type).
 """
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import APIError, invalid
+
+
+# Variables the server gives a render -> where they come from. A request's chat_template_kwargs may not set them.
+SERVER_VARIABLES = {"messages": "the request's messages", "add_generation_prompt": "the request's field of that name",
+                    "tools": "the request's tools field", "bos_token": "the model's tokenizer",
+                    "eos_token": "the model's tokenizer", "raise_exception": "the renderer (a template function)",
+                    "strftime_now": "the renderer (a template function)"}
 
 
 class TemplateRaised(Exception):
@@ -56,5 +63,6 @@ class ChatTemplate:
             )
         except TemplateRaised as exc:
             raise invalid(f"the model's chat template rejected the messages: {exc}", "messages") from None
-        except TemplateError as exc:
-            raise APIError(500, f"the model's chat template failed: {exc}", "internal_error", None, "chat_template_error") from None
+        except Exception as exc:  # noqa: BLE001 - TemplateError, or a TypeError/KeyError/... of the template's own
+            raise APIError(500, f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}",
+                           "internal_error", None, "chat_template_error") from None

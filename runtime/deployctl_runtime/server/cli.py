@@ -111,8 +111,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"deployctl-runtime serve: {exc}", file=sys.stderr)
         return 2
-    if not os.path.isdir(cfg.model):  # a configuration error (exit 2: never restarted), not a failed load
-        what = "is not a directory" if os.path.exists(cfg.model) else "does not exist"
+    if not os.path.isfile(os.path.join(cfg.model, "config.json")):  # a configuration error (exit 2: never
+        # restarted, every retry would fail the same way), not a failed load
+        what = ("has no config.json: it is not a checkpoint" if os.path.isdir(cfg.model) else
+                "is not a directory" if os.path.exists(cfg.model) else "does not exist")
         print(f"deployctl-runtime serve: model directory {cfg.model} {what}; pass --model DIR (an HF-format "
               "checkpoint directory)", file=sys.stderr)
         return 2

@@ -5,12 +5,17 @@ request and tests/runtime/server/test_field_table.py walks it.
 - honoured: it changes the answer as documented (params.py, serving.py, tools.py).
 - ignored: accepted, and it cannot change the answer here (`user`, `metadata`, `store`, ...).
 - refused: 400 `unsupported_parameter` naming the field, unless the value is the field's `off` value (what a
-  client sends to mean "not used", e.g. `echo: false`, `use_beam_search: false`): a value that would change the
-  answer is never dropped.
+  client sends to mean "not used", e.g. `echo: false`, `use_beam_search: false`, or what this server does anyway,
+  e.g. `add_special_tokens: true` on completions): a value that would change the answer is never dropped.
+null asks for nothing: a field of the table sent as null is answered as if it were absent (`without_nulls`;
+OpenAI's and vLLM's optional fields are nullable, and the openai SDK sends None when a caller passes it through).
 A field not in the table (or not for this endpoint) is unknown: 400 `unsupported_parameter` by default; with
 --ignore-unknown-fields it is ignored with one warning per field name (vLLM's behaviour).
+Keys of the option objects (stream_options, structured_outputs, response_format, response_format.json_schema)
+follow the same rules under their dotted names: the model's own keys are honoured, the table lists the others
+(e.g. "structured_outputs.whitespace_pattern"), any other is unknown, its dotted name in the error's `param`.
 Sources: OpenAI's API reference (Create chat completion, Create completion); vLLM's protocol.py
-(ChatCompletionRequest / CompletionRequest extra parameters).
+(ChatCompletionRequest / CompletionRequest extra parameters, StreamOptions, StructuredOutputsParams).
 """
 from __future__ import annotations
 
@@ -33,9 +38,14 @@ class FieldRule:
     endpoints: str = BOTH  # BOTH | CHAT | COMPLETIONS
     why: str = ""  # refused: the message; ignored: why it changes nothing
     off: Any = _NO_OFF  # refused fields: this value is accepted (it asks for nothing)
+    chat_off: Any = _NO_OFF  # the off value on chat, where it differs (add_special_tokens)
 
     def applies(self, chat: bool) -> bool:
         return self.endpoints == BOTH or self.endpoints == (CHAT if chat else COMPLETIONS)
+
+    def off_value(self, chat: bool) -> Any:
+        """The value that asks for nothing on this endpoint (_NO_OFF: none does)."""
+        return self.chat_off if chat and self.chat_off is not _NO_OFF else self.off
 
 
 def _h(endpoints: str = BOTH) -> FieldRule:
@@ -46,8 +56,8 @@ def _i(why: str, endpoints: str = BOTH) -> FieldRule:
     return FieldRule(IGNORED, endpoints, why)
 
 
-def _r(why: str, endpoints: str = BOTH, off: Any = _NO_OFF) -> FieldRule:
-    return FieldRule(REFUSED, endpoints, why, off)
+def _r(why: str, endpoints: str = BOTH, off: Any = _NO_OFF, chat_off: Any = _NO_OFF) -> FieldRule:
+    return FieldRule(REFUSED, endpoints, why, off, chat_off)
 
 
 FIELDS: dict[str, FieldRule] = {
@@ -82,7 +92,7 @@ FIELDS: dict[str, FieldRule] = {
     "stop_token_ids": _h(), "guided_json": _h(), "guided_regex": _h(), "guided_choice": _h(),
     "guided_grammar": _h(), "structured_outputs": _h(),
     "guided_decoding_backend": _i("one backend here (llguidance) enforces every grammar"),
-    "request_id": _i("the X-Request-Id header names a request here; the answer is the same"),
+    "request_id": _h(),  # the response's id, "cmpl-"/"chatcmpl-" + it, as vLLM (an X-Request-Id header wins)
     "min_p": _r("min_p is not supported by this server; use top_p or top_k", off=0.0),
     "use_beam_search": _r("beam search is not supported by this server", off=False),
     "length_penalty": _r("length_penalty applies to beam search, which is not supported", off=1.0),
@@ -92,8 +102,8 @@ FIELDS: dict[str, FieldRule] = {
     "truncate_prompt_tokens": _r("prompt truncation is not supported: send a prompt that fits"),
     "prompt_logprobs": _r("prompt logprobs are not supported by this server"),
     "allowed_token_ids": _r("allowed_token_ids is not supported; use logit_bias or a grammar (guided_*)"),
-    "bad_words": _r("bad_words is not supported; use logit_bias"),
-    "logits_processors": _r("custom logits processors are not supported by this server"),
+    "bad_words": _r("bad_words is not supported; use logit_bias", off=[]),
+    "logits_processors": _r("custom logits processors are not supported by this server", off=[]),
     "return_tokens_as_token_ids": _r("return_tokens_as_token_ids is not supported; send return_token_ids",
                                      off=False),
     "guided_whitespace_pattern": _r("guided_whitespace_pattern is not supported by this server"),
@@ -103,7 +113,9 @@ FIELDS: dict[str, FieldRule] = {
     "kv_transfer_params": _r("KV transfer (disaggregated prefill) is not supported by this server"),
     "vllm_xargs": _r("vllm_xargs is not supported by this server"),
     "mm_processor_kwargs": _r("multimodal inputs are not supported by this server"),
-    "add_special_tokens": _r("add_special_tokens is not supported (the BOS is added once on every path)"),
+    "add_special_tokens": _r("add_special_tokens is not supported: completions add the tokenizer's special tokens "
+                             "(true), chat leaves them to the template (false); the BOS comes once on every path",
+                             off=True, chat_off=False),  # vLLM's defaults, and what this server does
     # vLLM extra fields, chat
     "add_generation_prompt": _h(CHAT), "chat_template_kwargs": _h(CHAT),
     "continue_final_message": _r("continue_final_message is not supported by this server", CHAT, off=False),
@@ -111,13 +123,38 @@ FIELDS: dict[str, FieldRule] = {
     "documents": _r("documents (RAG) are not supported by this server", CHAT),
     "include_reasoning": _i("the model is served without a reasoning parser: there is no reasoning to include",
                             CHAT),
+    # keys of the option objects beyond the ones their models declare (protocol.py)
+    "stream_options.include_obfuscation": _r("stream obfuscation (random padding in stream events) is not supported "
+                                             "by this server", off=False),
+    "structured_outputs.disable_fallback": _i("one backend here (llguidance) enforces every grammar: there is no "
+                                              "fallback to disable"),
+    "structured_outputs.whitespace_pattern": _r("whitespace_pattern is not supported by this server"),
+    "structured_outputs.disable_any_whitespace": _r("disable_any_whitespace is not supported by this server",
+                                                    off=False),
+    "structured_outputs.disable_additional_properties": _r("disable_additional_properties is not supported by this "
+                                                           "server; set additionalProperties in the schema",
+                                                           off=False),
+    "structured_outputs.structural_tag": _r("structural tags are not supported; use grammar"),
 }
 _warned: set[str] = set()
 
 
+def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, ...] = ()) -> Any:
+    """A parsed JSON body (or a nested options object at `prefix`, e.g. "stream_options.") without the keys the
+    client sent as null that the table knows for this endpoint (or that are `declared` by the nested object's
+    model): null asks for nothing. A name not in the table keeps its null, so it is still refused as unknown."""
+    if not isinstance(body, dict):
+        return body
+    def known(name: str) -> bool:
+        rule = FIELDS.get(prefix + name)
+        return name in declared or (rule is not None and rule.applies(chat))
+    return {k: v for k, v in body.items() if v is not None or not known(k)}
+
+
 def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None:
-    """Apply the table to the top-level fields a client sent (name -> parsed value). Raises APIError 400
-    `unsupported_parameter` naming the first refused or unknown field."""
+    """Apply the table to the fields a client sent (name -> parsed value; the undeclared keys of option objects
+    under their dotted names). Raises APIError 400 `unsupported_parameter` naming the first refused or unknown
+    field."""
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     for name, value in sent.items():
         rule = FIELDS.get(name)
@@ -130,7 +167,8 @@ def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None
             where = "" if rule is None else f" (it is a {rule.endpoints} field)"
             raise invalid(f"'{name}': unknown field for {endpoint}{where}; remove it (or start the server with "
                           "--ignore-unknown-fields to ignore unknown fields)", name, "unsupported_parameter")
-        is_off = (rule.off is not _NO_OFF and value == rule.off
-                  and isinstance(value, bool) == isinstance(rule.off, bool))  # 0 is not False, 1.0 is not True
+        off = rule.off_value(chat)
+        is_off = (off is not _NO_OFF and value == off
+                  and isinstance(value, bool) == isinstance(off, bool))  # 0 is not False, 1.0 is not True
         if rule.status == REFUSED and not is_off:
             raise invalid(f"'{name}': {rule.why}", name, "unsupported_parameter")

@@ -188,8 +188,8 @@ class Generation:
                 delta = ch.feed(new, out.finished)
             except Exception as exc:  # noqa: BLE001 - detokenizing or a stop string raised: this request alone
                 log.exception("request %s: detokenizing failed", self.rec.request_id)
-                self.ctx.metrics.engine_errors.labels(kind="isolated").inc()
                 ch.error = f"detokenizing the output raised: {type(exc).__name__}: {exc}"
+                self.ctx.engine.report_isolated(ch.error)  # counted as the engine's own (metric, window rule)
                 self.engine_error = self.engine_error or ch.error
                 events.extend(self._end_open("error"))
                 break

@@ -1,11 +1,11 @@
 """Start, load in the background, serve, drain on SIGTERM, exit.
 
 Order (C10): uvicorn binds the port first, then a loader thread verifies the model directory (manifest.sha256),
-builds the engine (weights, KV pool, one warm-up forward pass; the engine logs the KV pool size in blocks and
-tokens and the max concurrency at max_model_len) and starts the step loop; only then does the phase become
-`ready`. A load failure logs one clear line and ends the process with exit code 1.
-An engine that dies while serving (a sticky device error, repeated step errors: see async_engine.py) makes the
-phase `failed` and ends the process with exit code 3 after its open requests were answered 500.
+builds the engine (weights, KV pool, one warm-up forward pass whose logits must be finite; the engine logs the KV
+pool size in blocks and tokens and the max concurrency at max_model_len) and starts the step loop; only then does
+the phase become `ready`. A load failure logs one clear line and ends the process with exit code 1.
+An engine that dies while serving (a sticky device error, repeated requests failed alone: see async_engine.py)
+makes the phase `failed` and ends the process with exit code 3 after its open requests were answered 500.
 
 SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
 up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]), and

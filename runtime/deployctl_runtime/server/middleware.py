@@ -2,9 +2,10 @@
 
 A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect,
 which would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it
-sent a sane one) and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method,
-path, status, prompt and completion tokens, TTFT and total time, and the API key's id (auth.key_id, `-` without
-one); never prompt or output text, never keys.
+sent a sane one; else the body's vLLM `request_id` with the response id's prefix, serving.adopt_body_request_id)
+and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method, path, status, prompt
+and completion tokens, TTFT and total time, and the API key's id (auth.key_id, `-` without one); never prompt or
+output text, never keys.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import re
 import time
 import uuid
 
+from .protocol import REQUEST_ID_PATTERN
 from .serving import RequestRecord
 
 access_log = logging.getLogger("deployctl_runtime.access")
-_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SANE_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 class RequestContextMiddleware:
@@ -34,15 +36,15 @@ class RequestContextMiddleware:
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         prefix = "chatcmpl-" if path.endswith("/chat/completions") else "cmpl-"
-        rid = given if _SANE_ID.match(given) else prefix + uuid.uuid4().hex
-        rec = RequestRecord(rid)
+        from_header = bool(_SANE_ID.match(given))
+        rec = RequestRecord(given if from_header else prefix + uuid.uuid4().hex, id_from_header=from_header)
         scope.setdefault("state", {})["record"] = rec
         status = {"code": 0}
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
-                extra = [(b"x-request-id", rid.encode())]
+                extra = [(b"x-request-id", rec.request_id.encode())]
                 if self.release:
                     extra.append((b"x-deployctl-release", self.release))
                 message = {**message, "headers": list(message.get("headers", [])) + extra}
@@ -59,6 +61,6 @@ class RequestContextMiddleware:
                     level,
                     "request_id=%s method=%s path=%s status=%d prompt_tokens=%d completion_tokens=%d ttft_ms=%s "
                     "total_ms=%.1f finish=%s key_id=%s",
-                    rid, scope.get("method"), path, code, rec.prompt_tokens, rec.completion_tokens, ttft,
+                    rec.request_id, scope.get("method"), path, code, rec.prompt_tokens, rec.completion_tokens, ttft,
                     (time.monotonic() - rec.arrival) * 1000, ",".join(rec.finish_reasons) or "-", rec.key_id or "-",
                 )

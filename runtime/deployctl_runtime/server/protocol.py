@@ -2,18 +2,21 @@
 
 Requests are parsed in strict JSON mode: wrong types and impossible values raise `APIError` 400 with `param` naming
 the field (`parse_request`). Top-level fields the models do not declare are kept (`model_extra`) for the field
-table (fields.py), which honours, ignores or refuses every field by name. Responses are plain dicts built in
-`serving`.
+table (fields.py), which honours, ignores or refuses every field by name. A field sent as null is parsed as if it
+were absent (fields.without_nulls), at the top level and inside the option objects (`_Options`). Responses are plain
+dicts built in `serving`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import APIError, invalid
+from .fields import without_nulls
 
 MAX_N = 64
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"  # a request id: the X-Request-Id header's and the body's
 
 
 class _CrossFieldError(ValueError):
@@ -29,20 +32,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class StreamOptions(_Strict):
+class _Options(BaseModel):
+    """A request's option object (stream_options, structured_outputs, response_format[.json_schema]): its keys sent
+    as null are absent; the keys it does not declare are kept for the field table under their dotted names
+    (`extras`). `path` is where it sits in the request."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    path: ClassVar[str] = ""
+
+    def extras(self) -> dict[str, Any]:
+        out = {f"{self.path}.{k}": v for k, v in (self.model_extra or {}).items()}
+        for name in self.model_fields_set:
+            value = getattr(self, name)
+            if isinstance(value, _Options):
+                out.update(value.extras())
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        declared = tuple(f.alias or name for name, f in cls.model_fields.items())
+        return without_nulls(data, True, cls.path + ".", declared)
+
+
+class StreamOptions(_Options):
+    path: ClassVar[str] = "stream_options"
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM extension: usage in every chunk
 
 
-class JSONSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+class JSONSchemaFormat(_Options):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+    path: ClassVar[str] = "response_format.json_schema"
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(_Options):
+    path: ClassVar[str] = "response_format"
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -54,8 +83,10 @@ class ResponseFormat(_Strict):
         return self
 
 
-class StructuredOutputsRequest(_Strict):
+class StructuredOutputsRequest(_Options):
     """vLLM's `structured_outputs` object: exactly one of json, regex, choice, grammar, json_object."""
+
+    path: ClassVar[str] = "structured_outputs"
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
@@ -70,6 +101,7 @@ class _SamplingFields(BaseModel):
     Undeclared top-level fields are kept in `model_extra` for the field table (fields.py)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+    chat: ClassVar[bool] = False
 
     model: str | None = None
     max_tokens: int | None = None
@@ -99,6 +131,12 @@ class _SamplingFields(BaseModel):
     structured_outputs: StructuredOutputsRequest | None = None
     modalities: list[str] | None = None
     best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
+    request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)] | None = None  # vLLM: the response's id
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        return without_nulls(data, cls.chat)
 
     @model_validator(mode="after")
     def _best_of(self):
@@ -131,9 +169,13 @@ class _SamplingFields(BaseModel):
         return self
 
     def sent_fields(self) -> dict[str, Any]:
-        """The top-level fields the client sent (declared or not), name -> parsed value, for fields.check_fields."""
+        """The fields the client sent (declared or not), name -> parsed value, for fields.check_fields: the top
+        level's, and the option objects' undeclared keys as "parent.key"."""
         out = {k: getattr(self, k) for k in self.model_fields_set if k in type(self).model_fields}
         out.update(self.model_extra or {})
+        for value in list(out.values()):
+            if isinstance(value, _Options):
+                out.update(value.extras())
         return out
 
     @property
@@ -208,6 +250,7 @@ class NamedToolChoice(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    chat: ClassVar[bool] = True
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool = False
     top_logprobs: int | None = None

@@ -2,10 +2,13 @@
 
 Logprobs: each token as text a client can show (UTF-8; a partial character as `\\xNN` escapes, never byte-level
 markers like `Ġ`) plus its raw bytes (chat), with the requested number of most likely alternatives per position.
+Completions' text_offset indexes into the returned text, whole and streamed alike (`_HeldLogprobs`).
 usage.prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix cache. best_of > n: the n
 choices of each prompt with the highest cumulative logprob, re-indexed 0..n-1 per prompt (all generated tokens are
 counted in usage, as OpenAI bills them). Streaming with tools: a tool call comes as one `tool_calls` delta once
-its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual.
+its JSON is complete (finish_reason "tool_calls"); a text answer streams as usual. A forced call cut by max_tokens
+(tools.ToolMode.parse_truncated) is `tool_calls` with the arguments so far and finish_reason "length", whole or
+streamed; cut before its function was known, the answer has neither content nor tool_calls.
 """
 from __future__ import annotations
 
@@ -29,25 +32,47 @@ def new_offset_state() -> list:
     return [codecs.getincrementaldecoder("utf-8")(errors="replace"), 0]
 
 
-def _text_offsets(tb, ids: list[int], state: list) -> list[int]:
-    """Where each token's text starts in the choice's text, in characters: its bytes are decoded as the text was
-    (a token holding part of a character adds nothing until the character completes; special tokens, skipped in
-    the text, add nothing), not the length of its displayed `\\xNN` escapes."""
-    offsets = []
+def _token_spans(tb, ids: list[int], state: list) -> list[tuple[int, int]]:
+    """Where each token's text starts and ends in the choice's text, in characters: its bytes are decoded as the
+    text was (a token holding part of a character adds nothing until the character completes; special tokens,
+    skipped in the text, add nothing), not the length of its displayed `\\xNN` escapes."""
+    spans = []
     for t in ids:
-        offsets.append(state[1])
+        start = state[1]
         if not tb.is_special(t):
             state[1] += len(state[0].decode(tb.bytes(t)))
-    return offsets
+        spans.append((start, state[1]))
+    return spans
 
 
-def _completion_logprobs(tb, ids: list[int], lps, tops, state: list) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    tokens = [tb.text(t) for t in ids]
-    offsets = _text_offsets(tb, ids, state)
+def _completion_logprobs(tb, ids: list[int], lps, tops, offsets: list[int]) -> dict[str, Any]:
     top = [{tb.text(t): lp for t, lp in alts} for alts in tops] if tops else None
-    return {"tokens": tokens, "token_logprobs": list(lps[: len(ids)]), "top_logprobs": top, "text_offset": offsets}
+    return {"tokens": [tb.text(t) for t in ids], "token_logprobs": list(lps[: len(ids)]), "top_logprobs": top,
+            "text_offset": offsets}
+
+
+class _HeldLogprobs:
+    """A streamed completion choice's tokens with their logprobs, each sent once the choice's text has reached its
+    end, so that text_offset always indexes into the text streamed so far: text held back (a possible stop string,
+    a partial character) holds its tokens, and when a stop string cuts it they go out with the finish, their
+    offsets at the end of the text, as in the whole response."""
+
+    def __init__(self) -> None:
+        self.state = new_offset_state()
+        self.pending: list[tuple[int, float, Any, int, int]] = []  # token id, logprob, top, start, end
+        self.num_chars_sent = 0
+
+    def take(self, tb, ev: Event) -> tuple[list[int], list[float], list, list[int]]:
+        """(token ids, logprobs, top logprobs, text offsets) to send with `ev`'s text."""
+        lps, tops = ev.logprobs or [], ev.top_logprobs or []
+        for k, (t, (start, end)) in enumerate(zip(ev.token_ids, _token_spans(tb, ev.token_ids, self.state))):
+            self.pending.append((t, lps[k] if k < len(lps) else None, tops[k] if k < len(tops) else None, start, end))
+        self.num_chars_sent += len(ev.text)
+        n = len(self.pending) if ev.finish_reason is not None else next(
+            (k for k, p in enumerate(self.pending) if p[4] > self.num_chars_sent), len(self.pending))
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return ([p[0] for p in out], [p[1] for p in out], [p[2] for p in out],
+                [min(p[3], self.num_chars_sent) for p in out])
 
 
 def _chat_logprobs(tb, ids: list[int], lps, tops) -> dict[str, Any] | None:
@@ -83,32 +108,38 @@ class ResponseBuilder:
         self.want_ids = prep.request.return_token_ids
         self._role_sent: set[int] = set()
         self._calls_possible = prep.tools is not None and prep.tools.kind != "none"
-        self._held: dict[int, list] = {}  # choice index -> [text held while it may be a tool call, or None]
-        self._offsets: dict[int, list] = {}  # choice index -> new_offset_state(), streamed text_offset
+        self._held: dict[int, Any] = {}  # choice index -> chat: [text held while it may be a tool call, ...];
+        # completions with logprobs: _HeldLogprobs
 
-    def _lp(self, ids, lps, tops, state=None):
+    def _lp(self, ids, lps, tops, text: str = "", offsets: list[int] | None = None):
+        """The logprobs object of these tokens; completions: text_offset `offsets`, or (whole responses) each
+        token's start in `text`, at most its length (a stop string cuts the text inside or before the last
+        tokens)."""
         if not self.want_logprobs:
             return None
         tops = tops if self.want_top else None
         if self.prep.chat:
             return _chat_logprobs(self.tb, ids, lps or [], tops)
-        return _completion_logprobs(self.tb, ids, lps or [], tops, new_offset_state() if state is None else state)
+        if offsets is None:
+            offsets = [min(start, len(text)) for start, _ in _token_spans(self.tb, ids, new_offset_state())]
+        return _completion_logprobs(self.tb, ids, lps or [], tops, offsets)
 
     # ---- whole responses ----
     def full(self, choices: list[Choice], rec: RequestRecord) -> dict[str, Any]:
         out = []
         for index, ch in best_choices(choices, self.prep.per_prompt, self.prep.request.n):
-            lp = self._lp(ch.token_ids, ch.logprobs, ch.top_logprobs)
+            lp = self._lp(ch.token_ids, ch.logprobs, ch.top_logprobs, ch.text)
             if self.prep.chat:
                 message: dict[str, Any] = {"role": "assistant", "content": ch.text}
                 reason = ch.finish_reason
                 calls = self.prep.tools.parse(ch.text) if self.prep.tools is not None else None
-                if calls:
-                    message, reason = {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+                if calls:  # finish_reason "length" stays (as streamed): the call came out whole, max_tokens cut it
+                    message = {"role": "assistant", "content": None, "tool_calls": calls}
+                    reason = "length" if reason == "length" else "tool_calls"
                 elif reason == "length" and self.prep.tools is not None:
                     cut = self.prep.tools.parse_truncated(ch.text)  # a forced call cut by max_tokens
-                    if cut:
-                        message = {"role": "assistant", "content": None, "tool_calls": cut}
+                    if cut is not None:  # never its JSON as text; no call when no function was known yet
+                        message = {"role": "assistant", "content": None, **({"tool_calls": cut} if cut else {})}
                 out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
             else:
                 out.append({"index": index, "text": ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
@@ -143,7 +174,7 @@ class ResponseBuilder:
                     if calls is not None:
                         reason = "length" if ev.finish_reason == "length" else "tool_calls"
                         out.append(self._chunk([self._ids({
-                            "index": ev.index, "delta": {"tool_calls": calls},
+                            "index": ev.index, "delta": {"tool_calls": calls} if calls else {},
                             "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
                             "finish_reason": reason}, ev)], usage))
                         continue
@@ -157,11 +188,14 @@ class ResponseBuilder:
                                                    "logprobs": self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs),
                                                    "finish_reason": ev.finish_reason}, ev)], usage))
             else:
+                lp = None
+                if self.want_logprobs:  # tokens go out once the text reaches them (_HeldLogprobs)
+                    ids, lps, tops, offsets = self._held.setdefault(ev.index, _HeldLogprobs()).take(self.tb, ev)
+                    ev = replace(ev, token_ids=ids)
+                    lp = self._lp(ids, lps, tops, offsets=offsets)
                 if not ev.text and ev.finish_reason is None and not (
                         (self.want_ids or self.want_logprobs) and ev.token_ids):
                     continue
-                state = self._offsets.setdefault(ev.index, new_offset_state())
-                lp = self._lp(ev.token_ids, ev.logprobs, ev.top_logprobs, state)
                 out.append(self._chunk([self._ids({"index": ev.index, "text": ev.text, "logprobs": lp,
                                                    "finish_reason": ev.finish_reason}, ev)], usage))
         return out
@@ -188,8 +222,8 @@ class ResponseBuilder:
             return None, None
         calls = self.prep.tools.parse(text)
         if not calls and ev.finish_reason == "length":
-            calls = self.prep.tools.parse_truncated(text)
-        if calls:
+            calls = self.prep.tools.parse_truncated(text)  # a forced call cut: [] before a function was known
+        if calls is not None:
             return ev, [{"index": k, **call} for k, call in enumerate(calls)]
         return replace(ev, text=text), None
 

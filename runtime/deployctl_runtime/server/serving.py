@@ -30,6 +30,7 @@ from deployctl_runtime.tokenizer import encode_prompt
 
 from . import params as sampling
 from .detokenizer import IncrementalDetokenizer
+from .chat_template import SERVER_VARIABLES
 from .errors import APIError, invalid
 from .fields import check_fields
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
@@ -53,6 +54,7 @@ class RequestRecord:
     finish_reasons: list[str] = field(default_factory=list)
     status_override: int = 0  # 499 when the client went away before the response
     key_id: str | None = None  # auth.key_id of the API key the request used (None: no keys, or refused)
+    id_from_header: bool = False  # request_id is the client's X-Request-Id (a body's request_id does not replace it)
 
 
 @dataclass
@@ -69,6 +71,13 @@ class Prepared:
 
 def new_request_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def adopt_body_request_id(rec: RequestRecord, req: Any, chat: bool) -> None:
+    """vLLM's `request_id` field names the response ("cmpl-"/"chatcmpl-" + it), the X-Request-Id header, the
+    access log and the request's log lines; a client's X-Request-Id header wins, as in vLLM."""
+    if req.request_id is not None and not rec.id_from_header:
+        rec.request_id = ("chatcmpl-" if chat else "cmpl-") + req.request_id
 
 
 def _check_text_bound(ctx: ServerContext, text: str, param: str) -> None:
@@ -95,13 +104,16 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
         messages = [m.template_dict() for m in req.messages]
         extra = dict(req.chat_template_kwargs or {})
-        for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
-            extra.pop(reserved, None)  # set by the request's own fields and the model
-        if tools is not None:
-            extra["tools"] = tools.template_tools
-        text = ctx.chat_template.render(messages, req.add_generation_prompt, **extra)
-        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt,
-                                                                  **{**extra, "tools": None}):
+        taken = next((k for k in SERVER_VARIABLES if k in extra), None)
+        if taken is not None:
+            raise invalid(f"'chat_template_kwargs.{taken}': the server sets {taken} for the chat template (from "
+                          f"{SERVER_VARIABLES[taken]}); remove it from chat_template_kwargs",
+                          f"chat_template_kwargs.{taken}", "invalid_value")
+        text = ctx.chat_template.render(messages, req.add_generation_prompt,
+                                        **extra, **({} if tools is None else {"tools": tools.template_tools}))
+        # does the template show the tools? Compared with a render without them: `tools` left undefined, as for a
+        # request without tools (a template guarded by `tools is defined` must not see tools=None)
+        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt, **extra):
             raise invalid("'tools': this model's chat template does not show tools to the model (the prompt is the "
                           "same with and without them); serve a model whose template renders `tools`, or describe "
                           "the functions in the messages", "tools", "unsupported_parameter")

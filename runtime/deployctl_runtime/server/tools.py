@@ -6,12 +6,12 @@ grammar: a JSON array of calls `[{"name": <a tool's name>, "arguments": <its par
 function, and offered beside free text for "auto" (the default when tools are given): text that starts with "["
 is a tool call, anything else is an answer. "none" renders the tools and generates text. The calls come back as
 OpenAI `tool_calls` with finish_reason "tool_calls". Streamed, a call comes in one `tool_calls` delta once its JSON
-is complete (responses.py).
+is complete (responses.py). A forced call cut by max_tokens comes back as the calls so far (`parse_truncated`),
+finish_reason "length".
 """
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,7 @@ class ToolMode:
     names: list[str]
     spec: StructuredOutputsParams | None
     template_tools: list[dict[str, Any]]
+    forced: str | None = None  # the function a named tool_choice forces
 
     def parse(self, text: str) -> list[dict[str, Any]] | None:
         """OpenAI tool_calls from the generated text, or None when it is a plain answer (or cut off)."""
@@ -51,30 +52,50 @@ class ToolMode:
 
 
     def parse_truncated(self, text: str) -> list[dict[str, Any]] | None:
-        """The calls of a forced tool call (required / named) cut by max_tokens: each call whose name was generated,
-        its `arguments` as far as they got (the last one is not valid JSON), as OpenAI returns them with
-        finish_reason "length". None when not even a name came out (or the mode allows plain text)."""
-        if self.kind not in ("required", "named") or not text.lstrip().startswith("["):
-            return None
-        starts = [m for m in _CALL_START.finditer(text) if m.group(1) in self.names]
-        if not starts:
+        """The calls of a forced tool call (required / named) cut by max_tokens, at any point: each call whose
+        function is known (the named one; for required, the one tool whose name the generated part of the name
+        starts), with its `arguments` as far as they got ("" when the cut came before them; the last one is not
+        valid JSON), as OpenAI returns them with finish_reason "length". [] when the cut came before any function
+        was known; None when the mode allows plain text (auto, none)."""
+        if self.kind not in ("required", "named"):
             return None
         out = []
-        for i, m in enumerate(starts):
-            if i + 1 < len(starts):  # a complete call: `{...}},` up to the next call's start
-                args = text[m.end():starts[i + 1].start()].rstrip().removesuffix(",").rstrip().removesuffix("}")
-            else:
-                args = text[m.end():]
-                try:  # the arguments came out whole (only the closing brackets are missing): as parse() shows them
-                    args = json.dumps(json.JSONDecoder().raw_decode(args)[0], ensure_ascii=False)
-                except ValueError:
-                    pass
+        for name, args in _cut_calls(text) or [("", "")]:  # cut at "[" or before: the first call had begun
+            known = [self.forced] if self.forced else [n for n in self.names if n.startswith(name)]
+            if len(known) != 1 or not known[0].startswith(name):
+                break  # the name is not decided yet (or not one of the tools: nothing under the grammar)
             out.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                        "function": {"name": m.group(1), "arguments": args}})
+                        "function": {"name": known[0], "arguments": args}})
         return out
 
 
-_CALL_START = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
+_CALL_HEAD, _ARGS_KEY = '{"name":"', ',"arguments":'  # the grammar's call layout: no whitespace (_call_schema)
+
+
+def _cut_calls(text: str) -> list[tuple[str, str]]:
+    """(the name as far as generated, the arguments as far as generated) of each call of a forced tool call's text
+    `[{"name":"N","arguments":{...}},...]` cut anywhere. Arguments that came out whole are shown as parse() shows
+    them; cut ones as generated; "" before they began."""
+    rest, out = text.lstrip().removeprefix("["), []
+    while rest:
+        if not _CALL_HEAD.startswith(rest[:len(_CALL_HEAD)]):
+            break  # not a call (cannot happen under the grammar)
+        name, quote, rest = rest[len(_CALL_HEAD):].partition('"')
+        if not quote or len(rest) <= len(_ARGS_KEY):  # cut in the name, or before the arguments began
+            out.append((name, ""))
+            break
+        rest = rest[len(_ARGS_KEY):]
+        try:
+            args, end = json.JSONDecoder().raw_decode(rest)
+        except ValueError:  # cut inside the arguments
+            out.append((name, rest))
+            break
+        out.append((name, json.dumps(args, ensure_ascii=False)))
+        rest = rest[end:].removeprefix("}")
+        if not rest.startswith(","):
+            break
+        rest = rest[1:]
+    return out
 
 
 def _closed(schema: Any) -> Any:
@@ -118,7 +139,7 @@ def tool_mode(req: Any) -> ToolMode | None:
             raise invalid(f"'tool_choice': function {name!r} is not one of the tools ({', '.join(names)})",
                           "tool_choice")
         schema = _call_schema(chosen, one=True)
-        return ToolMode("named", names, StructuredOutputsParams(json=schema), template_tools)
+        return ToolMode("named", names, StructuredOutputsParams(json=schema), template_tools, name)
     schema = _call_schema(req.tools, one=not req.parallel_tool_calls)
     if choice == "required":
         return ToolMode("required", names, StructuredOutputsParams(json=schema), template_tools)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,3 +147,37 @@ def api_client(api_server):
     import openai
 
     return openai.OpenAI(base_url=api_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+OVERFLOW_TOKEN = 1023  # overflow_token_model's logits are NaN for any prompt holding this token id
+
+
+@pytest.fixture(scope="session")
+def overflow_token_model(tiny_model, tmp_path_factory) -> Path:
+    """The tiny Llama with finite weights whose float32 activations overflow on one token (OVERFLOW_TOKEN) and
+    nowhere else: that token's embedding is 1000 along hidden dimension 0 (every other token's is 0 there, and
+    layer 0's attention writes nothing into it), layer 0's MLP squares dimension 0 through one intermediate unit
+    and writes it back times 1e36. At that token the residual becomes inf (NaN logits from there on, for the
+    positions after it too); elsewhere the unit adds 0. A stand-in for a float16 overflow on some prompts that
+    passes the warm-up's check (token 0)."""
+    from safetensors.torch import load_file, save_file
+
+    from deployctl_runtime.tiny_model import write_manifest
+
+    out = tmp_path_factory.mktemp("overflow") / "llama-overflow-on-token"
+    shutil.copytree(tiny_model, out)
+    w = load_file(str(out / "model.safetensors"))
+    emb = w["model.embed_tokens.weight"]
+    emb[:, 0] = 0
+    emb[OVERFLOW_TOKEN] = 0
+    emb[OVERFLOW_TOKEN, 0] = 1000
+    w["model.layers.0.self_attn.o_proj.weight"][0, :] = 0
+    w["model.layers.0.post_attention_layernorm.weight"][0] = 1
+    gate, up, down = (w[f"model.layers.0.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+    gate[0], up[0] = 0, 0
+    gate[0, 0], up[0, 0] = 10, 10
+    down[:, 0] = 1e36
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / ".deployctl-verify-cache.json").unlink(missing_ok=True)
+    write_manifest(out)
+    return out

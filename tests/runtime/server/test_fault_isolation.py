@@ -108,3 +108,52 @@ def test_repeated_isolated_errors_in_the_window_end_the_process(start_server, ti
     assert second.status_code == 500, second.text
     assert srv.proc.wait(20) == 3, srv.log
     assert "2 requests failed alone within 600 s" in srv.log
+
+
+def test_non_finite_logits_count_as_isolated_errors_and_k_of_them_end_the_process(start_server,
+                                                                                  overflow_token_model):
+    # every kind of error that fails a request alone goes through one count: the metric and the K-in-a-window
+    # rule. Non-finite logits used to fail the request without either, so a model overflowing on most prompts
+    # stayed in rotation answering 500s.
+    from .conftest import OVERFLOW_TOKEN
+
+    srv = start_server(["--model", str(overflow_token_model), *ARGS, "--fatal-after-errors", "2",
+                        "--fatal-error-window-s", "600"])
+    first = _complete(srv, [5, OVERFLOW_TOKEN, 7])
+    assert first.status_code == 500 and first.json()["error"]["code"] == "non_finite_logits", first.text
+    m = srv.wait_metrics(lambda m: m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1)
+    assert m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1
+    assert m['deployctl_runtime_engine_errors_total{kind="fatal"}'] == 0
+    assert httpx.get(srv.url + "/readyz", timeout=10).status_code == 200
+    assert _answer(_complete(srv, CLEAN[0]))  # a clean request is served between them
+    second = _complete(srv, [OVERFLOW_TOKEN])
+    assert second.status_code == 500, second.text
+    assert srv.proc.wait(20) == 3, srv.log
+    assert "2 requests failed alone within 600 s" in srv.log and "non-finite logits" in srv.log
+
+
+def test_a_request_the_server_fails_alone_counts_as_the_engines_own(tiny_model):
+    # the detokenizer runs in the server, not the engine: its failures are reported to the one count
+    # (AsyncEngine._count_isolated) and end the engine at K within the window, as the engine's own do
+    from deployctl_runtime.engine import LLMEngine
+    from deployctl_runtime.engine_args import EngineArgs
+    from deployctl_runtime.server.async_engine import AsyncEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model), max_model_len=128,
+                                                   num_gpu_blocks_override=16))
+    kinds, messages, died = [], [], threading.Event()
+    aeng = AsyncEngine(engine, on_error=kinds.append, on_fatal=lambda m: (messages.append(m), died.set()),
+                       max_isolated_errors=2, isolated_error_window_s=600)
+    aeng.start()
+    try:
+        aeng.report_isolated("detokenizing the output raised: ValueError: first")
+        deadline = time.monotonic() + 5
+        while kinds != ["isolated"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kinds == ["isolated"] and aeng.is_alive
+        aeng.report_isolated("detokenizing the output raised: ValueError: second")
+        assert died.wait(5)
+        assert kinds == ["isolated", "isolated", "fatal"] and not aeng.is_alive
+        assert "2 requests failed alone within 600 s" in messages[0] and "ValueError: second" in messages[0]
+    finally:
+        aeng.shutdown()

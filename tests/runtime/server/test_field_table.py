@@ -216,6 +216,23 @@ def _chat_template_kwargs(srv, chat):
             > ok(srv, chat)["usage"]["prompt_tokens"])
 
 
+def _request_id(srv, chat):
+    # vLLM's: the response's id; an X-Request-Id header wins, as in vLLM
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    r = ask(srv, chat, request_id="my-req.1")
+    assert r.json()["id"] == prefix + "my-req.1" and r.headers["x-request-id"] == prefix + "my-req.1"
+    body = {"max_tokens": 4, "request_id": "my-req.2", "stream": True,
+            **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
+    s = httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, timeout=60)
+    ids = {json.loads(line[6:])["id"] for line in s.text.splitlines() if line.startswith("data: {")}
+    assert ids == {prefix + "my-req.2"}
+    r = httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), timeout=60,
+                   headers={"X-Request-Id": "from-header"}, json={**body, "stream": False})
+    assert r.json()["id"] == "from-header" == r.headers["x-request-id"]
+    err = ask(srv, chat, request_id="two words\n").json()["error"]
+    assert err["param"] == "request_id"
+
+
 def _is_json_object(s):
     return s.startswith("{")
 
@@ -242,12 +259,34 @@ HONOURED_PROBES = {
     "structured_outputs": _grammar("structured_outputs", {"choice": ["red", "green"]},
                                    lambda s: s in ("red", "green")),
     "add_generation_prompt": _add_generation_prompt, "chat_template_kwargs": _chat_template_kwargs,
+    "request_id": _request_id,
 }
 IGNORED_VALUES = {"user": "u-1", "metadata": {"team": "a"}, "store": True, "service_tier": "auto",
                   "prompt_cache_key": "k", "safety_identifier": "s", "guided_decoding_backend": "xgrammar",
-                  "request_id": "r-1", "include_reasoning": True}
+                  "include_reasoning": True, "structured_outputs.disable_fallback": True}
 CASES = [(name, chat) for name, rule in FIELDS.items() for chat in (False, True)
          if rule.applies(chat)]
+PARENTS = {"structured_outputs": {"choice": ["red", "green"]}, "stream_options": {}}  # a nested key's object
+
+
+def nest(name: str, value) -> dict:
+    """The top-level fields that send `value` under the field table's (maybe dotted) name; a key of stream_options
+    comes with stream true. value None (the Python object): the parent object without the key."""
+    if "." not in name:
+        return {name: value}
+    parent, key = name.split(".", 1)
+    out = {parent: {**PARENTS[parent], **({} if value is None else {key: value})}}
+    return {**out, "stream": True} if parent == "stream_options" else out
+
+
+def outcome(r: httpx.Response, chat: bool) -> str:
+    """The text of a 200 answer, whole or streamed."""
+    assert r.status_code == 200, r.text
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        return text(r.json(), chat)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join((c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+                   for c in chunks if c["choices"])
 
 
 @pytest.mark.parametrize("name,chat", CASES, ids=[f"{n}-{'chat' if c else 'completions'}" for n, c in CASES])
@@ -256,16 +295,66 @@ def test_every_field_is_honoured_ignored_or_refused(server, name, chat):
     if rule.status == HONOURED:
         HONOURED_PROBES[name](server, chat)
     elif rule.status == IGNORED:
-        base = text(ok(server, chat, ignore_eos=True), chat)
-        assert text(ok(server, chat, ignore_eos=True, **{name: IGNORED_VALUES[name]}), chat) == base
+        base = outcome(ask(server, chat, ignore_eos=True, **nest(name, None)), chat)
+        assert outcome(ask(server, chat, ignore_eos=True, **nest(name, IGNORED_VALUES[name])), chat) == base
     else:
         assert rule.status == REFUSED
-        r = ask(server, chat, **{name: {"some": "value"}})
+        r = ask(server, chat, **nest(name, {"some": "value"}))
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert (err["code"], err["param"]) == ("unsupported_parameter", name) and rule.why in err["message"]
-        if rule.off is not _NO_OFF:
-            ok(server, chat, **{name: rule.off})
+        if rule.off_value(chat) is not _NO_OFF:
+            outcome(ask(server, chat, **nest(name, rule.off_value(chat))), chat)
+
+
+def post(srv, chat: bool, body: dict) -> httpx.Response:
+    """The body as is: a None value goes out as JSON null."""
+    return httpx.post(srv.url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body, timeout=120)
+
+
+def answer(r: httpx.Response) -> tuple:
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"], body["usage"]
+
+
+@pytest.mark.parametrize("name,chat", CASES, ids=[f"{n}-{'chat' if c else 'completions'}" for n, c in CASES])
+def test_null_is_answered_as_if_the_field_were_absent(server, name, chat):
+    # OpenAI's and vLLM's optional fields are nullable: null asks for nothing (it used to be a 400 for n,
+    # presence_penalty, logprobs, stream, echo, suffix, min_p, ignore_eos, the refused fields, ...)
+    base = {"max_tokens": 8, "temperature": 0, "seed": 1,
+            "messages" if chat else "prompt": [{"role": "user", "content": "Tell me about the sea"}] if chat
+            else "Tell me about the sea"}
+    base.pop(name, None)
+    if name == "max_tokens":
+        base["max_completion_tokens"] = 8
+    if name in ("messages", "prompt"):  # required: null is a missing field, not an empty one
+        err = post(server, chat, {**base, name: None}).json()["error"]
+        assert (err["param"], err["code"]) == (name, "missing_required_parameter")
+        return
+    if "." in name:  # a key of an option object sent as null: as if the object did not have it
+        parent, key = name.split(".", 1)
+        absent = {**base, **nest(name, None)}
+        nulled = {**absent, parent: {**absent[parent], key: None}}
+        assert outcome(post(server, chat, nulled), chat) == outcome(post(server, chat, absent), chat)
+        return
+    assert answer(post(server, chat, {**base, name: None})) == answer(post(server, chat, base))
+
+
+def test_the_openai_sdk_passing_none_through_is_served(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Tell me about the sea"}]
+    model = client.models.list().data[0].id
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    nones = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0, n=None,
+                                           presence_penalty=None, frequency_penalty=None, logprobs=None,
+                                           stream=None, parallel_tool_calls=None, reasoning_effort=None)
+    assert nones.choices[0].message.content == plain.choices[0].message.content
+    done = client.completions.create(model=model, prompt="Tell me about the sea", max_tokens=8, temperature=0,
+                                     echo=None, suffix=None, n=None, stream=None)
+    assert done.choices[0].finish_reason == "length"
 
 
 def test_the_table_covers_both_endpoints_and_every_probe_is_used():
@@ -281,11 +370,36 @@ def test_unknown_fields_are_400_naming_them(server, chat, name):
     assert (err["code"], err["param"]) == ("unsupported_parameter", name)
 
 
+@pytest.mark.parametrize("chat,fields,param", [
+    (False, {"stream": True, "stream_options": {"include_usage": True, "foo": 1}}, "stream_options.foo"),
+    (True, {"structured_outputs": {"choice": ["a"], "whitespace_patern": " "}}, "structured_outputs.whitespace_patern"),
+    (True, {"response_format": {"type": "json_object", "foo": True}}, "response_format.foo"),
+    (False, {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "foo": 1}}},
+     "response_format.json_schema.foo")])
+def test_unknown_keys_of_option_objects_are_400_naming_their_path(server, chat, fields, param):
+    # they used to be dropped with a 200
+    r = ask(server, chat, **fields)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_parameter", param) and f"'{param}'" in err["message"]
+
+
+@pytest.mark.parametrize("key", ["tools", "messages", "add_generation_prompt", "bos_token", "raise_exception"])
+def test_chat_template_kwargs_cannot_set_what_the_server_sets(server, key):
+    # they used to be dropped silently (tools there would have rendered tools the server never parses for)
+    r = ask(server, True, chat_template_kwargs={"enable_thinking": False, key: "x"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == f"chat_template_kwargs.{key}" and "the server sets" in err["message"]
+
+
 def test_ignore_unknown_fields_ignores_them_with_a_warning(start_server, tiny_model):
     srv = start_server(["--model", str(tiny_model), "--ignore-unknown-fields"])
     base = text(ok(srv, False, ignore_eos=True), False)
     assert text(ok(srv, False, ignore_eos=True, foo={"x": 1}), False) == base
     assert "ignoring unknown request field 'foo'" in srv.log
+    assert text(ok(srv, False, ignore_eos=True, response_format={"type": "text", "foo": 1}), False) == base
+    assert "ignoring unknown request field 'response_format.foo'" in srv.log
     # refused fields are still refused: the setting is about names the server does not know
     assert ask(srv, False, suffix="x").json()["error"]["param"] == "suffix"
 
@@ -302,3 +416,46 @@ def test_tools_with_a_template_that_cannot_show_them_are_400(start_server, tiny_
     assert (err["param"], err["code"]) == ("tools", "unsupported_parameter")
     assert "does not show tools" in err["message"]
     ok(srv, True)  # without tools the model serves as before
+
+
+@pytest.mark.parametrize("chat,value,status", [(False, True, 200), (False, False, 400), (True, False, 200),
+                                               (True, True, 400)])
+def test_add_special_tokens_passes_when_it_asks_for_what_the_server_does(server, chat, value, status):
+    # completions add the tokenizer's special tokens, chat leaves them to the template (vLLM's defaults): sending
+    # that is no request at all; the other value would change the prompt, so it is refused
+    r = ask(server, chat, add_special_tokens=value)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == "add_special_tokens"
+
+
+@pytest.mark.parametrize("name,nothing,something", [("logits_processors", [], ["pkg.module:Processor"]),
+                                                    ("bad_words", [], ["sea"])])
+def test_empty_lists_ask_for_nothing(server, name, nothing, something):
+    for chat in (False, True):
+        assert text(ok(server, chat, ignore_eos=True, **{name: nothing}), chat) == text(ok(server, chat,
+                                                                                         ignore_eos=True), chat)
+        assert ask(server, chat, **{name: something}).json()["error"]["param"] == name
+
+
+def test_a_template_guarded_by_tools_is_defined_serves_tools_and_a_failing_template_names_why(start_server,
+                                                                                              tiny_model, tmp_path):
+    # the "does the template show tools" probe rendered tools=None, which such a template iterates: a TypeError
+    # escaped as a bare 500
+    model = tmp_path / "tools-defined"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (
+        "{% if tools is defined %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+        "{% endif %}{% for m in messages %}{% if m['content'] == 'boom' %}{{ 1 + m['content'] }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    srv = start_server(["--model", str(model), "--skip-verify"])
+    r = ok(srv, True, max_tokens=60, tools=[WEATHER], tool_choice="required")
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert ok(srv, True, tools=[WEATHER])["usage"]["prompt_tokens"] > ok(srv, True)["usage"]["prompt_tokens"]
+    r = ask(srv, True, messages=[{"role": "user", "content": "boom"}])
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["code"] == "chat_template_error" and "TypeError" in err["message"], err
+    assert "Traceback" not in srv.log
