@@ -47,7 +47,7 @@ def deploy(
     validate: Optional[str] = typer.Option(None, "--validate", help="functional: run deployctl validate's functional layer against each canary host before the first weight step (a failure aborts, exit 6)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last deploy from its journal (killed, or its terminal closed), or roll it back where it cannot be continued; says which."),
     detach: bool = typer.Option(False, "--detach", help="Run the rollout in the background on this machine (needs --yes), logging to the state dir; follow it with `deployctl rollout watch`."),
-    runner: bool = typer.Option(False, "--runner", hidden=True, help="(internal) the detached runner: record the exit code."),
+    runner: Optional[str] = typer.Option(None, "--runner", hidden=True, help="(internal) the detached runner of this service: record the exit code."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
     from deployctl.config import load_config
@@ -61,7 +61,10 @@ def deploy(
     if detach:
         _detach(cfg, config, yes=yes, canary=canary, break_lock=break_lock, validate=validate, resume=resume)
         return
-    if runner:
+    if runner is not None:
+        if runner != cfg.service.name:
+            raise UsageError(f"--runner {runner!r} is not this deploy.yaml's service ({cfg.service.name})",
+                             fix="--runner is internal: `deploy --detach` passes it")
         _as_runner(cfg, lambda: _deploy(cfg, canary, yes, break_lock, validate, resume))
         return
     _deploy(cfg, canary, yes, break_lock, validate, resume)
@@ -74,7 +77,7 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
 
     if not yes and not resume:
         raise UsageError("deploy --detach cannot ask for confirmation in the background", fix="add --yes")
-    argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner"]
+    argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner", cfg.service.name]
     argv += [*(["--canary", str(canary)] if canary is not None else []), *(["--break-lock"] if break_lock else []),
              *(["--validate", validate] if validate else []), *(["--resume"] if resume else [])]
     pid, log, how = detach.spawn(cfg.service.name, argv,
@@ -229,8 +232,8 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
                           markup=False)
     jr = doc.get("journal")
     if jr and jr["resumable"]:
-        out_console.print(f"the deploy of {jr['release']} is not running any more (pid {ro['pid']} gone) and did not "
-                          f"finish: stopped {'in ' + jr['open_step'] if jr['open_step'] else 'between steps'}; "
+        out_console.print(f"the deploy of {jr['release']} is not running any more (pid {jr['pid']} gone) and did not "
+                          f"finish: stopped {_where(jr)}; "
                           "`deployctl deploy --resume` continues it, `deployctl rollback` restores the previous "
                           "release", markup=False)
     if doc.get("lock"):
@@ -239,6 +242,13 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     for d in doc.get("differences", []):
         out_console.print(f"inconsistent: {d}", markup=False)
     _status_check(doc, check)
+
+
+def _where(jr: dict) -> str:
+    """Where a killed deploy stopped, from status's ``journal``."""
+    if jr["open_step"]:
+        return "in " + jr["open_step"]
+    return "between steps" if jr["done"] else "at its start, before its first step"
 
 
 def _status_check(doc: dict, check: bool) -> None:

@@ -1,7 +1,7 @@
 """``deploy --detach``: the step machine in a background process on the control machine, so that a day-long canary
 outlives the operator's terminal; ``rollout watch`` follows it from any shell.
 
-The runner is ``python -m deployctl deploy --yes --runner ...``, stdin from /dev/null, stdout and stderr appended
+The runner is ``python -m deployctl deploy --yes --runner SERVICE ...``, stdin from /dev/null, stdout and stderr appended
 to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the default,
 picks the first that applies):
 
@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.errors import DeployctlError, ExitCode
+from deployctl.rollout import procs
 from deployctl.rollout.journal import control_dir
 
 # watch's exit when the runner died without recording an exit code (killed): the rollout is unfinished
@@ -76,30 +77,14 @@ def files(service: str) -> RunnerFiles:
     return RunnerFiles(control_dir(service))
 
 
-def pid_running(pid: int) -> bool:
-    """Whether ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
 def runner_pid(service: str) -> Optional[int]:
-    """The pid in runner.pid when that process still runs, else None."""
+    """The pid in runner.pid while that process is ``service``'s runner (deployctl.rollout.procs: a reused pid
+    is not), else None."""
     try:
         pid = int(files(service).pid.read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid_running(pid) else None
+    return pid if procs.is_runner(pid, service) else None
 
 
 def unit_name(service: str) -> str:
@@ -231,7 +216,7 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
     pos, buf = 0, b""
     while True:
         code = _exit_code(f)
-        alive = code is None and pid_running(pid)
+        alive = code is None and procs.is_runner(pid, service)
         try:
             with open(f.log, "rb") as fh:
                 fh.seek(pos)

@@ -139,7 +139,8 @@ def read(service: str) -> list[dict[str, Any]]:
 class Progress:
     """What a journal says: the plan (``start``), the steps that ended (``done``), the step begun and not ended
     (``open_step``, None when the last step ended), the hosts any begun step acted on (``touched``), whether an
-    abort began (``abort_reason``) and how it finished (``finish``: None while unfinished)."""
+    abort began (``abort_reason``), how it finished (``finish``: None while unfinished) and the pid of the deploy
+    that wrote it last (``pid``)."""
 
     start: Optional[dict[str, Any]] = None
     done: set[str] = field(default_factory=set)
@@ -147,14 +148,17 @@ class Progress:
     touched: set[str] = field(default_factory=set)
     abort_reason: Optional[str] = None
     finish: Optional[dict[str, Any]] = None
+    pid: int = 0  # the process that wrote the last ``start`` or ``resume`` record
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> "Progress":
         p = cls()
         for rec in records:
             kind = rec.get("kind")
-            if kind == "start":
-                p = cls(start=rec)
+            if kind in ("start", "resume"):
+                if kind == "start":
+                    p = cls(start=rec)
+                p.pid = int(rec.get("pid") or 0)
             elif kind == "begin":
                 p.open_step = rec.get("step")
                 p.touched.update(rec.get("switch") or [])

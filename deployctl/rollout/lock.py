@@ -40,7 +40,7 @@ class LockInfo:
 
 def _pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs here; a zombie (killed, not yet reaped by a parent that does not wait) does not."""
-    from deployctl.rollout.detach import pid_running
+    from deployctl.rollout.procs import pid_running
 
     return pid_running(pid)
 

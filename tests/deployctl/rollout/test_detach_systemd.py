@@ -56,7 +56,7 @@ def test_a_detached_deploy_runs_in_a_transient_unit_and_is_watched_to_exit_0(rol
     assert rec["properties"]["StandardOutput"] == f"append:{control / 'runner.log'}"
     assert rec["env"]["DEPLOYCTL_TEST_SECRET"] == SECRET  # quotes, $, backslash and backquotes arrive as they were
     assert not any("tok" in a for a in rec["argv"])  # the environment is on no command line
-    assert rec["argv"][rec["argv"].index("--") + 1:][-2:] == ["--yes", "--runner"]
+    assert rec["argv"][rec["argv"].index("--") + 1:][-3:] == ["--yes", "--runner", "chat-tiny"]
     # the runner wrote its own pid (it is not deployctl's child) and deleted the env file
     assert int((control / "runner.pid").read_text()) == rec["pid"]
     watch = env.cli("rollout", "watch", timeout=300)

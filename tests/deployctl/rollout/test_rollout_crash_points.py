@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from deployctl.demo.run import Traffic
+from deployctl.rollout.journal import Progress, read
 from support.rollout import assert_consistent_on, rollout_state, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -81,9 +82,12 @@ def _check_status(env, what: str) -> dict:
     for n in env.names:
         assert rows[n]["current_release"] == env.current(n), (what, rows[n])
     ro, jr = st["rollout"], st["journal"]
-    if jr is not None and ro is not None and ro["action"] == "deploy" and ro["status"] in ("running", "paused",
-                                                                                           "aborting"):
-        assert jr["resumable"] and not jr["runner_alive"], (what, jr)  # the deploy is dead: status says so
+    if ro is not None and ro["action"] == "deploy" and ro["status"] in ("running", "paused", "aborting"):
+        assert jr is not None and jr["resumable"] and not jr["runner_alive"], (what, jr)  # dead: status says so
+    # every kill leaves a deploy's journal unfinished exactly when status calls it resumable (a kill at the start
+    # record too, before the hosts' rollout.json names the new release)
+    unfinished = Progress.of(read(env.cfg["service"]["name"])).unfinished
+    assert bool(jr and jr["resumable"]) == unfinished, (what, jr, ro)
     return st
 
 
