@@ -172,8 +172,8 @@ class Deployment:
             fl.close()
 
     def _resumed(self, t0: float) -> DeployResult:
-        """``deploy --resume``: the journal's plan, the killed deploy's stale lock broken, then continue or roll
-        back (deployctl.rollout.resume)."""
+        """``deploy --resume``: the journal's plan, the lock (refused while the deploy still runs; a killed one's
+        stale lock broken), then continue or roll back (deployctl.rollout.resume)."""
         from deployctl.rollout import resume
 
         self.progress = resume.load(self.cfg)
@@ -181,7 +181,7 @@ class Deployment:
         fl = self.fleet
         try:
             fl.connect()
-            fl.lock("deploy", break_stale=True)
+            resume.take_lock(fl, self.cfg)
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()

@@ -87,6 +87,11 @@ def runner_pid(service: str) -> Optional[int]:
     return pid if procs.is_runner(pid, service) else None
 
 
+def describe_runner(service: str, pid: int) -> str:
+    """``pid N`` of ``service``'s runner, for messages."""
+    return f"pid {pid}"
+
+
 def unit_name(service: str) -> str:
     """The systemd unit of ``service``'s detached runner: ``deployctl-rollout-<service>.service`` (characters
     outside systemd's unit-name set become ``_``)."""
@@ -114,7 +119,7 @@ def spawn(service: str, argv: list[str], *, note: Callable[[str], None] = lambda
     f = files(service)
     busy = runner_pid(service)
     if busy:
-        raise RunnerBusy(f"a detached rollout of {service} runs as pid {busy}",
+        raise RunnerBusy(f"a detached rollout of {service} runs as {describe_runner(service, busy)}",
                          fix="follow it with `deployctl rollout watch`, or stop it with `deployctl abort`")
     f.dir.mkdir(parents=True, exist_ok=True)
     for stale in (f.exit, f.pid, f.env):

@@ -44,8 +44,7 @@ def test_a_stranger_with_the_runners_pid_is_not_the_runner(state):
             detach.watch("svc", lambda line: None, timeout_s=30)
         print(f"\nwatch said the runner died after {time.monotonic() - t0:.2f} s")
         # the journal's deploy process is the stranger's number: status calls the deploy gone and resumable
-        j = journal.Journal("svc")
-        j.start({"release": {"id": "R2"}})
+        journal.Journal("svc").start({"release": {"id": "R2"}, "pid": stranger.pid})
         st = RolloutState(release="R2", status="running", pid=stranger.pid)
         jr = journal_status(_Cfg, st)
         assert jr["runner_alive"] is False and jr["resumable"] is True, jr
@@ -69,11 +68,12 @@ def test_a_live_runner_is_the_runner_and_only_of_its_service(state):
         with pytest.raises(detach.RunnerBusy, match=f"runs as pid {runner.pid}"):
             detach.spawn("svc", ["--version"])
         st = RolloutState(release="R2", status="running", pid=runner.pid)
-        journal.Journal("svc").start({"release": {"id": "R2"}})
+        journal.Journal("svc").start({"release": {"id": "R2"}, "pid": runner.pid})
         assert journal_status(_Cfg, st)["runner_alive"] is True
         f.pid.write_text(f"{other.pid}\n")  # svc-2's runner is not svc's
         assert detach.runner_pid("svc") is None
-        assert journal_status(_Cfg, RolloutState(release="R2", status="running", pid=other.pid))["runner_alive"] is False
+        journal.Journal("svc").start({"release": {"id": "R2"}, "pid": other.pid})
+        assert journal_status(_Cfg, st)["runner_alive"] is False
     finally:
         for p in (runner, other):
             p.kill()
@@ -88,3 +88,27 @@ def test_a_live_runner_is_the_runner_and_only_of_its_service(state):
 ])
 def test_deployctl_command_lines(argv, args):
     assert procs.deployctl_args(argv) == args
+
+
+def test_resume_refuses_while_the_detached_runner_runs_naming_it(state):
+    """`deploy --resume` beside a live runner would start a second step machine on the same fleet: refused before
+    it touches any host, naming the runner's pid and what to do instead."""
+    from deployctl.rollout.resume import take_lock
+
+    class Cfg:
+        class service:
+            name = "svc"
+
+    runner = runner_like(state, "svc", SLEEP)
+    try:
+        time.sleep(0.3)
+        f = detach.files("svc")
+        f.dir.mkdir(parents=True)
+        f.pid.write_text(f"{runner.pid}\n")
+        with pytest.raises(detach.RunnerBusy) as e:
+            take_lock(None, Cfg)  # no fleet: refused before any host is asked
+        assert f"still runs as pid {runner.pid}" in e.value.message and "nothing to resume" in e.value.message
+        assert "rollout watch" in e.value.fix and "abort" in e.value.fix
+    finally:
+        runner.kill()
+        runner.wait()

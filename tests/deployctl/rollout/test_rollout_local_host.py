@@ -191,3 +191,36 @@ hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher
     assert sorted(os.listdir(rel)) == ["20261130T000000Z-00000000", "20261130T030000Z-33333333"]
     assert os.path.exists(os.path.join(rdir, "release.json"))
     assert release.remove_leftovers(h) == []
+
+
+def test_a_live_holders_heartbeat_keeps_its_lock_fresh_past_the_bound(hosts, monkeypatch):
+    """Issue 28: a canary paused for 24 h outlived the lock's 6 h age and a resume broke it. The holder refreshes
+    the file (its mtime) while it holds it; staleness is a dead owner or a heartbeat older than the bound."""
+    import time
+
+    monkeypatch.setenv("DEPLOYCTL_LOCK_MAX_AGE_S", "2")  # a heartbeat every 0.5 s
+    first = DeployLock(hosts, command="deploy")
+    first.acquire()
+    try:
+        time.sleep(3.5)  # past the bound since the lock was taken: only the heartbeat keeps it fresh
+        infos = first.inspect()
+        assert [i.stale for i in infos] == [False, False], infos
+        assert all(i.owner["heartbeat_age_s"] <= 1 for i in infos), infos
+        with pytest.raises(LockHeld, match=r"\[in progress\]"):
+            DeployLock(hosts, command="deploy").acquire(break_stale=True)
+    finally:
+        first.release()
+    # a holder that stopped beating: on another machine (killed there), or here with its pid now another
+    # process's (this one's, alive): stale once the file is older than the bound, whatever `started` says
+    now = datetime.now(timezone.utc).isoformat()
+    for machine in ("elsewhere", socket.gethostname()):
+        rec = {"owner": "x@y", "machine": machine, "pid": os.getpid(), "command": "deploy", "started": now,
+               "token": "t"}
+        for h in hosts:
+            path = os.path.join(h.config.deploy_root, "state", "lock")
+            with open(path, "w") as f:
+                f.write(json.dumps(rec) + "\n")
+            os.utime(path, (time.time() - 10, time.time() - 10))
+        infos = first.inspect()
+        assert all(i.stale and "no heartbeat for 1" in i.why_stale and "DEPLOYCTL_LOCK_MAX_AGE_S 2" in i.why_stale
+                   for i in infos), infos
