@@ -25,7 +25,6 @@ from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release, standby
-from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
 from deployctl.rollout.interrupt import Interruption, StopRequested
@@ -33,6 +32,7 @@ from deployctl.rollout.journal import Journal, Progress as JournalProgress
 from deployctl.rollout.plan import DeployPlan, make_plan
 from deployctl.rollout.router import Split, split_for
 from deployctl.rollout.state import Control, RolloutState
+from deployctl.rollout.weightstep import Abort as _Abort, WeightSteps
 
 
 class Intervened(Exception):
@@ -41,12 +41,6 @@ class Intervened(Exception):
     def __init__(self, control: Control):
         super().__init__(control.command)
         self.control = control
-
-
-class _Abort(Exception):
-    def __init__(self, reason: str, verdict: Optional[dict] = None):
-        super().__init__(reason)
-        self.reason, self.verdict = reason, verdict
 
 
 @dataclass
@@ -58,7 +52,7 @@ class DeployResult:
     duration_s: float = 0.0
 
 
-class Deployment:
+class Deployment(WeightSteps):
     """One run of ``deploy``. ``confirm(plan) -> bool`` is asked before anything changes (None: go)."""
 
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
@@ -334,72 +328,11 @@ class Deployment:
         if why:
             raise _Abort(f"canary validation failed: {why}")
 
-    def _weight_step(self, plan: DeployPlan, i: int, weight: int, new: list[str], old: list[str]) -> None:
-        self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
-        self._route(split_for(new, old, weight))
-        self._save(step_index=i, weight=weight)
-        job = self._start_outputs(plan, new, old)
-        self._analyze(plan, new, old, weight, job, pause=plan.pause_at(i))
-        self._outputs_done(job, weight, wait=True)
-
     def _batch(self, plan: DeployPlan, batch: list[str], new: list[str], old: list[str]) -> None:
         """Drain ``batch``, switch it to the new release, put it back beside ``new`` (``old``: stable without it)."""
         self._route(split_for(new, old, 100))  # drain the batch
         self._activate(batch, plan.release.id)
         self._route(split_for(new + batch, old, 100))
-
-    def _record(self, vj: dict) -> None:
-        """Keep a verdict in state/rollout.json: every output comparison and the 20 newest analysis windows."""
-        self.verdicts.append(vj)
-        recent = {i for i, v in enumerate(self.verdicts) if v.get("kind") != "outputs"}
-        recent = set(sorted(recent)[-20:])
-        self.state.verdicts = [v for i, v in enumerate(self.verdicts) if i in recent or v.get("kind") == "outputs"]
-        self._save()
-
-    def _start_outputs(self, plan: DeployPlan, new: list[str], old: list[str]):
-        """Start this step's golden-output comparison (deployctl.rollout.goldencheck) beside the analysis."""
-        if not self.cfg.rollout.analysis.outputs.enabled or not old:
-            return None
-        from deployctl.rollout.goldencheck import GoldenCheck
-
-        if self.golden is None:
-            self.golden = GoldenCheck(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release)
-        return self.golden.start(new, old)
-
-    def _outputs_done(self, job, weight: int, *, wait: bool) -> None:
-        """Report the comparison once it is done (``wait``: until then, checking for intervention); a failure aborts."""
-        if job is None or job.reported:
-            return
-        while wait and not job.done():
-            self.check()
-            time.sleep(0.25)
-        if not job.done():
-            return
-        job.reported = True
-        try:
-            reports = job.result()
-        except DeployctlError:
-            raise
-        except Exception as e:  # a bug in the check must not leave the fleet half switched
-            raise _Abort(f"output check at {weight}% crashed: {type(e).__name__}: {e}") from e
-        for rep in reports:
-            vj = {"kind": "outputs", "weight": weight, **rep.to_json()}
-            self._record(vj)
-            self.say("analysis", f"at {weight}%: {rep.summary()}", outputs=vj)
-            if rep.result == "fail":
-                raise _Abort(f"output check failed at {weight}% on {rep.canary_host}: {rep.reason}", vj)
-
-    def _wait_paused(self, weight: int, why: str, job=None) -> bool:
-        """Pause for a human: True when promoted (go on), else Intervened/StopRequested raise out of check()
-        (and a failed output comparison aborts meanwhile)."""
-        self._save(status="paused", reason=why)
-        self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
-        while not self.promote_requested:
-            self.check()
-            self._outputs_done(job, weight, wait=False)
-            time.sleep(0.25)
-        self._save(status="running", reason=None)
-        return True
 
     def _stable_kind(self, plan: DeployPlan, old: list[str]):
         """The engine the stable hosts run (release.json of the release the deploy started from; None: unknown,
@@ -407,65 +340,6 @@ class Deployment:
         if self.stable_engine is None and old and plan.from_release:  # "" once read and unreadable: read once
             self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0] or ""
         return self.stable_engine or None
-
-    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None, *,
-                 pause: float = 0.0) -> None:
-        a = self.cfg.rollout.analysis
-        if pause <= 0:
-            return
-        from deployctl.rollout.verdicts import InconclusiveStreak, idle
-
-        fl = self.fleet
-        chat = self.golden.chat if self.golden is not None and self.golden.chat is not None else True
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline,
-                      stable_kind=self._stable_kind(plan, old))
-        streak = InconclusiveStreak(a.inconclusive_limit)
-        try:
-            deadline = time.monotonic() + pause
-            win = an.open_window()
-            passes, last = 0, None
-            while True:
-                next_eval = min(deadline, time.monotonic() + a.interval_s)
-                while time.monotonic() < next_eval:
-                    self.check()
-                    self._outputs_done(job, weight, wait=False)
-                    if self.promote_requested:  # sent during this pause or just before it
-                        self.promote_requested = False
-                        self.say("info", f"promoted by hand at {weight}%")
-                        if job is not None:
-                            job.reported = True  # the operator decided: the comparison is not waited for
-                        return
-                    time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
-                last = an.evaluate(win, weight)
-                self.baseline = an.baseline
-                vj = last.to_json()
-                self._record(vj)
-                self.journal.point("window", weight=weight, result=last.result)
-                self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
-                if last.result == "fail":
-                    raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
-                if last.result == "pass":
-                    passes += 1
-                    win = an.open_window()
-                if streak.add(last.result, idle(last, a.min_client_requests)):
-                    if streak.all_idle:  # nothing judged the canary: abort, do not hold it untested
-                        raise _Abort(f"{streak.count} analysis windows in a row without client traffic at {weight}% "
-                                     f"(< min_client_requests {a.min_client_requests}; inconclusive_limit "
-                                     f"{a.inconclusive_limit}): {last.reason}", vj)
-                    self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
-                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}", job)
-                    self.promote_requested = False
-                    self.say("info", f"promoted by hand at {weight}%")
-                    if job is not None:
-                        job.reported = True
-                    return
-                if time.monotonic() >= deadline:
-                    break
-        finally:
-            an.close()
-        if passes == 0:
-            raise _Abort(f"not enough traffic to judge at {weight}%: {last.summary()}; "
-                         "send traffic or `deployctl promote` by hand", last.to_json())
 
     # ------------------------------------------------------------------------------------------ abort
     def _left_undone(self) -> str:

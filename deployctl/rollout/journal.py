@@ -10,8 +10,9 @@ new journal (the old one is renamed ``journal.prev.jsonl``), atomically (tempora
 
 Records (``kind``): ``start`` (the plan: release info, hosts, steps, batches, generation), ``begin``/``end`` of a
 step (``step``: upload, drain, activate, validate, weight:I, batch:J, route, prune; ``hosts`` where it acts on
-hosts), ``point`` (a moment inside a step, such as one host's upload put), ``abort`` (the abort began: reason),
-``finish`` (result and exit code). ``Progress.of(records)`` reads them back.
+hosts), ``point`` (a moment inside a step: one host's upload put, ``pause`` with ``began`` when a weight step's
+pause began, ``window`` with each analysis window's ``result``), ``abort`` (the abort began: reason), ``finish``
+(result and exit code). ``Progress.of(records)`` reads them back.
 
 Test-only kill hook: DEPLOYCTL_TEST_KILL_AT=N makes the process SIGKILL itself right after writing its N-th
 record (counted from 1 in this process), DEPLOYCTL_TEST_KILL_AT=KIND[:STEP] right after the first record of that
@@ -139,8 +140,9 @@ def read(service: str) -> list[dict[str, Any]]:
 class Progress:
     """What a journal says: the plan (``start``), the steps that ended (``done``), the step begun and not ended
     (``open_step``, None when the last step ended), the hosts any begun step acted on (``touched``), whether an
-    abort began (``abort_reason``), how it finished (``finish``: None while unfinished) and the pid of the deploy
-    that wrote it last (``pid``)."""
+    abort began (``abort_reason``), how it finished (``finish``: None while unfinished), the pid of the deploy
+    that wrote it last (``pid``), and per step when its pause first began (``pause_began``, Unix time) and how many
+    of its analysis windows passed (``passes``): a resumed step waits only the rest (deployctl.rollout.weightstep)."""
 
     start: Optional[dict[str, Any]] = None
     done: set[str] = field(default_factory=set)
@@ -149,6 +151,8 @@ class Progress:
     abort_reason: Optional[str] = None
     finish: Optional[dict[str, Any]] = None
     pid: int = 0  # the process that wrote the last ``start`` or ``resume`` record
+    pause_began: dict[str, float] = field(default_factory=dict)  # step -> Unix time its pause first began
+    passes: dict[str, int] = field(default_factory=dict)  # step -> analysis windows that passed in it
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> "Progress":
@@ -162,6 +166,11 @@ class Progress:
             elif kind == "begin":
                 p.open_step = rec.get("step")
                 p.touched.update(rec.get("switch") or [])
+            elif kind == "point" and p.open_step:  # a point belongs to the step begun and not ended
+                if rec.get("what") == "pause":
+                    p.pause_began.setdefault(p.open_step, float(rec.get("began") or 0))
+                elif rec.get("what") == "window" and rec.get("result") == "pass":
+                    p.passes[p.open_step] = p.passes.get(p.open_step, 0) + 1
             elif kind == "end":
                 p.done.add(rec.get("step"))
                 if p.open_step == rec.get("step"):
