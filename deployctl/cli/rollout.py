@@ -65,7 +65,7 @@ def deploy(
         if runner != cfg.service.name:
             raise UsageError(f"--runner {runner!r} is not this deploy.yaml's service ({cfg.service.name})",
                              fix="--runner is internal: `deploy --detach` passes it")
-        _as_runner(cfg, lambda: _deploy(cfg, canary, yes, break_lock, validate, resume))
+        _as_runner(cfg, canary, yes, break_lock, validate, resume)
         return
     _deploy(cfg, canary, yes, break_lock, validate, resume)
 
@@ -87,15 +87,25 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
                       "watch`, steer it with `deployctl promote` / `abort` / `rollback`", markup=False)
 
 
-def _as_runner(cfg, fn) -> None:
-    """Run ``fn`` as the detached runner: its exit code goes to runner.exit whatever happens."""
+def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+    """Run the deploy as the detached runner (deployctl.rollout.runner): a restart of a killed runner resumes from
+    the journal; the exit code goes to runner.exit whatever happens."""
     from deployctl.errors import DeployctlError
-    from deployctl.rollout import detach
+    from deployctl.rollout import runner as this
 
+    start = this.started(cfg.service.name)
+    if start.finish is not None:  # killed after its deploy finished, before runner.exit: nothing left to do
+        code = int(start.finish.get("exit_code") or 0)
+        err_console.print(f"the runner restarted after its deploy had finished ({start.finish.get('result')}, "
+                          f"exit {code})", markup=False)
+        this.record_exit(cfg.service.name, code)
+        raise typer.Exit(code)
+    if start.restart:
+        err_console.print("the runner was restarted after it was killed: continuing the deploy from its journal",
+                          markup=False)
     code = 1
-    detach.runner_started(cfg.service.name)
     try:
-        fn()
+        _deploy(cfg, canary, yes, break_lock, validate, resume or start.restart, runner=start)
         code = 0
     except DeployctlError as e:
         code = int(e.exit_code)
@@ -104,10 +114,10 @@ def _as_runner(cfg, fn) -> None:
         code = 130
         raise
     finally:
-        detach.record_exit(cfg.service.name, code)
+        this.record_exit(cfg.service.name, code)
 
 
-def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, runner=None) -> None:
     from deployctl.rollout.deploy import Deployment
     check = None
     if validate is not None:
@@ -124,7 +134,8 @@ def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) ->
         check = partial(check_hosts, cfg, api_key=api_key(cfg), say=lambda m: err_console.print(m, markup=False,
                                                                                                  soft_wrap=True))
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
-                        confirm=None if resume else _confirm(yes), canary_check=check, resume=resume).run()
+                        confirm=None if resume else _confirm(yes), canary_check=check, resume=resume,
+                        runner=runner).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 

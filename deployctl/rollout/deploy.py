@@ -58,10 +58,12 @@ class Deployment(WeightSteps):
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
                  skip_preflight: Optional[bool] = None,
-                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False):
+                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False,
+                 runner=None):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
         self.resume = resume
-        self.journal = Journal(cfg.service.name)
+        self.runner = runner  # deployctl.rollout.runner.RunnerStart of a detached runner: its journal and lock say so
+        self.journal = Journal(cfg.service.name, runner=runner.token if runner is not None else None)
         self.progress = JournalProgress()  # the journal read back by a resume: steps already done are skipped
         self._journal_open = False  # this run writes the journal (started or adopted): it records the finish
         # deploy --validate: called with the canary host names once they serve the new release, before the first
@@ -160,7 +162,7 @@ class Deployment(WeightSteps):
                 if not go:
                     raise DeployctlError("deploy cancelled; nothing changed")
             self._before_changes()
-            fl.lock("deploy", break_lock=self.break_lock)
+            fl.lock("deploy", break_lock=self.break_lock, runner=self.runner)
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()
@@ -175,7 +177,7 @@ class Deployment(WeightSteps):
         fl = self.fleet
         try:
             fl.connect()
-            resume.take_lock(fl, self.cfg)
+            resume.take_lock(fl, self.cfg, self.runner)
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()

@@ -85,8 +85,8 @@ class Fleet:
 
     # ------------------------------------------------------------------------------------------ lock
     def lock(self, command: str, *, break_lock: bool = False, break_stale: bool = False,
-             take_over: bool = False) -> None:
-        self._lock = DeployLock(list(self.hosts.values()), command=command)
+             take_over: bool = False, runner=None) -> None:
+        self._lock = DeployLock(list(self.hosts.values()), command=command, runner=runner)
 
         def told(host, owner, why):
             self.say("warn", f"broke the lock on {host} held by {describe(owner)}: {why}")

@@ -44,7 +44,8 @@ class Journal:
     """The journal of one deploy (``path``). ``begin``/``end``/``point``/``abort``/``finish`` append a record;
     every write is durable (fsync) before it returns. Thread-safe (host workers write ``point`` records)."""
 
-    def __init__(self, service: str):
+    def __init__(self, service: str, *, runner: Optional[str] = None):
+        self.runner = runner  # the detached runner's spawn token (deployctl.rollout.runner), in start and resume
         self.dir = control_dir(service)
         self.path = self.dir / JOURNAL
         self._lock = threading.Lock()
@@ -56,7 +57,8 @@ class Journal:
         """Begin a new journal whose first line is ``record`` (kind ``start``); the previous one is kept as
         journal.prev.jsonl. Atomic: written to a temporary file, fsync'd, renamed over."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **record}, sort_keys=True)
+        mark = {"runner": self.runner} if self.runner else {}
+        line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **mark, **record}, sort_keys=True)
         tmp = self.dir / f".{JOURNAL}.{os.getpid()}"
         with self._lock:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -72,7 +74,7 @@ class Journal:
     def adopt(self) -> None:
         """Continue the existing journal (``deploy --resume``): later records are appended to it."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._append({"kind": "resume", "pid": os.getpid()})
+        self._append({"kind": "resume", "pid": os.getpid(), **({"runner": self.runner} if self.runner else {})})
 
     def begin(self, step: str, **data: Any) -> None:
         self._append({"kind": "begin", "step": step, **data})

@@ -118,10 +118,12 @@ def _parse(text: str) -> Optional[dict]:
 class DeployLock:
     """The lock over all hosts of a service. Use ``acquire()``; ``release()`` removes only our own lock files."""
 
-    def __init__(self, hosts: list, *, command: str, timeout: float = 15):
+    def __init__(self, hosts: list, *, command: str, timeout: float = 15, runner=None):
         self.hosts = hosts
         self.record = {"owner": settings.operator(), "machine": socket.gethostname(), "pid": os.getpid(),
                        "started": now_iso(), "command": command, "token": f"{os.getpid()}-{time.time_ns()}"}
+        if runner is not None and runner.token:  # a detached runner (deployctl.rollout.runner.RunnerStart)
+            self.record.update({"runner": runner.token, **({"unit": runner.unit} if runner.unit else {})})
         self.timeout = timeout
         self.held: list = []
         self._beating: Optional[threading.Event] = None  # set to stop the heartbeat thread
@@ -162,7 +164,7 @@ class DeployLock:
                 on_break=None) -> None:
         """Create the lock on every host in order. A held lock raises LockHeld naming the owner unless
         ``break_lock`` (any lock), ``break_stale`` (stale ones) or ``take_over`` (any; used by rollback after
-        its grace period) allows removing it; ``on_break(host, owner, why)`` is told about each removal.
+        its grace period) allows removing it (a stale lock of an earlier start of the same detached runner always); ``on_break(host, owner, why)`` is told about each removal.
         On failure the locks taken so far are released."""
         try:
             for host in self.hosts:
@@ -177,7 +179,9 @@ class DeployLock:
                         self.held.append(host)
                         break
                     stale, why = judge(owner)
-                    if break_lock or take_over or (break_stale and stale):
+                    # an earlier start of this same detached runner, killed before its journal: its own lock
+                    again = bool(owner.get("runner")) and owner.get("runner") == self.record.get("runner")
+                    if break_lock or take_over or ((break_stale or again) and stale):
                         if on_break:
                             on_break(host.name, owner, why or "broken on request")
                         self._remove(host)

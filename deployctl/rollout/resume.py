@@ -35,10 +35,10 @@ RUNNING_FIX = ("it still runs: follow it with `deployctl rollout watch` (detache
                "a deploy whose process is gone")
 
 
-def take_lock(fleet, cfg: DeployConfig) -> None:
+def take_lock(fleet, cfg: DeployConfig, runner=None) -> None:
     """The resume's lock (module doc): RunnerBusy when the service's detached runner runs here (other than this
     process), LockHeld naming the holder (user@machine, pid, unit) when a live deploy holds the lock; a killed
-    deploy's stale lock is broken."""
+    deploy's stale lock is broken. ``runner``: the RunnerStart of a detached runner that resumes."""
     from deployctl.rollout import detach
     from deployctl.rollout.lock import LockHeld, describe
 
@@ -48,7 +48,7 @@ def take_lock(fleet, cfg: DeployConfig) -> None:
                                 f"{detach.describe_runner(cfg.service.name, busy)}; nothing to resume",
                                 fix=RUNNING_FIX)
     try:
-        fleet.lock("deploy", break_stale=True)
+        fleet.lock("deploy", break_stale=True, runner=runner)
     except LockHeld as e:
         if not e.owner:
             raise

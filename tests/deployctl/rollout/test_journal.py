@@ -115,3 +115,26 @@ def test_status_shows_a_deploy_killed_at_its_start_record_as_unfinished(state):
     assert not jr["finished"] and jr["pid"] == os.getpid() and jr["resumable"] is True, jr
     assert journal_status(Cfg, None)["resumable"] is True  # a first deploy: no rollout.json at all
     assert journal_status(Cfg, RolloutState(release="R1", status="rolled_back", generation=6)) is None
+
+
+def test_a_runners_start_is_a_restart_only_when_its_spawn_journaled_an_unfinished_deploy(state):
+    from deployctl.rollout import runner
+
+    f = detach.files("svc")
+    f.dir.mkdir(parents=True)
+    f.spec.write_text(json.dumps({"token": "t1", "how": "systemd", "unit": "deployctl-rollout-svc.service"}))
+    journal.Journal("svc").start({"release": {"id": "R1"}})  # another deploy's journal (no token)
+    first = runner.started("svc")
+    assert (first.token, first.unit, first.restart, first.finish) == ("t1", "deployctl-rollout-svc.service", False,
+                                                                      None)
+    assert int(f.pid.read_text()) == os.getpid()
+    j = journal.Journal("svc", runner="t1")
+    j.start({"release": {"id": "R2"}})  # the first start's deploy, then a kill
+    assert runner.started("svc").restart is True
+    j.adopt()
+    j.finish("done", 0)  # killed after its finish, before runner.exit
+    again = runner.started("svc")
+    assert again.restart is False and again.finish["exit_code"] == 0
+    f.env.write_text("X=1\n")
+    runner.record_exit("svc", 6)
+    assert f.exit.read_text() == "6\n" and not f.env.exists()

@@ -224,3 +224,24 @@ def test_a_live_holders_heartbeat_keeps_its_lock_fresh_past_the_bound(hosts, mon
         infos = first.inspect()
         assert all(i.stale and "no heartbeat for 1" in i.why_stale and "DEPLOYCTL_LOCK_MAX_AGE_S 2" in i.why_stale
                    for i in infos), infos
+
+
+def test_a_restarted_runner_breaks_the_stale_lock_of_its_own_earlier_start_only(hosts):
+    """A detached runner killed after it took the lock and before its journal's start: its restart is a fresh deploy
+    again (no --break-lock), and the stale lock it finds is its own spawn's: broken. Another spawn's stays."""
+    from deployctl.rollout.runner import RunnerStart
+
+    dead = {"owner": "x@y", "machine": socket.gethostname(), "pid": 2 ** 22 + 4243, "command": "deploy",
+            "started": datetime.now(timezone.utc).isoformat(), "token": "t", "runner": "spawn-1"}
+    for h in hosts:
+        os.makedirs(os.path.join(h.config.deploy_root, "state"), exist_ok=True)
+        with open(os.path.join(h.config.deploy_root, "state", "lock"), "w") as f:
+            f.write(json.dumps(dead) + "\n")
+    with pytest.raises(LockHeld, match="stale"):
+        DeployLock(hosts, command="deploy", runner=RunnerStart("spawn-2")).acquire()
+    again = DeployLock(hosts, command="deploy", runner=RunnerStart("spawn-1", "deployctl-rollout-s.service"))
+    again.acquire()
+    try:
+        assert [i.owner["unit"] for i in again.inspect()] == ["deployctl-rollout-s.service"] * 2
+    finally:
+        again.release()
