@@ -186,8 +186,8 @@ class SSHTransport:
         if not self._channels.acquire(timeout=max(timeout, 0.001)):
             n = self.cfg.max_channels
             raise CommandTimeout(
-                f"`{short_command(command)}` on {self.host} waited {timeout:g} s for a free SSH channel and did not run: "
-                f"all {n - 1} command channels of hosts[].max_channels {n} stayed busy", host=self.host,
+                f"`{short_command(command)}` on {self.host} waited {timeout:g} s for a free SSH channel and did not "
+                f"run: all {n - 1} command channels of hosts[].max_channels {n} stayed busy", host=self.host,
                 command=command, fix=f"raise hosts[].max_channels for {self.host} (at most its sshd's MaxSessions), "
                                      "or find out what holds the other commands")
 

@@ -1,9 +1,9 @@
 """``deploy --detach``: the step machine in a background process on the control machine, so that a day-long canary
 outlives the operator's terminal; ``rollout watch`` follows it from any shell.
 
-The runner is ``python -m deployctl deploy --yes --runner SERVICE ...``, stdin from /dev/null, stdout and stderr appended
-to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the default,
-picks the first that applies):
+The runner is ``python -m deployctl deploy --yes --runner SERVICE ...``, stdin from /dev/null, stdout and stderr
+appended to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the
+default, picks the first that applies):
 
 - ``systemd``: a transient service of the service manager (``systemd-run``; ``--user`` unless deployctl runs as
   root), unit ``deployctl-rollout-<service>.service``, used where systemd is the init system (``/run/systemd/system``
@@ -268,7 +268,8 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
             out(line.decode("utf-8", "replace"))
         if alive:
             died_at = None
-        elif code is None and restarts and (died_at is None or time.monotonic() - died_at < RESTART_SEC + RESTART_GRACE_S):
+        elif code is None and restarts and (died_at is None
+                                            or time.monotonic() - died_at < RESTART_SEC + RESTART_GRACE_S):
             if died_at is None:
                 died_at = time.monotonic()
                 out(f"(rollout watch: the runner, pid {pid}, ended without finishing; waiting up to "

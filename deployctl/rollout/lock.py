@@ -118,8 +118,9 @@ def _parse(text: str) -> Optional[dict]:
 class DeployLock:
     """The lock over all hosts of a service. Use ``acquire()``; ``release()`` removes only our own lock files."""
 
-    def __init__(self, hosts: list, *, command: str, timeout: float = 15, runner=None):
+    def __init__(self, hosts: list, *, command: str, timeout: float = 15, runner=None, workers: int = 8):
         self.hosts = hosts
+        self.workers = workers  # hosts read or released at once (rollout.parallel_hosts: deployctl.rollout.fleet)
         self.record = {"owner": settings.operator(), "machine": socket.gethostname(), "pid": os.getpid(),
                        "started": now_iso(), "command": command, "token": f"{os.getpid()}-{time.time_ns()}"}
         if runner is not None and runner.token:  # a detached runner (deployctl.rollout.runner.RunnerStart)
@@ -151,7 +152,8 @@ class DeployLock:
         from deployctl.hosts import run_on_hosts
 
         out = []
-        for o in run_on_hosts(self.hosts, self.read, deadline_s=3 * self.timeout + 15, what="the lock"):
+        for o in run_on_hosts(self.hosts, self.read, max_workers=self.workers, deadline_s=3 * self.timeout + 15,
+                              what="the lock"):
             if o.error is None and o.value is not None:
                 stale, why = judge(o.value)
                 out.append(LockInfo(o.host, o.value, stale, why))
@@ -164,7 +166,8 @@ class DeployLock:
                 on_break=None) -> None:
         """Create the lock on every host in order. A held lock raises LockHeld naming the owner unless
         ``break_lock`` (any lock), ``break_stale`` (stale ones) or ``take_over`` (any; used by rollback after
-        its grace period) allows removing it (a stale lock of an earlier start of the same detached runner always); ``on_break(host, owner, why)`` is told about each removal.
+        its grace period) allows removing it (a stale lock of an earlier start of the same detached runner
+        always); ``on_break(host, owner, why)`` is told about each removal.
         On failure the locks taken so far are released."""
         try:
             for host in self.hosts:
@@ -227,7 +230,8 @@ class DeployLock:
             path = shlex.quote(state_file(host.config, "lock"))
             host.run(f"grep -qF {token} {path} 2>/dev/null && touch -c {path} || true", timeout=self.timeout)
 
-        run_on_hosts(list(self.held), touch, deadline_s=3 * self.timeout + 15, what="the lock's heartbeat")
+        run_on_hosts(list(self.held), touch, max_workers=self.workers, deadline_s=3 * self.timeout + 15,
+                     what="the lock's heartbeat")
 
     def release(self) -> None:
         """Remove our lock files (only where the file still holds our token), on every host at once."""
@@ -242,5 +246,7 @@ class DeployLock:
             path = shlex.quote(state_file(host.config, "lock"))
             host.run(f"grep -qF {shlex.quote(token)} {path} 2>/dev/null && rm -f {path} || true", timeout=self.timeout)
 
-        run_on_hosts(list(self.held), drop, deadline_s=3 * self.timeout + 15, what="releasing the lock")  # best effort: an unreachable host keeps a lock that reads as stale
+        # best effort: an unreachable host keeps a lock that reads as stale
+        run_on_hosts(list(self.held), drop, max_workers=self.workers, deadline_s=3 * self.timeout + 15,
+                     what="releasing the lock")
         self.held = []
