@@ -15,7 +15,6 @@ from typing import Optional
 
 from deployctl.config.units import format_duration
 from deployctl.errors import DeployctlError
-from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.plan import DeployPlan
 from deployctl.rollout.router import split_for
 
@@ -122,6 +121,7 @@ class WeightSteps:
         a = self.cfg.rollout.analysis
         if pause <= 0:
             return
+        from deployctl.rollout.analysis import Analyzer  # here: a deploy without analysis pauses never needs it
         from deployctl.rollout.verdicts import InconclusiveStreak, idle
 
         fl = self.fleet
