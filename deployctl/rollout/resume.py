@@ -52,7 +52,8 @@ def take_lock(fleet, cfg: DeployConfig, runner=None) -> None:
     except LockHeld as e:
         if not e.owner:
             raise
-        raise LockHeld(f"deploy --resume: the deploy still runs: {describe(e.owner)} holds the lock on {e.host} "
+        what = e.owner.get("command") or "deploy"
+        raise LockHeld(f"deploy --resume: the {what} that holds the lock on {e.host} still runs: {describe(e.owner)} "
                        "(its heartbeat is fresh); nothing to resume", owner=e.owner, host=e.host,
                        fix=RUNNING_FIX) from None
 

@@ -55,7 +55,7 @@ def test_a_paused_deploy_keeps_its_lock_and_a_resume_beside_it_is_refused(rollou
         assert r.returncode == 1 and "[in progress]" in r.stderr, r.stderr[-2000:]
         r = env.cli("deploy", "--resume")  # a second shell thinks the deploy died
         assert r.returncode == 1, r.stderr[-2000:]
-        assert f"the deploy still runs: " in r.stderr and f"pid {deploy.pid} (deploy)" in r.stderr, r.stderr[-2000:]
+        assert "the deploy that holds the lock on" in r.stderr and f"pid {deploy.pid} (deploy)" in r.stderr, r.stderr[-2000:]
         assert "nothing to resume" in r.stderr and "rollout watch" in r.stderr, r.stderr[-2000:]
         kinds = [(x["kind"], x.get("step")) for x in _journal(env)]
         assert kinds.count(("begin", "weight:0")) == 1 and ("resume", None) not in kinds, kinds
