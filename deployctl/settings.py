@@ -13,7 +13,7 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_STATE             | control-machine state: rollout journals, detached runners' logs | ~/.local/state/deployctl   |
 | DEPLOYCTL_RUNTIME_SRC       | the runtime's source tree to build the wheel from           | runtime/ beside deployctl      |
 | DEPLOYCTL_RUNTIME_WHEEL     | a built runtime wheel to ship instead                       | none                           |
-| DEPLOYCTL_LOCK_MAX_AGE_S    | seconds after which another deploy's lock counts as stale   | 21600 (6 h)                    |
+| DEPLOYCTL_LOCK_MAX_AGE_S    | seconds without a heartbeat after which a deploy's lock counts as stale (its holder refreshes it every quarter of this, at most every 60 s) | 600 |
 | DEPLOYCTL_VERIFY_TIMEOUT_S  | seconds a start may take before verification fails          | server.startup_timeout_s       |
 | DEPLOYCTL_SKIP_PREFLIGHT    | 1: deploy skips its preflight gate                          | 0                              |
 | DEPLOYCTL_RUNTIME_FAULT     | copied into a new release's runtime.env (fault injection)   | none                           |
@@ -113,7 +113,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "cache_dir": ("DEPLOYCTL_CACHE", _path, Path("~/.cache/deployctl").expanduser()),
     "runtime_src": ("DEPLOYCTL_RUNTIME_SRC", _path, None),
     "runtime_wheel": ("DEPLOYCTL_RUNTIME_WHEEL", _path, None),
-    "lock_max_age_s": ("DEPLOYCTL_LOCK_MAX_AGE_S", _seconds, 6 * 3600.0),
+    "lock_max_age_s": ("DEPLOYCTL_LOCK_MAX_AGE_S", _seconds, 600.0),
     "verify_timeout_s": ("DEPLOYCTL_VERIFY_TIMEOUT_S", _seconds, None),
     "skip_preflight": ("DEPLOYCTL_SKIP_PREFLIGHT", _flag, False),
     "runtime_fault": (FAULT_VAR, _text, None),

@@ -47,7 +47,7 @@ def deploy(
     validate: Optional[str] = typer.Option(None, "--validate", help="functional: run deployctl validate's functional layer against each canary host before the first weight step (a failure aborts, exit 6)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last deploy from its journal (killed, or its terminal closed), or roll it back where it cannot be continued; says which."),
     detach: bool = typer.Option(False, "--detach", help="Run the rollout in the background on this machine (needs --yes), logging to the state dir; follow it with `deployctl rollout watch`."),
-    runner: bool = typer.Option(False, "--runner", hidden=True, help="(internal) the detached runner: record the exit code."),
+    runner: Optional[str] = typer.Option(None, "--runner", hidden=True, help="(internal) the detached runner of this service: record the exit code."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
     from deployctl.config import load_config
@@ -61,8 +61,11 @@ def deploy(
     if detach:
         _detach(cfg, config, yes=yes, canary=canary, break_lock=break_lock, validate=validate, resume=resume)
         return
-    if runner:
-        _as_runner(cfg, lambda: _deploy(cfg, canary, yes, break_lock, validate, resume))
+    if runner is not None:
+        if runner != cfg.service.name:
+            raise UsageError(f"--runner {runner!r} is not this deploy.yaml's service ({cfg.service.name})",
+                             fix="--runner is internal: `deploy --detach` passes it")
+        _as_runner(cfg, canary, yes, break_lock, validate, resume)
         return
     _deploy(cfg, canary, yes, break_lock, validate, resume)
 
@@ -74,7 +77,7 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
 
     if not yes and not resume:
         raise UsageError("deploy --detach cannot ask for confirmation in the background", fix="add --yes")
-    argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner"]
+    argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner", cfg.service.name]
     argv += [*(["--canary", str(canary)] if canary is not None else []), *(["--break-lock"] if break_lock else []),
              *(["--validate", validate] if validate else []), *(["--resume"] if resume else [])]
     pid, log, how = detach.spawn(cfg.service.name, argv,
@@ -84,15 +87,25 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
                       "watch`, steer it with `deployctl promote` / `abort` / `rollback`", markup=False)
 
 
-def _as_runner(cfg, fn) -> None:
-    """Run ``fn`` as the detached runner: its exit code goes to runner.exit whatever happens."""
+def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+    """Run the deploy as the detached runner (deployctl.rollout.runner): a restart of a killed runner resumes from
+    the journal; the exit code goes to runner.exit whatever happens."""
     from deployctl.errors import DeployctlError
-    from deployctl.rollout import detach
+    from deployctl.rollout import runner as this
 
+    start = this.started(cfg.service.name)
+    if start.finish is not None:  # killed after its deploy finished, before runner.exit: nothing left to do
+        code = int(start.finish.get("exit_code") or 0)
+        err_console.print(f"the runner restarted after its deploy had finished ({start.finish.get('result')}, "
+                          f"exit {code})", markup=False)
+        this.record_exit(cfg.service.name, code)
+        raise typer.Exit(code)
+    if start.restart:
+        err_console.print("the runner was restarted after it was killed: continuing the deploy from its journal",
+                          markup=False)
     code = 1
-    detach.runner_started(cfg.service.name)
     try:
-        fn()
+        _deploy(cfg, canary, yes, break_lock, validate, resume or start.restart, runner=start)
         code = 0
     except DeployctlError as e:
         code = int(e.exit_code)
@@ -101,10 +114,10 @@ def _as_runner(cfg, fn) -> None:
         code = 130
         raise
     finally:
-        detach.record_exit(cfg.service.name, code)
+        this.record_exit(cfg.service.name, code)
 
 
-def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, runner=None) -> None:
     from deployctl.rollout.deploy import Deployment
     check = None
     if validate is not None:
@@ -121,7 +134,8 @@ def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) ->
         check = partial(check_hosts, cfg, api_key=api_key(cfg), say=lambda m: err_console.print(m, markup=False,
                                                                                                  soft_wrap=True))
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
-                        confirm=None if resume else _confirm(yes), canary_check=check, resume=resume).run()
+                        confirm=None if resume else _confirm(yes), canary_check=check, resume=resume,
+                        runner=runner).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 
@@ -229,8 +243,8 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
                           markup=False)
     jr = doc.get("journal")
     if jr and jr["resumable"]:
-        out_console.print(f"the deploy of {jr['release']} is not running any more (pid {ro['pid']} gone) and did not "
-                          f"finish: stopped {'in ' + jr['open_step'] if jr['open_step'] else 'between steps'}; "
+        out_console.print(f"the deploy of {jr['release']} is not running any more (pid {jr['pid']} gone) and did not "
+                          f"finish: stopped {_where(jr)}; "
                           "`deployctl deploy --resume` continues it, `deployctl rollback` restores the previous "
                           "release", markup=False)
     if doc.get("lock"):
@@ -239,6 +253,13 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     for d in doc.get("differences", []):
         out_console.print(f"inconsistent: {d}", markup=False)
     _status_check(doc, check)
+
+
+def _where(jr: dict) -> str:
+    """Where a killed deploy stopped, from status's ``journal``."""
+    if jr["open_step"]:
+        return "in " + jr["open_step"]
+    return "between steps" if jr["done"] else "at its start, before its first step"
 
 
 def _status_check(doc: dict, check: bool) -> None:

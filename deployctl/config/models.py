@@ -173,6 +173,9 @@ class HostConfig(_Frozen):
     ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
     sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
+    # SSH channels deployctl opens at once on its connection to this host (one is SFTP's, the rest commands; more
+    # wait for a free one): keep it at or below sshd's MaxSessions there (OpenSSH's default 10)
+    max_channels: int = Field(8, ge=2, le=1000)
     # SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
     # that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
     # ServerAliveInterval / ServerAliveCountMax)

@@ -10,8 +10,12 @@
 - Keepalive (deployctl.hosts.sshalive): every ``hosts[].keepalive_interval_s`` a keepalive asks for a reply; none for
   interval × ``keepalive_count`` closes the connection, and the command in flight fails with HostUnreachable naming
   the keepalive bound (a frozen peer, a connection a firewall dropped).
-- A channel the server refuses to open (sshd's MaxSessions reached: "administratively prohibited") is a
-  RemoteCommandError naming MaxSessions, not a lost connection.
+- Channels per connection are bounded by ``hosts[].max_channels`` (default 8, below OpenSSH's MaxSessions 10): one
+  is SFTP's, the others commands. A command beyond them waits for a free one (a semaphore taken where a channel
+  opens, for as long as it is open), up to its own timeout (CommandTimeout naming the bound), instead of being
+  refused by sshd while the golden thread, the metric scrapes, the control polls and the host workers share one
+  connection. A channel the server still refuses to open (its MaxSessions below max_channels: "administratively
+  prohibited") is a RemoteCommandError naming MaxSessions and the setting, not a lost connection.
 """
 from __future__ import annotations
 
@@ -60,6 +64,8 @@ class SSHTransport:
         self._conn: Connection | None = None
         self._alive: Keepalive | None = None
         self._lock = threading.RLock()
+        # command channels at once on this host's connection: max_channels less SFTP's one (module doc)
+        self._channels = threading.BoundedSemaphore(cfg.max_channels - 1)
 
     # -- connection -------------------------------------------------------------------------------
     def _new_connection(self) -> Connection:
@@ -166,12 +172,24 @@ class SSHTransport:
 
     def _refused(self, exc: "paramiko.ChannelException", command: str) -> RemoteCommandError:
         """The server refused to open a channel: with OpenSSH that is MaxSessions (sessions per connection)."""
+        n = self.cfg.max_channels
         return RemoteCommandError(
             f"{self.host} refused to open an SSH channel for `{short_command(command)}` ({exc.text or exc}, code "
-            f"{exc.code}): the connection holds as many sessions as sshd's MaxSessions allows (deployctl keeps one "
-            "for SFTP and one per command running in parallel)", host=self.host, command=command,
-            stderr_tail=str(exc),
-            fix=f"raise MaxSessions in {self.host}'s sshd_config (OpenSSH's default is 10), or run fewer commands at once")
+            f"{exc.code}): sshd's MaxSessions there is below hosts[].max_channels {n} (deployctl opens up to {n} "
+            "sessions on one connection: one for SFTP, the rest for commands in parallel)", host=self.host,
+            command=command, stderr_tail=str(exc),
+            fix=f"set hosts[].max_channels for {self.host} to its sshd's MaxSessions or less (OpenSSH's default is "
+                f"10), or raise MaxSessions in {self.host}'s sshd_config")
+
+    def _channel(self, command: str, timeout: float) -> None:
+        """Take a command channel (module doc): wait up to ``timeout`` seconds, else CommandTimeout naming the bound."""
+        if not self._channels.acquire(timeout=max(timeout, 0.001)):
+            n = self.cfg.max_channels
+            raise CommandTimeout(
+                f"`{short_command(command)}` on {self.host} waited {timeout:g} s for a free SSH channel and did not "
+                f"run: all {n - 1} command channels of hosts[].max_channels {n} stayed busy", host=self.host,
+                command=command, fix=f"raise hosts[].max_channels for {self.host} (at most its sshd's MaxSessions), "
+                                     "or find out what holds the other commands")
 
     def login_user(self) -> str:
         return self._conn.user if self._conn else fabric_connection(self.cfg).user
@@ -199,6 +217,7 @@ class SSHTransport:
             script = f"exec < {q} || {{ rm -f -- {q}; exit 97; }}; rm -f -- {q}\n{script}"
         wrapped = (f"exec timeout -k {REMOTE_KILL_AFTER_S:g} {max(timeout, 0.001):.3f}s "
                    f"/bin/bash -c {shlex.quote(script)}")
+        self._channel(command, timeout)
         start = time.monotonic()
         # stderr streamed line by line when asked (invoke writes what it does not hide to err_stream as it reads)
         sink = LineSink(on_stderr) if on_stderr is not None else None
@@ -213,6 +232,7 @@ class SSHTransport:
         except (ThreadException, OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc, command) from None
         finally:
+            self._channels.release()  # invoke's run returns once the channel closed (or gave up on it)
             if sink is not None:
                 sink.close()
         duration = time.monotonic() - start

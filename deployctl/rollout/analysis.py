@@ -279,7 +279,8 @@ class Analyzer:
             pid = runtime_pid(h, self.cfg) if h.name in self.canary else None
             return scrape(h, self.cfg, self._kind(h.name)), pid
 
-        outs = run_on_hosts([self.hosts[n] for n in names], one, deadline_s=90, what="metrics scrape")
+        outs = run_on_hosts([self.hosts[n] for n in names], one, max_workers=self.cfg.rollout.parallel_hosts,
+                            deadline_s=90, what="metrics scrape")
         samples = {o.host: (o.value[0] if o.value else None) for o in outs}
         pids = {o.host: (o.value[1] if o.value else None) for o in outs}
         return samples, pids

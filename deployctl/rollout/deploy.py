@@ -27,7 +27,6 @@ from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release, standby
-from deployctl.rollout.analysis import Analyzer
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
 from deployctl.rollout.interrupt import Interruption, StopRequested
@@ -36,6 +35,7 @@ from deployctl.rollout.outputgate import OutputGate, OutputsFailed, changed_note
 from deployctl.rollout.plan import DeployPlan, make_plan
 from deployctl.rollout.router import Split, split_for
 from deployctl.rollout.state import Control, RolloutState
+from deployctl.rollout.weightstep import Abort as _Abort, WeightSteps
 
 
 class Intervened(Exception):
@@ -44,12 +44,6 @@ class Intervened(Exception):
     def __init__(self, control: Control):
         super().__init__(control.command)
         self.control = control
-
-
-class _Abort(Exception):
-    def __init__(self, reason: str, verdict: Optional[dict] = None):
-        super().__init__(reason)
-        self.reason, self.verdict = reason, verdict
 
 
 @dataclass
@@ -61,16 +55,18 @@ class DeployResult:
     duration_s: float = 0.0
 
 
-class Deployment:
+class Deployment(WeightSteps):
     """One run of ``deploy``. ``confirm(plan) -> bool`` is asked before anything changes (None: go)."""
 
     def __init__(self, cfg: DeployConfig, *, canary_pct: Optional[int] = None, break_lock: bool = False,
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
                  skip_preflight: Optional[bool] = None,
-                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False):
+                 canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False,
+                 runner=None):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
         self.resume = resume
-        self.journal = Journal(cfg.service.name)
+        self.runner = runner  # deployctl.rollout.runner.RunnerStart of a detached runner: its journal and lock say so
+        self.journal = Journal(cfg.service.name, runner=runner.token if runner is not None else None)
         self.progress = JournalProgress()  # the journal read back by a resume: steps already done are skipped
         self._journal_open = False  # this run writes the journal (started or adopted): it records the finish
         # deploy --validate: called with the canary host names once they serve the new release, before the first
@@ -169,14 +165,14 @@ class Deployment:
                 if not go:
                     raise DeployctlError("deploy cancelled; nothing changed")
             self._before_changes()
-            fl.lock("deploy", break_lock=self.break_lock)
+            fl.lock("deploy", break_lock=self.break_lock, runner=self.runner)
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()
 
     def _resumed(self, t0: float) -> DeployResult:
-        """``deploy --resume``: the journal's plan, the killed deploy's stale lock broken, then continue or roll
-        back (deployctl.rollout.resume)."""
+        """``deploy --resume``: the journal's plan, the lock (refused while the deploy still runs; a killed one's
+        stale lock broken), then continue or roll back (deployctl.rollout.resume)."""
         from deployctl.rollout import resume
 
         self.progress = resume.load(self.cfg)
@@ -184,7 +180,7 @@ class Deployment:
         fl = self.fleet
         try:
             fl.connect()
-            fl.lock("deploy", break_stale=True)
+            resume.take_lock(fl, self.cfg, self.runner)
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()
@@ -339,45 +335,11 @@ class Deployment:
         if why:
             raise _Abort(f"canary validation failed: {why}")
 
-    def _weight_step(self, plan: DeployPlan, i: int, weight: int, new: list[str], old: list[str]) -> None:
-        self.say("step", f"step {i + 1}/{len(plan.steps)}: canary weight {weight}%", weight=weight, index=i)
-        self._route(split_for(new, old, weight))
-        self._save(step_index=i, weight=weight)
-        job = self._gate(plan).start(new, old)
-        self._analyze(plan, new, old, weight, job, pause=plan.pause_at(i))
-        self._gate(plan).settle(job, weight, wait=True)
-
     def _batch(self, plan: DeployPlan, batch: list[str], new: list[str], old: list[str]) -> None:
         """Drain ``batch``, switch it to the new release, put it back beside ``new`` (``old``: stable without it)."""
         self._route(split_for(new, old, 100))  # drain the batch
         self._activate(batch, plan.release.id)
         self._route(split_for(new + batch, old, 100))
-
-    def _record(self, vj: dict) -> None:
-        """Keep a verdict in state/rollout.json: every output comparison and the 20 newest analysis windows."""
-        self.verdicts.append(vj)
-        recent = {i for i, v in enumerate(self.verdicts) if v.get("kind") != "outputs"}
-        recent = set(sorted(recent)[-20:])
-        self.state.verdicts = [v for i, v in enumerate(self.verdicts) if i in recent or v.get("kind") == "outputs"]
-        self._save()
-
-    def _gate(self, plan: DeployPlan) -> OutputGate:
-        if self.outputs is None:
-            self.outputs = OutputGate(self.cfg, self.fleet.hosts, plan.release.id, plan.from_release,
-                                      record=self._record, say=self.say, check=self.check)
-        return self.outputs
-
-    def _wait_paused(self, weight: int, why: str, job=None) -> bool:
-        """Pause for a human: True when promoted (go on), else Intervened/StopRequested raise out of check()
-        (and a failed output comparison aborts meanwhile)."""
-        self._save(status="paused", reason=why)
-        self.say("pause", f"paused at {weight}%: {why}; `deployctl promote` to go on or `deployctl abort`")
-        while not self.promote_requested:
-            self.check()
-            self.outputs.settle(job, weight, wait=False)
-            time.sleep(0.25)
-        self._save(status="running", reason=None)
-        return True
 
     def _stable_kind(self, plan: DeployPlan, old: list[str]):
         """The engine the stable hosts run (release.json of the release the deploy started from; None: unknown,
@@ -385,67 +347,6 @@ class Deployment:
         if self.stable_engine is None and old and plan.from_release:  # "" once read and unreadable: read once
             self.stable_engine = release.engine_of(self.fleet.hosts[old[0]], plan.from_release)[0] or ""
         return self.stable_engine or None
-
-    def _analyze(self, plan: DeployPlan, new: list[str], old: list[str], weight: int, job=None, *,
-                 pause: float = 0.0) -> None:
-        a = self.cfg.rollout.analysis
-        if pause <= 0:  # rollout.steps[].pause / pause_s 0: the plan said so too
-            self.say("warn", f"{weight}%: pause 0, no analysis window: the step goes on unjudged but for the "
-                             "canary's start checks and its golden outputs")
-            return
-        from deployctl.rollout.verdicts import InconclusiveStreak, idle
-
-        fl = self.fleet
-        chat = self.outputs.chat if self.outputs is not None and self.outputs.chat is not None else True
-        an = Analyzer(self.cfg, fl.router, fl.hosts, new, old, chat=chat, baseline=self.baseline,
-                      stable_kind=self._stable_kind(plan, old))
-        streak = InconclusiveStreak(a.inconclusive_limit)
-        try:
-            deadline = time.monotonic() + pause
-            win = an.open_window()
-            passes, last = 0, None
-            while True:
-                next_eval = min(deadline, time.monotonic() + a.interval_s)
-                while time.monotonic() < next_eval:
-                    self.check()
-                    self.outputs.settle(job, weight, wait=False)
-                    if self.promote_requested:  # sent during this pause or just before it
-                        self.promote_requested = False
-                        self.say("info", f"promoted by hand at {weight}%")
-                        if job is not None:
-                            job.reported = True  # the operator decided: the comparison is not waited for
-                        return
-                    time.sleep(min(0.25, max(0.0, next_eval - time.monotonic())))
-                last = an.evaluate(win, weight)
-                self.baseline = an.baseline
-                vj = last.to_json()
-                self._record(vj)
-                self.journal.point("window", weight=weight, result=last.result)
-                self.say("analysis", f"analysis at {weight}%: {last.summary()}", verdict=vj)
-                if last.result == "fail":
-                    raise _Abort(f"analysis failed at {weight}%: {last.reason} ({last.summary()})", vj)
-                if last.result == "pass":
-                    passes += 1
-                    win = an.open_window()
-                if streak.add(last.result, idle(last, a.min_client_requests)):
-                    if streak.all_idle:  # nothing judged the canary: abort, do not hold it untested
-                        raise _Abort(f"{streak.count} analysis windows in a row without client traffic at {weight}% "
-                                     f"(< min_client_requests {a.min_client_requests}; inconclusive_limit "
-                                     f"{a.inconclusive_limit}): {last.reason}", vj)
-                    self._wait_paused(weight, f"{streak.count} inconclusive analysis windows in a row "
-                                              f"(inconclusive_limit {a.inconclusive_limit}): {last.reason}", job)
-                    self.promote_requested = False
-                    self.say("info", f"promoted by hand at {weight}%")
-                    if job is not None:
-                        job.reported = True
-                    return
-                if time.monotonic() >= deadline:
-                    break
-        finally:
-            an.close()
-        if passes == 0:
-            raise _Abort(f"not enough traffic to judge at {weight}%: {last.summary()}; "
-                         "send traffic or `deployctl promote` by hand", last.to_json())
 
     # ------------------------------------------------------------------------------------------ abort
     def _left_undone(self) -> str:

@@ -1,9 +1,9 @@
 """``deploy --detach``: the step machine in a background process on the control machine, so that a day-long canary
 outlives the operator's terminal; ``rollout watch`` follows it from any shell.
 
-The runner is ``python -m deployctl deploy --yes --runner ...``, stdin from /dev/null, stdout and stderr appended
-to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the default,
-picks the first that applies):
+The runner is ``python -m deployctl deploy --yes --runner SERVICE ...``, stdin from /dev/null, stdout and stderr
+appended to ``<DEPLOYCTL_STATE>/<service>/runner.log``, started one of two ways (``DEPLOYCTL_DETACH``: ``auto``, the
+default, picks the first that applies):
 
 - ``systemd``: a transient service of the service manager (``systemd-run``; ``--user`` unless deployctl runs as
   root), unit ``deployctl-rollout-<service>.service``, used where systemd is the init system (``/run/systemd/system``
@@ -11,20 +11,28 @@ picks the first that applies):
   terminal nor logind's KillUserProcesses= at logout ends it (a ``--user`` unit lives as long as the user's manager:
   ``loginctl enable-linger`` keeps that past the last logout). deployctl's environment reaches it through a 0600
   ``runner.env`` (EnvironmentFile=, never the command line, which ``systemctl show`` and ``ps`` would print) that the
-  runner deletes once it runs. ``--collect``: the unit is gone once it ends, failed or not. In ``auto``, a manager
-  that refuses the unit (no user bus in this session) falls back to the process path, and says so.
+  runner deletes as it ends (a restart reads it again). ``--collect``: the unit is gone once it ends, failed or not.
+  ``Restart=on-failure``: a runner killed by a signal (SIGKILL, the OOM killer) or ended by an exit status that is
+  not deployctl's (RestartPreventExitStatus= lists ExitCode's: those ended the deploy and journaled how) is started
+  again after RESTART_SEC, at most START_LIMIT_BURST starts in START_LIMIT_INTERVAL_S; the restarted runner continues
+  the deploy from its journal (deployctl.rollout.runner). In ``auto``, a manager that refuses the unit (no user bus
+  in this session) falls back to the process path, and says so.
 - ``process``: a daemonized process, in a session of its own (``setsid``: no controlling terminal, so closing the
-  launching shell's terminal sends it no SIGHUP).
+  launching shell's terminal sends it no SIGHUP). Nothing restarts it: a killed one is continued by `deploy --resume`.
 
-Its files beside the journal (deployctl.rollout.journal.control_dir): ``runner.pid`` (its pid, written by the runner
-itself as it starts), ``runner.log``, ``runner.exit`` (its exit code, written by the runner itself as it ends). A
-runner killed before it could write ``runner.exit`` is found by its pid no longer running: ``watch`` then says so and
-names ``deploy --resume``.
+Its files beside the journal (deployctl.rollout.journal.control_dir): ``runner.json`` (this spawn: ``token``, ``how``,
+``unit``, ``spawned``; written before the start, read by every start of the runner), ``runner.pid`` (its pid,
+written by the runner itself as it starts, again at each restart), ``runner.log``, ``runner.exit`` (its exit code,
+written by the runner itself as it ends). A runner killed before it could write ``runner.exit`` is found by its pid
+no longer being a runner (deployctl.rollout.procs): ``watch`` then waits for a systemd restart (a new runner.pid)
+up to RESTART_SEC + RESTART_GRACE_S, else says it died and names ``deploy --resume``.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -35,10 +43,21 @@ from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.errors import DeployctlError, ExitCode
+from deployctl.rollout import procs
 from deployctl.rollout.journal import control_dir
+from deployctl.rollout.state import now_iso
 
 # watch's exit when the runner died without recording an exit code (killed): the rollout is unfinished
 RUNNER_DIED_EXIT = ExitCode.REMOTE
+
+# the unit's restart policy (module doc); watch waits RESTART_SEC + RESTART_GRACE_S for a restarted runner
+RESTART_SEC = 3
+START_LIMIT_BURST = 4
+START_LIMIT_INTERVAL_S = 600
+RESTART_GRACE_S = 20
+RESTART_PROPERTIES = ("Restart=on-failure", f"RestartSec={RESTART_SEC}",
+                      "RestartPreventExitStatus=" + " ".join(str(int(c)) for c in ExitCode if c),
+                      f"StartLimitIntervalSec={START_LIMIT_INTERVAL_S}", f"StartLimitBurst={START_LIMIT_BURST}")
 
 
 class RunnerBusy(DeployctlError):
@@ -71,35 +90,38 @@ class RunnerFiles:
     def env(self) -> Path:
         return self.dir / "runner.env"
 
+    @property
+    def spec(self) -> Path:
+        return self.dir / "runner.json"
+
+
+def spec(service: str) -> dict:
+    """runner.json of ``service``'s last spawn ({} when absent or unreadable)."""
+    try:
+        data = json.loads(files(service).spec.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
 
 def files(service: str) -> RunnerFiles:
     return RunnerFiles(control_dir(service))
 
 
-def pid_running(pid: int) -> bool:
-    """Whether ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
 def runner_pid(service: str) -> Optional[int]:
-    """The pid in runner.pid when that process still runs, else None."""
+    """The pid in runner.pid while that process is ``service``'s runner (deployctl.rollout.procs: a reused pid
+    is not), else None."""
     try:
         pid = int(files(service).pid.read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid_running(pid) else None
+    return pid if procs.is_runner(pid, service) else None
+
+
+def describe_runner(service: str, pid: int) -> str:
+    """``pid N`` (``pid N (systemd unit NAME)`` in a unit) of ``service``'s runner, for messages."""
+    unit = spec(service).get("unit")
+    return f"pid {pid}" + (f" (systemd unit {unit})" if unit else "")
 
 
 def unit_name(service: str) -> str:
@@ -129,18 +151,22 @@ def spawn(service: str, argv: list[str], *, note: Callable[[str], None] = lambda
     f = files(service)
     busy = runner_pid(service)
     if busy:
-        raise RunnerBusy(f"a detached rollout of {service} runs as pid {busy}",
+        raise RunnerBusy(f"a detached rollout of {service} runs as {describe_runner(service, busy)}",
                          fix="follow it with `deployctl rollout watch`, or stop it with `deployctl abort`")
     f.dir.mkdir(parents=True, exist_ok=True)
-    for stale in (f.exit, f.pid, f.env):
+    for stale in (f.exit, f.pid, f.env, f.spec):
         stale.unlink(missing_ok=True)
     if f.log.exists():
         os.replace(f.log, f.dir / "runner.prev.log")
-    env = {k: v for k, v in settings.environ().items() if k not in ("COLUMNS", "LINES")}
+    # INVOCATION_ID: systemd's id of the unit deployctl itself may run in, not the runner's
+    env = {k: v for k, v in settings.environ().items() if k not in ("COLUMNS", "LINES", "INVOCATION_ID")}
     env["COLUMNS"] = "200"  # the log is read later in terminals of any width
     command = [sys.executable, "-m", "deployctl", *argv]
+    token = secrets.token_hex(6)
     how = manager()
     if how == "systemd":
+        write_atomic(f.spec, json.dumps({"token": token, "how": "systemd", "unit": unit_name(service),
+                                          "spawned": now_iso()}) + "\n")
         why = _start_unit(service, command, env, f)
         if why is None:
             return _wait_pid(service, f), f.log, f"systemd unit {unit_name(service)}"
@@ -149,10 +175,11 @@ def spawn(service: str, argv: list[str], *, note: Callable[[str], None] = lambda
                                  fix="run it where a service manager answers (as root, or in a login session with "
                                      "a user bus), or set DEPLOYCTL_DETACH=process")
         note(f"systemd-run could not start {unit_name(service)} ({why}); the runner is a daemonized process instead")
+    write_atomic(f.spec, json.dumps({"token": token, "how": "process", "spawned": now_iso()}) + "\n")
     with open(f.log, "ab") as log, open(os.devnull, "rb") as devnull:
         p = subprocess.Popen(command, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                              close_fds=True, env=env)
-    _write_atomic(f.pid, f"{p.pid}\n")
+    write_atomic(f.pid, f"{p.pid}\n")
     return p.pid, f.log, "process"
 
 
@@ -171,6 +198,7 @@ def _start_unit(service: str, command: list[str], env: dict, f: RunnerFiles) -> 
     user = ["--user"] if os.geteuid() != 0 else []
     argv = ["systemd-run", *user, f"--unit={unit_name(service)}", "--collect", "--quiet",
             f"--working-directory={os.getcwd()}", "-p", f"EnvironmentFile={f.env}", "-p", "StandardInput=null",
+            *[a for prop in RESTART_PROPERTIES for a in ("-p", prop)],
             "-p", f"StandardOutput=append:{f.log}", "-p", f"StandardError=append:{f.log}", "--", *command]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
@@ -197,21 +225,7 @@ def _wait_pid(service: str, f: RunnerFiles, timeout_s: float = 30) -> int:
                          fix=f"read {f.log} and `journalctl {'--user ' if os.geteuid() else ''}-u {unit_name(service)}`")
 
 
-def runner_started(service: str) -> None:
-    """The runner's first act: its own pid in runner.pid (a systemd unit's runner is not deployctl's child, so
-    only it knows its pid), and runner.env (deployctl's environment, read by systemd already) deleted."""
-    f = files(service)
-    f.dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(f.pid, f"{os.getpid()}\n")
-    f.env.unlink(missing_ok=True)
-
-
-def record_exit(service: str, code: int) -> None:
-    """The runner's last act: its exit code in runner.exit (atomically)."""
-    _write_atomic(files(service).exit, f"{int(code)}\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -220,18 +234,27 @@ def _write_atomic(path: Path, text: str) -> None:
 def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
           timeout_s: Optional[float] = None) -> int:
     """Follow the service's runner: print its log from the start through ``out`` (one line at a time) until it
-    ends; return its exit code. Raises DeployctlError when there is no runner, RunnerDied (exit 4) when it ended
-    without an exit code (killed: `deploy --resume` continues the rollout), and after ``timeout_s``."""
+    ends; return its exit code. A runner in a systemd unit that dies without one is waited for RESTART_SEC +
+    RESTART_GRACE_S: its restart (a new runner.pid) is followed on. Raises DeployctlError when there is no runner,
+    RunnerDied (exit 4) when it ended without an exit code and nothing restarted it (killed: `deploy --resume`
+    continues the rollout), and after ``timeout_s``."""
     f = files(service)
     if not f.pid.exists():
         raise DeployctlError(f"no detached rollout of {service} under {f.dir}",
                              fix="start one with `deployctl deploy --detach --yes`")
-    pid = int(f.pid.read_text().strip() or 0)
+    pid = _read_pid(f)
+    restarts = spec(service).get("how") == "systemd"
     end = None if timeout_s is None else time.monotonic() + timeout_s
-    pos, buf = 0, b""
+    pos, buf, died_at = 0, b"", None
     while True:
         code = _exit_code(f)
-        alive = code is None and pid_running(pid)
+        now_pid = _read_pid(f)
+        if now_pid and now_pid != pid:
+            pid = now_pid
+            if died_at is not None:
+                out(f"(rollout watch: the runner was restarted as pid {pid})")
+                died_at = None
+        alive = code is None and procs.is_runner(pid, service)
         try:
             with open(f.log, "rb") as fh:
                 fh.seek(pos)
@@ -243,12 +266,21 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
         *lines, buf = buf.split(b"\n")
         for line in lines:
             out(line.decode("utf-8", "replace"))
-        if code is not None or not alive:
+        if alive:
+            died_at = None
+        elif code is None and restarts and (died_at is None
+                                            or time.monotonic() - died_at < RESTART_SEC + RESTART_GRACE_S):
+            if died_at is None:
+                died_at = time.monotonic()
+                out(f"(rollout watch: the runner, pid {pid}, ended without finishing; waiting up to "
+                    f"{RESTART_SEC + RESTART_GRACE_S} s for {unit_name(service)} to restart it)")
+        else:
             code = _exit_code(f) if code is None else code
             if buf:
                 out(buf.decode("utf-8", "replace"))
             if code is None:
-                raise RunnerDied(f"the detached rollout runner (pid {pid}) ended without finishing (killed?)",
+                raise RunnerDied(f"the detached rollout runner (pid {pid}) ended without finishing (killed?)"
+                                 + (" and was not restarted" if restarts else ""),
                                  fix="run `deployctl status`, then `deployctl deploy --resume` to continue it "
                                      "(or `deployctl rollback`)")
             return code
@@ -256,6 +288,13 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
             raise DeployctlError(f"the detached rollout (pid {pid}) still runs after {timeout_s:.0f} s",
                                  fix="run `deployctl rollout watch` again")
         time.sleep(poll_s)
+
+
+def _read_pid(f: RunnerFiles) -> int:
+    try:
+        return int(f.pid.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _exit_code(f: RunnerFiles) -> Optional[int]:

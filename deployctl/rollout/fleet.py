@@ -32,16 +32,22 @@ class Fleet:
         self._router_host = None
         self.wheel = None
 
+    @property
+    def workers(self) -> int:
+        """Hosts worked on at once by every fleet-wide operation (rollout.parallel_hosts): host steps, the state
+        store, the lock (analysis scrapes read the same setting)."""
+        return self.cfg.rollout.parallel_hosts
+
     def on_hosts(self, hosts: list, fn, **kw) -> tuple[dict, dict]:
         """hostops.on_hosts with this fleet's bound: at most rollout.parallel_hosts hosts worked at once."""
-        return hostops.on_hosts(hosts, fn, workers=self.cfg.rollout.parallel_hosts, **kw)
+        return hostops.on_hosts(hosts, fn, workers=self.workers, **kw)
 
     # ------------------------------------------------------------------------------------------ connections
     def connect(self) -> None:
         from deployctl.hosts import Host
 
         self.hosts = {h.name: Host.from_config(h) for h in self.cfg.hosts}
-        self.store = StateStore(list(self.hosts.values()))
+        self.store = StateStore(list(self.hosts.values()), workers=self.workers)
         # which port each runtime serves on now (the configured one, or spare_port after a rollback there)
         self.on_hosts([h for h in self.hosts.values() if h.config.spare_port],
                          lambda h: launcher.load_port(h, self.cfg), deadline_s=hostops.QUICK_DEADLINE_S,
@@ -58,7 +64,7 @@ class Fleet:
 
         old = [*self.hosts.values(), self._router_host]
         self.hosts = {n: Host.from_config(h.config) for n, h in self.hosts.items()}
-        self.store = StateStore(list(self.hosts.values()))
+        self.store = StateStore(list(self.hosts.values()), workers=self.workers)
         if self._router_host is not None:
             self._router_host = Host.from_config(self._router_host.config)
             self.router.host = self._router_host
@@ -85,8 +91,8 @@ class Fleet:
 
     # ------------------------------------------------------------------------------------------ lock
     def lock(self, command: str, *, break_lock: bool = False, break_stale: bool = False,
-             take_over: bool = False) -> None:
-        self._lock = DeployLock(list(self.hosts.values()), command=command)
+             take_over: bool = False, runner=None) -> None:
+        self._lock = DeployLock(list(self.hosts.values()), command=command, runner=runner, workers=self.workers)
 
         def told(host, owner, why):
             self.say("warn", f"broke the lock on {host} held by {describe(owner)}: {why}")
@@ -94,7 +100,7 @@ class Fleet:
         self._lock.acquire(break_lock=break_lock, break_stale=break_stale, take_over=take_over, on_break=told)
 
     def inspect_lock(self):
-        return DeployLock(list(self.hosts.values()), command="inspect").inspect()
+        return DeployLock(list(self.hosts.values()), command="inspect", workers=self.workers).inspect()
 
     def unlock(self) -> None:
         if self._lock is not None:

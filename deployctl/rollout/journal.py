@@ -10,9 +10,9 @@ new journal (the old one is renamed ``journal.prev.jsonl``), atomically (tempora
 
 Records (``kind``): ``start`` (the plan: release info, hosts, steps, batches, generation), ``begin``/``end`` of a
 step (``step``: upload, drain, activate, validate, outputs (at weight 0), weight:I, batch:J, route, prune;
-``hosts`` where it acts on hosts), ``point`` (a moment inside a step, such as one host's upload put), ``abort`` (the
-abort began: reason),
-``finish`` (result and exit code). ``Progress.of(records)`` reads them back.
+``hosts`` where it acts on hosts), ``point`` (a moment inside a step: one host's upload put, ``pause`` with ``began`` when a weight step's
+pause began, ``window`` with each analysis window's ``result``), ``abort`` (the abort began: reason), ``finish``
+(result and exit code). ``Progress.of(records)`` reads them back.
 
 Test-only kill hook: DEPLOYCTL_TEST_KILL_AT=N makes the process SIGKILL itself right after writing its N-th
 record (counted from 1 in this process), DEPLOYCTL_TEST_KILL_AT=KIND[:STEP] right after the first record of that
@@ -44,7 +44,8 @@ class Journal:
     """The journal of one deploy (``path``). ``begin``/``end``/``point``/``abort``/``finish`` append a record;
     every write is durable (fsync) before it returns. Thread-safe (host workers write ``point`` records)."""
 
-    def __init__(self, service: str):
+    def __init__(self, service: str, *, runner: Optional[str] = None):
+        self.runner = runner  # the detached runner's spawn token (deployctl.rollout.runner), in start and resume
         self.dir = control_dir(service)
         self.path = self.dir / JOURNAL
         self._lock = threading.Lock()
@@ -56,7 +57,8 @@ class Journal:
         """Begin a new journal whose first line is ``record`` (kind ``start``); the previous one is kept as
         journal.prev.jsonl. Atomic: written to a temporary file, fsync'd, renamed over."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **record}, sort_keys=True)
+        mark = {"runner": self.runner} if self.runner else {}
+        line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **mark, **record}, sort_keys=True)
         tmp = self.dir / f".{JOURNAL}.{os.getpid()}"
         with self._lock:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -72,7 +74,7 @@ class Journal:
     def adopt(self) -> None:
         """Continue the existing journal (``deploy --resume``): later records are appended to it."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._append({"kind": "resume", "pid": os.getpid()})
+        self._append({"kind": "resume", "pid": os.getpid(), **({"runner": self.runner} if self.runner else {})})
 
     def begin(self, step: str, **data: Any) -> None:
         self._append({"kind": "begin", "step": step, **data})
@@ -140,7 +142,9 @@ def read(service: str) -> list[dict[str, Any]]:
 class Progress:
     """What a journal says: the plan (``start``), the steps that ended (``done``), the step begun and not ended
     (``open_step``, None when the last step ended), the hosts any begun step acted on (``touched``), whether an
-    abort began (``abort_reason``) and how it finished (``finish``: None while unfinished)."""
+    abort began (``abort_reason``), how it finished (``finish``: None while unfinished), the pid of the deploy
+    that wrote it last (``pid``), and per step when its pause first began (``pause_began``, Unix time) and how many
+    of its analysis windows passed (``passes``): a resumed step waits only the rest (deployctl.rollout.weightstep)."""
 
     start: Optional[dict[str, Any]] = None
     done: set[str] = field(default_factory=set)
@@ -148,17 +152,27 @@ class Progress:
     touched: set[str] = field(default_factory=set)
     abort_reason: Optional[str] = None
     finish: Optional[dict[str, Any]] = None
+    pid: int = 0  # the process that wrote the last ``start`` or ``resume`` record
+    pause_began: dict[str, float] = field(default_factory=dict)  # step -> Unix time its pause first began
+    passes: dict[str, int] = field(default_factory=dict)  # step -> analysis windows that passed in it
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> "Progress":
         p = cls()
         for rec in records:
             kind = rec.get("kind")
-            if kind == "start":
-                p = cls(start=rec)
+            if kind in ("start", "resume"):
+                if kind == "start":
+                    p = cls(start=rec)
+                p.pid = int(rec.get("pid") or 0)
             elif kind == "begin":
                 p.open_step = rec.get("step")
                 p.touched.update(rec.get("switch") or [])
+            elif kind == "point" and p.open_step:  # a point belongs to the step begun and not ended
+                if rec.get("what") == "pause":
+                    p.pause_began.setdefault(p.open_step, float(rec.get("began") or 0))
+                elif rec.get("what") == "window" and rec.get("result") == "pass":
+                    p.passes[p.open_step] = p.passes.get(p.open_step, 0) + 1
             elif kind == "end":
                 p.done.add(rec.get("step"))
                 if p.open_step == rec.get("step"):

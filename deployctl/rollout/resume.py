@@ -7,10 +7,15 @@ had begun and not ended is done again from its start (every step is idempotent: 
 release directory, an activation switches, restarts and verifies, a weight step routes and opens a fresh analysis
 window). An abort that had begun is finished. Otherwise (``why_not`` names the reason) the resume rolls back:
 the abort path, every host that a begun step switched back on the previous release, traffic on stable (exit 6).
+
+A deploy that still runs is never resumed (``take_lock``): its detached runner alive here, or a live holder of the
+lock (its heartbeat fresh: deployctl.rollout.lock), refuses the resume naming it; a second step machine on the same
+fleet would fight the first.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict
 from typing import Any, Optional
 
@@ -23,6 +28,34 @@ from deployctl.rollout.release import ReleaseInfo
 
 class NothingToResume(DeployctlError):
     """No unfinished deploy in the journal (exit 1)."""
+
+
+RUNNING_FIX = ("it still runs: follow it with `deployctl rollout watch` (detached) or in its terminal, and steer it "
+               "with `deployctl promote` / `deployctl abort` / `deployctl rollback`; `deploy --resume` continues only "
+               "a deploy whose process is gone")
+
+
+def take_lock(fleet, cfg: DeployConfig, runner=None) -> None:
+    """The resume's lock (module doc): RunnerBusy when the service's detached runner runs here (other than this
+    process), LockHeld naming the holder (user@machine, pid, unit) when a live deploy holds the lock; a killed
+    deploy's stale lock is broken. ``runner``: the RunnerStart of a detached runner that resumes."""
+    from deployctl.rollout import detach
+    from deployctl.rollout.lock import LockHeld, describe
+
+    busy = detach.runner_pid(cfg.service.name)
+    if busy and busy != os.getpid():
+        raise detach.RunnerBusy(f"deploy --resume: the detached rollout of {cfg.service.name} still runs as "
+                                f"{detach.describe_runner(cfg.service.name, busy)}; nothing to resume",
+                                fix=RUNNING_FIX)
+    try:
+        fleet.lock("deploy", break_stale=True, runner=runner)
+    except LockHeld as e:
+        if not e.owner:
+            raise
+        what = e.owner.get("command") or "deploy"
+        raise LockHeld(f"deploy --resume: the {what} that holds the lock on {e.host} still runs: {describe(e.owner)} "
+                       "(its heartbeat is fresh); nothing to resume", owner=e.owner, host=e.host,
+                       fix=RUNNING_FIX) from None
 
 
 def start_record(plan: DeployPlan, generation: int) -> dict[str, Any]:

@@ -105,9 +105,10 @@ class StateStore:
     """Reads and writes the state files on a set of hosts (``deployctl.hosts.Host``). Writes go to every
     reachable host; a write that reaches none raises the last host's error. Reads take the newest copy."""
 
-    def __init__(self, hosts: list, *, timeout: float = 15):
+    def __init__(self, hosts: list, *, timeout: float = 15, workers: int = 8):
         self.hosts = hosts
         self.timeout = timeout
+        self.workers = workers  # hosts read or written at once (rollout.parallel_hosts: deployctl.rollout.fleet)
         self._dirs_made: set[str] = set()
         self._poll_lock = threading.Lock()
         self._polled: Optional[tuple[float, Control]] = None  # (monotonic time read, what was read)
@@ -118,7 +119,8 @@ class StateStore:
         from deployctl.hosts import run_on_hosts
 
         # a write is a mkdir + an SFTP put, each bounded by ``timeout``; a host that misses this is named
-        return run_on_hosts(self.hosts, fn, deadline_s=3 * self.timeout + 15, what="the state files")
+        return run_on_hosts(self.hosts, fn, max_workers=self.workers, deadline_s=3 * self.timeout + 15,
+                            what="the state files")
 
     def _ensure_dir(self, host) -> None:
         if host.name not in self._dirs_made:

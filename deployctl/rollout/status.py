@@ -73,19 +73,27 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
 
 
 def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
-    """What this machine's rollout journal says of the hosts' rollout ``st`` (None when the journal is of another
-    release or absent): ``{"release", "done": [steps], "open_step", "finished", "runner_alive", "resumable"}``.
-    ``resumable``: the rollout is in progress on the hosts, its deploy process runs no more on this machine and its
-    journal is unfinished, so `deploy --resume` continues it."""
-    from deployctl.rollout import detach
+    """What this machine's rollout journal says of the hosts' rollout ``st``: ``{"release", "done": [steps],
+    "open_step", "finished", "pid", "runner_alive", "resumable"}``, or None when the journal is absent or of another
+    rollout than the hosts'. It is theirs when it names their release, and also when it is unfinished and newer
+    than their record (its generation above theirs: a deploy killed at its ``start`` record, before it wrote
+    rollout.json). ``runner_alive``: the journal's last deploy process still runs here (deployctl.rollout.procs).
+    ``resumable``: in progress on the hosts (or not yet recorded there), its deploy process gone and the journal
+    unfinished, so `deploy --resume` continues it."""
+    from deployctl.rollout import procs
     from deployctl.rollout.journal import Progress, read
 
     p = Progress.of(read(cfg.service.name))
-    if p.start is None or st is None or p.start["release"]["id"] != st.release:
+    if p.start is None:
         return None
-    alive = detach.pid_running(int(st.pid or 0)) if st.in_progress else False
-    return {"release": st.release, "done": sorted(p.done), "open_step": p.open_step, "finished": not p.unfinished,
-            "runner_alive": alive, "resumable": st.in_progress and p.unfinished and not alive}
+    release = p.start["release"]["id"]
+    ahead = p.unfinished and (st is None or st.generation < int(p.start.get("generation") or 0))
+    if not ahead and (st is None or release != st.release):
+        return None
+    alive = procs.is_deploy(p.pid, cfg.service.name) if p.unfinished else False
+    in_progress = True if ahead else st.in_progress
+    return {"release": release, "done": sorted(p.done), "open_step": p.open_step, "finished": not p.unfinished,
+            "pid": p.pid, "runner_alive": alive, "resumable": in_progress and p.unfinished and not alive}
 
 
 def history(cfg: DeployConfig) -> list[dict[str, Any]]:

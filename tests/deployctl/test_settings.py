@@ -18,7 +18,7 @@ from support.paths import REPO
 
 def test_unset_variables_give_the_documented_defaults():
     s = settings.load({})
-    assert s.lock_max_age_s == 6 * 3600 and s.verify_timeout_s is None and s.skip_preflight is False
+    assert s.lock_max_age_s == 600 and s.verify_timeout_s is None and s.skip_preflight is False
     assert s.known_hosts == Path("~/.config/deployctl/known_hosts").expanduser()
     assert s.cache_dir == Path("~/.cache/deployctl").expanduser() and s.runbooks_path == ()
     assert s.runtime_fault is None and s.templates is None and s.ssh_config is None
@@ -48,7 +48,7 @@ def test_current_follows_the_environment(monkeypatch):
     monkeypatch.setenv("DEPLOYCTL_LOCK_MAX_AGE_S", "120")
     assert settings.current().lock_max_age_s == 120
     monkeypatch.delenv("DEPLOYCTL_LOCK_MAX_AGE_S")
-    assert settings.current().lock_max_age_s == 6 * 3600
+    assert settings.current().lock_max_age_s == 600
 
 
 @pytest.mark.parametrize("argv", [["status", "-c", "deploy.yaml"], ["runbook", "list"]])

@@ -1,7 +1,7 @@
 """SSH keepalive and channel refusals on a real sshd (tests/support/sshd.py): a frozen peer (its sshd and every
 process below it SIGSTOPped: TCP still ACKed, nothing answers) is found within keepalive_interval_s ×
 keepalive_count with an error naming the keepalive; a channel refused because sshd's MaxSessions is reached gets a
-message naming MaxSessions, not "lost the SSH connection"."""
+message naming MaxSessions, not "lost the SSH connection"; hosts[].max_channels keeps deployctl under it."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +11,7 @@ import pytest
 
 from deployctl.config import HostConfig
 from deployctl.hosts import Host, HostUnreachable
-from deployctl.hosts.base import RemoteCommandError
+from deployctl.hosts.base import CommandTimeout, RemoteCommandError
 
 
 def _host(fleet, **extra) -> Host:
@@ -68,11 +68,55 @@ def test_keepalive_keeps_an_idle_connection_and_off_means_off(ssh_fleet):
         off.close()
 
 
-def test_max_sessions_refusal_names_max_sessions(ssh_fleet):
+def test_many_commands_at_once_stay_under_max_sessions_and_all_succeed(ssh_fleet):
+    """Issue 28 audit 6: the golden thread, the scrapes, runtime_pid and the control polls share one connection; 16
+    commands at once on one Host against an sshd with MaxSessions 3 and hosts[].max_channels 3 (SFTP's one and
+    two for commands) all succeed, the rest waiting for a free channel: never more than two run at once."""
+    fleet = ssh_fleet(1)
+    name = fleet.hosts[0].name
+    fleet.restart(name, max_sessions=3)
+    host = _host(fleet, max_channels=3)
+    try:
+        host.put_text("x", f"/tmp/deployctl-sessions-{name}/probe")  # SFTP's channel is open from here on
+        mark = f"/tmp/deployctl-sessions-{name}/running"
+        # each command counts the commands running beside it (a file per command while it runs)
+        cmd = (f"mkdir -p {mark} && touch {mark}/$$ && ls {mark} | wc -l > {mark}.$$ && sleep 0.3 && "
+               f"cat {mark}.$$ && rm -f {mark}/$$ {mark}.$$")
+        results, errors = [], []
+
+        def one():
+            try:
+                results.append(int(host.run(cmd, timeout=60).stdout.strip()))
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(results) == 16 and max(results) <= 2, results
+        print(f"\n16 commands on one connection, at most {max(results)} at once (max_channels 3, MaxSessions 3)")
+        # a caller that cannot get a channel within its own timeout is told so, naming the bound
+        busy = [threading.Thread(target=lambda: host.run(["sleep", "2"], timeout=10)) for _ in range(2)]
+        for t in busy:
+            t.start()
+        time.sleep(0.5)
+        with pytest.raises(CommandTimeout) as info:
+            host.run(["true"], timeout=0.5)
+        for t in busy:
+            t.join()
+        assert "waited 0.5 s for a free SSH channel" in str(info.value) and "max_channels 3" in str(info.value)
+    finally:
+        host.close()
+
+
+def test_max_sessions_below_max_channels_is_refused_naming_both(ssh_fleet):
     fleet = ssh_fleet(1)
     name = fleet.hosts[0].name
     fleet.restart(name, max_sessions=1)
-    host = _host(fleet)
+    host = _host(fleet)  # max_channels 8 against MaxSessions 1
     try:
         started = threading.Event()
 
@@ -90,7 +134,7 @@ def test_max_sessions_refusal_names_max_sessions(ssh_fleet):
         msg = str(info.value)
         print(f"\n{msg}\n{info.value.fix}")
         assert "refused to open an SSH channel" in msg and "MaxSessions" in msg and "lost the SSH" not in msg, msg
-        assert "MaxSessions" in info.value.fix
+        assert "max_channels 8" in msg and "MaxSessions" in info.value.fix and "hosts[].max_channels" in info.value.fix
         assert host.run(["echo", "after"]).stdout == "after\n"  # the connection itself is fine
     finally:
         host.close()

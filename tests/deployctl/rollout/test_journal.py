@@ -3,15 +3,18 @@ runner's watch (deployctl.rollout.detach) on plain files and real processes: no 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from deployctl.rollout import detach, journal
+from deployctl.rollout import detach, journal, procs
 from deployctl.rollout.resume import NothingToResume, load
+from support.runner import runner_like
 
 
 @pytest.fixture
@@ -79,13 +82,59 @@ def test_watch_prints_the_log_and_returns_the_runners_exit_code_or_says_it_died(
     with pytest.raises(detach.RunnerDied, match="ended without finishing") as e:
         detach.watch("svc", lines.append, timeout_s=60)
     assert e.value.exit_code == 4 and "deploy --resume" in e.value.fix
+    while procs.pid_running(pid):  # not a runner (no --runner svc): watch may say so before it wrote its last line
+        time.sleep(0.05)
     # a runner that records its exit code: watch returns it after printing every line
     f = detach.files("svc")
     with open(f.log, "w") as out:
-        p = subprocess.Popen([sys.executable, "-c", script + f"; open({str(f.exit)!r}, 'w').write('6\\n')"],
-                             stdout=out)
+        p = runner_like(state.parent.parent, "svc", script + f"; open({str(f.exit)!r}, 'w').write('6\\n')", stdout=out)
     f.pid.write_text(f"{p.pid}\n")
     lines.clear()
     assert detach.watch("svc", lines.append, timeout_s=60) == 6
     p.wait()
     assert lines == ["step 1/2", "done"]
+
+
+def test_status_shows_a_deploy_killed_at_its_start_record_as_unfinished(state):
+    """Killed right after its ``start`` record, before it wrote rollout.json: the hosts still record the last
+    deploy (another release, done, an older generation); status must show the journal's deploy unfinished and
+    resumable. A journal superseded on the hosts (a rollback since: a newer generation) is not shown."""
+    from deployctl.rollout.state import RolloutState
+    from deployctl.rollout.status import journal_status
+
+    class Cfg:
+        class service:
+            name = "svc"
+
+    j = journal.Journal("svc")
+    j.start({"release": {"id": "R2"}, "generation": 5})
+    last = RolloutState(release="R1", status="done", generation=4)
+    jr = journal_status(Cfg, last)
+    assert jr is not None and jr["release"] == "R2" and jr["done"] == [] and jr["open_step"] is None, jr
+    # the journal's pid is this test's (alive, but no `deployctl deploy`): the deploy is gone
+    assert not jr["finished"] and jr["pid"] == os.getpid() and jr["resumable"] is True, jr
+    assert journal_status(Cfg, None)["resumable"] is True  # a first deploy: no rollout.json at all
+    assert journal_status(Cfg, RolloutState(release="R1", status="rolled_back", generation=6)) is None
+
+
+def test_a_runners_start_is_a_restart_only_when_its_spawn_journaled_an_unfinished_deploy(state):
+    from deployctl.rollout import runner
+
+    f = detach.files("svc")
+    f.dir.mkdir(parents=True)
+    f.spec.write_text(json.dumps({"token": "t1", "how": "systemd", "unit": "deployctl-rollout-svc.service"}))
+    journal.Journal("svc").start({"release": {"id": "R1"}})  # another deploy's journal (no token)
+    first = runner.started("svc")
+    assert (first.token, first.unit, first.restart, first.finish) == ("t1", "deployctl-rollout-svc.service", False,
+                                                                      None)
+    assert int(f.pid.read_text()) == os.getpid()
+    j = journal.Journal("svc", runner="t1")
+    j.start({"release": {"id": "R2"}})  # the first start's deploy, then a kill
+    assert runner.started("svc").restart is True
+    j.adopt()
+    j.finish("done", 0)  # killed after its finish, before runner.exit
+    again = runner.started("svc")
+    assert again.restart is False and again.finish["exit_code"] == 0
+    f.env.write_text("X=1\n")
+    runner.record_exit("svc", 6)
+    assert f.exit.read_text() == "6\n" and not f.env.exists()

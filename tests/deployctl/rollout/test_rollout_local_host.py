@@ -191,3 +191,57 @@ hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher
     assert sorted(os.listdir(rel)) == ["20261130T000000Z-00000000", "20261130T030000Z-33333333"]
     assert os.path.exists(os.path.join(rdir, "release.json"))
     assert release.remove_leftovers(h) == []
+
+
+def test_a_live_holders_heartbeat_keeps_its_lock_fresh_past_the_bound(hosts, monkeypatch):
+    """Issue 28: a canary paused for 24 h outlived the lock's 6 h age and a resume broke it. The holder refreshes
+    the file (its mtime) while it holds it; staleness is a dead owner or a heartbeat older than the bound."""
+    import time
+
+    monkeypatch.setenv("DEPLOYCTL_LOCK_MAX_AGE_S", "2")  # a heartbeat every 0.5 s
+    first = DeployLock(hosts, command="deploy")
+    first.acquire()
+    try:
+        time.sleep(3.5)  # past the bound since the lock was taken: only the heartbeat keeps it fresh
+        infos = first.inspect()
+        assert [i.stale for i in infos] == [False, False], infos
+        assert all(i.owner["heartbeat_age_s"] <= 1 for i in infos), infos
+        with pytest.raises(LockHeld, match=r"\[in progress\]"):
+            DeployLock(hosts, command="deploy").acquire(break_stale=True)
+    finally:
+        first.release()
+    # a holder that stopped beating: on another machine (killed there), or here with its pid now another
+    # process's (this one's, alive): stale once the file is older than the bound, whatever `started` says
+    now = datetime.now(timezone.utc).isoformat()
+    for machine in ("elsewhere", socket.gethostname()):
+        rec = {"owner": "x@y", "machine": machine, "pid": os.getpid(), "command": "deploy", "started": now,
+               "token": "t"}
+        for h in hosts:
+            path = os.path.join(h.config.deploy_root, "state", "lock")
+            with open(path, "w") as f:
+                f.write(json.dumps(rec) + "\n")
+            os.utime(path, (time.time() - 10, time.time() - 10))
+        infos = first.inspect()
+        assert all(i.stale and "no heartbeat for 1" in i.why_stale and "DEPLOYCTL_LOCK_MAX_AGE_S 2" in i.why_stale
+                   for i in infos), infos
+
+
+def test_a_restarted_runner_breaks_the_stale_lock_of_its_own_earlier_start_only(hosts):
+    """A detached runner killed after it took the lock and before its journal's start: its restart is a fresh deploy
+    again (no --break-lock), and the stale lock it finds is its own spawn's: broken. Another spawn's stays."""
+    from deployctl.rollout.runner import RunnerStart
+
+    dead = {"owner": "x@y", "machine": socket.gethostname(), "pid": 2 ** 22 + 4243, "command": "deploy",
+            "started": datetime.now(timezone.utc).isoformat(), "token": "t", "runner": "spawn-1"}
+    for h in hosts:
+        os.makedirs(os.path.join(h.config.deploy_root, "state"), exist_ok=True)
+        with open(os.path.join(h.config.deploy_root, "state", "lock"), "w") as f:
+            f.write(json.dumps(dead) + "\n")
+    with pytest.raises(LockHeld, match="stale"):
+        DeployLock(hosts, command="deploy", runner=RunnerStart("spawn-2")).acquire()
+    again = DeployLock(hosts, command="deploy", runner=RunnerStart("spawn-1", "deployctl-rollout-s.service"))
+    again.acquire()
+    try:
+        assert [i.owner["unit"] for i in again.inspect()] == ["deployctl-rollout-s.service"] * 2
+    finally:
+        again.release()
