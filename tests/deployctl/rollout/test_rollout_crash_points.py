@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 # every record a canary deploy on 2 hosts (steps 50, 100 without pauses, one batch) writes, in order
 DEPLOY = ["start", "begin:upload", "point:upload:rendered", "point:upload:put", "end:upload", "begin:drain",
           "end:drain", "begin:activate", "end:activate", "begin:outputs", "end:outputs", "begin:weight:0",
-          "end:weight:0", "begin:weight:1", "end:weight:1", "begin:batch:0", "end:batch:0", "begin:route", "end:route", "begin:prune", "end:prune",
-          "finish"]
+          "end:weight:0", "begin:weight:1", "end:weight:1", "begin:batch:0", "end:batch:0", "begin:route",
+          "end:route", "begin:prune", "end:prune", "finish"]
 PROMOTE = ["end:weight:0", "begin:weight:1"]  # after a promote from another shell ended the 50% pause
 ABORT = ["abort", "finish"]  # after an abort from another shell: before the restore, after it
 RESUME = ["resume"]  # the recovery itself killed at its first record, then recovered again
