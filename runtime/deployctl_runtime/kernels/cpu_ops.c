@@ -52,7 +52,7 @@ static float row_inv_rms(const float *x, int dim, float eps) {
  * out may be x (in place); rows of x and out are `dim` apart. */
 void rms_norm_f32(const float *x, float *residual, const float *w, float *out, int64_t rows, int dim, float eps,
                   int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * dim >= PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(num_threads) if (rows * dim >= PAR_MIN_ELEMS)
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * dim;
         float *o = out + r * dim;
@@ -71,7 +71,7 @@ void rms_norm_f32(const float *x, float *residual, const float *w, float *out, i
 
 /* out[r, i] = silu(gu[r, i]) * gu[r, inter + i]: the gated MLP's gate and up halves, silu(g) = g / (1 + e^-g). */
 void silu_mul_f32(const float *gu, float *out, int64_t rows, int inter, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(num_threads) if (rows * inter >= PAR_MIN_ELEMS)
     for (int64_t r = 0; r < rows; ++r) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
@@ -90,7 +90,7 @@ void rope_store_f32(float *qkv, int64_t T, int64_t stride, int nq, int nkv, int 
                     const float *sin, const float *q_norm_w, const float *k_norm_w, float eps, float *k_cache,
                     float *v_cache, int64_t num_slots, const int64_t *slots, int num_threads) {
     const int half = d / 2;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (T * stride >= PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(num_threads) if (T * stride >= PAR_MIN_ELEMS)
     for (int64_t t = 0; t < T; ++t) {
         float *row = qkv + t * stride;
         const float *c = cos + t * d, *s = sin + t * d;
@@ -330,7 +330,7 @@ int paged_decode_f32(const float *q, int64_t q_stride, const float *k, const flo
     if (group > MAX_GROUP || d > MAX_DIM || group < 1 || d < 1) return -1;
     int64_t work = 0;
     for (int r = 0; r < n; ++r) work += (int64_t)lens[r] * kvh * d;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (work >= PAR_MIN_ELEMS)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (work >= PAR_MIN_ELEMS)
     for (int pair = 0; pair < n * kvh; ++pair) {
         const int r = pair / kvh, h = pair % kvh;
         const int32_t *table = tables + (int64_t)r * width;
