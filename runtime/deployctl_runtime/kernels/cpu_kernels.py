@@ -197,7 +197,9 @@ def load() -> CPUOps | None:
             raise
         except OSError:  # a cache folder that cannot be written (a system account's home): the user's temp folder
             path = build(cc, Path(tempfile.gettempdir()) / f"deployctl-runtime-{os.getuid()}")
-        return CPUOps(ctypes.CDLL(str(path)))
+        ops = CPUOps(ctypes.CDLL(str(path)))
+        log.info("CPU operators (decode attention, norms, RoPE, SiLU, greedy argmax): %s", path)
+        return ops
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("CPU operators not built (%s): the CPU path runs on torch's ops", e)
         return None
