@@ -197,11 +197,13 @@ def ask(client: httpx.Client, base_url: str, model: str, prompt: Prompt, *, chat
 
 
 def collect(base_url: str, model: str, prompts: list[Prompt], *, chat: bool, max_tokens: int,
-            api_key: Optional[str] = None, timeout: float = 60, should_stop=None) -> list[Answer]:
+            api_key: Optional[str] = None, timeout: float = 60, should_stop=None,
+            out: Optional[list[Answer]] = None) -> list[Answer]:
     """Every prompt's answer from one server, one request at a time (batching can flip greedy ties on GPUs).
     Stops early after 3 failures in a row (a server that stopped answering), or when ``should_stop()`` is true;
-    the rest get that error."""
-    out: list[Answer] = []
+    the rest get that error. ``out``: the list the answers are appended to as they come (another thread may read
+    how far it got); returned."""
+    out = [] if out is None else out
     with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
         for p in prompts:
             if should_stop is not None and should_stop():

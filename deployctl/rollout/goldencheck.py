@@ -26,6 +26,7 @@ import json
 import posixpath
 import shlex
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -144,6 +145,8 @@ class GoldenCheck:
         self._stable: Optional[tuple[str, list[Answer]]] = None
         self._rules: dict[str, Rules] = {}
         self.stopped = threading.Event()
+        self.asked: dict[str, tuple[float, list[Answer]]] = {}  # host -> (monotonic start, answers so far)
+        self.asked_took: dict[str, float] = {}  # host -> seconds it took to answer every prompt (once seen done)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -159,8 +162,29 @@ class GoldenCheck:
 
         o = self.cfg.rollout.analysis.outputs
         by = {h.name: h for h in self.cfg.hosts}
+        self.asked[name] = (time.monotonic(), out := [])
         return collect(host_url(self.cfg, by[name]), self.cfg.model.name, self.prompts, chat=bool(self.chat),
-                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s, should_stop=self.stopped.is_set)
+                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s, should_stop=self.stopped.is_set,
+                       out=out)
+
+    def too_slow(self, canary: list[str], stable: list[str], factor: float, grace_s: float) -> Optional[str]:
+        """Why a canary host is too slow to be worth waiting for, or None: once a stable host has answered every
+        prompt (in S seconds, wall), a canary host still answering after factor × S + grace_s seconds of its own."""
+        done = [n for n in stable if n in self.asked and len(self.asked[n][1]) >= len(self.prompts)]
+        if not done:
+            return None
+        s_name = done[0]
+        s_took = self.asked_took.setdefault(s_name, time.monotonic() - self.asked[s_name][0])
+        for n in canary:
+            if n not in self.asked:
+                continue
+            start, ans = self.asked[n]
+            took = time.monotonic() - start
+            if len(ans) < len(self.prompts) and took > factor * s_took + grace_s:
+                return (f"{n} answered {len(ans)} of {len(self.prompts)} golden prompts in {took:.0f} s, where stable "
+                        f"({s_name}) answered all in {s_took:.1f} s: over {factor:g}× stable's time + {grace_s:g} s "
+                        f"(rollout.analysis.max_p99_ttft_ratio / max_p99_tpot_ratio): too slow to serve")
+        return None
 
     def _stable_answers(self, stable: list[str]) -> tuple[str, list[Answer]]:
         if self._stable is None or self._stable[0] not in stable:

@@ -17,6 +17,8 @@ from typing import Callable, Optional
 from deployctl.config import DeployConfig
 from deployctl.errors import DeployctlError
 
+# seconds a canary may take beyond max(P99 ratio) × stable's time to answer the golden prompts at weight 0
+SLOW_GRACE_S = 10.0
 # the keys of an outputs verdict kept in a deploy's history record (``changed`` ones keep their differences too)
 HISTORY_KEYS = ("weight", "canary_host", "result", "mode", "identical", "compared", "total")
 
@@ -89,12 +91,25 @@ class OutputGate:
 
     def before_traffic(self, new: list[str], old: list[str]) -> None:
         """The comparison at weight 0: the canary serves the new release, the router sends it nothing yet; waits
-        for it (a difference aborts before any user request reaches the canary)."""
+        for it (a difference aborts before any user request reaches the canary). A canary still answering the
+        prompts long after stable answered them all (over the analysis' P99 ratio × stable's time + SLOW_GRACE_S)
+        aborts too, naming both times: the answers of a canary that slow are not worth waiting for, and no client
+        should meet it."""
         job = self.start(new, old)
-        if job is not None:
-            self.say("step", f"golden outputs at 0%: {', '.join(new)} against stable, before any client traffic",
-                     weight=0)
-            self.settle(job, 0, wait=True)
+        if job is None:
+            return
+        self.say("step", f"golden outputs at 0%: {', '.join(new)} against stable, before any client traffic",
+                 weight=0)
+        a = self.cfg.rollout.analysis
+        factor = max(a.max_p99_ttft_ratio, a.max_p99_tpot_ratio)
+        while not job.done():
+            self.check()
+            slow = self.golden.too_slow(new, old, factor, SLOW_GRACE_S)
+            if slow:
+                self.golden.stop()
+                raise OutputsFailed(f"golden outputs at 0% (before any client traffic): {slow}")
+            time.sleep(0.25)
+        self.settle(job, 0, wait=True)
 
     def settle(self, job, weight: int, *, wait: bool) -> None:
         """Report the comparison once it is done (``wait``: until then, calling check()); raises OutputsFailed."""
