@@ -100,10 +100,14 @@ async def run_level(
     on_done: Callable[[RequestResult], None] | None = None,
     count: int | None = None,
     stop_when: Callable[[], bool] | None = None,
+    drain_s: float | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` (``count`` of them when it is an iterator) at this level; returns the results and the
     level's wall time in seconds. ``stop_when`` (checked before each send): true stops sending, as the level's
-    deadline does; what was sent is awaited."""
+    deadline does; what was sent is awaited, each up to the request timeout, or, with ``drain_s`` and a level
+    deadline (cfg.max_level_s), up to ``drain_s`` past the deadline: requests still unanswered then are cancelled and
+    count as errors ``unfinished`` (a server that never finishes them, such as one whose KV cache leaked full, must
+    not stretch every level by a whole request timeout)."""
     slots = asyncio.Semaphore(concurrency)
     num = len(requests) if count is None else count  # type: ignore[arg-type]
     arrivals = None
@@ -115,8 +119,12 @@ async def run_level(
     tasks: list[asyncio.Task] = []
 
     async def one(req: BenchRequest, scheduled: float | None, waited: float) -> None:
+        sent = time.perf_counter()
         try:
             res = await send(client, cfg.target, req, cfg.timeout)
+        except asyncio.CancelledError:  # only run_level cancels it: past its drain_s
+            res = RequestResult(start=sent, error="unfinished", e2e=time.perf_counter() - sent,
+                                detail=f"no answer {drain_s:g} s after the level's {cfg.max_level_s:g} s ended")
         finally:
             slots.release()
         if scheduled is not None:
@@ -135,12 +143,22 @@ async def run_level(
             if delay > 0:
                 await asyncio.sleep(delay)
         before = time.perf_counter()
-        await slots.acquire()
+        if deadline is None:
+            await slots.acquire()
+        else:  # every slot held by requests that never end must not hold the level past its deadline
+            try:
+                await asyncio.wait_for(slots.acquire(), max(0.0, deadline - before))
+            except asyncio.TimeoutError:
+                break
         waited = time.perf_counter() - before
         if deadline is not None and time.perf_counter() >= deadline or stop_when is not None and stop_when():
             slots.release()
             break
         tasks.append(asyncio.create_task(one(req, scheduled, waited)))
+    if tasks and deadline is not None and drain_s is not None:
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline + drain_s - time.perf_counter()))
+        for task in pending:
+            task.cancel()
     if tasks:
         await asyncio.gather(*tasks)
     return results, time.perf_counter() - start

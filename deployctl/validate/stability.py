@@ -42,6 +42,12 @@ START = "process_start_time_seconds"
 MIB = 1024 * 1024
 
 
+# a burst's requests still unanswered max(burst_s, DRAIN_MIN_S) after the burst ended are cancelled and count as
+# errors ("unfinished"): a server that never finishes them is unstable, and waiting out each one's whole request
+# timeout would stretch --duration by minutes
+DRAIN_MIN_S = 10.0
+
+
 @dataclass(frozen=True)
 class StabilityConfig:
     duration_s: float
@@ -144,7 +150,8 @@ async def _load(cfg: StabilityConfig, ladder: LadderConfig, requests: Sequence[B
             start = time.monotonic() - t0
             backoff.start_burst()
             res, _ = await run_level(client, burst_cfg, pool, cfg.concurrency, count=10 ** 9,
-                                     on_done=backoff.done, stop_when=backoff.failing_fast)
+                                     on_done=backoff.done, stop_when=backoff.failing_fast,
+                                     drain_s=max(cfg.burst_s, DRAIN_MIN_S))
             results.extend(res)
             bursts.append((start, time.monotonic() - t0))
             sampler.phase = "idle"

@@ -244,3 +244,28 @@ def test_connection_warm_up_is_bounded_by_the_request_timeout(raw_server):
             return time.monotonic() - t0
 
     assert asyncio.run(warm()) < 3.0  # 0.3 s asked; the old fixed bound was 5 s
+
+
+def test_a_level_whose_requests_never_end_stops_at_its_deadline_plus_drain(raw_server):
+    # validate's stability bursts against a server whose KV cache leaked full: every slot held by a request that
+    # never ends kept the burst waiting for a free slot, then for the request timeout (a 5 s burst took 2 minutes)
+    import asyncio
+    import itertools
+
+    from deployctl.bench.client import Target, make_client
+    from deployctl.bench.ladder import LadderConfig, run_level
+    from deployctl.bench.workload import BenchRequest
+
+    srv = raw_server(None)
+    cfg = LadderConfig(target=Target(base_url=f"http://127.0.0.1:{srv.port}"), timeout=60, max_level_s=1.0)
+    pool = itertools.repeat(BenchRequest("hi", None, 4))
+
+    async def level():
+        async with make_client(4, 60) as client:
+            return await run_level(client, cfg, pool, 2, count=10**9, drain_s=1.0)
+
+    t0 = time.monotonic()
+    results, _ = asyncio.run(level())
+    assert time.monotonic() - t0 < 10  # 1 s level + 1 s drain, not the 60 s request timeout
+    assert len(results) == 2 and all(r.error == "unfinished" for r in results)
+    assert "1 s after the level's 1 s ended" in results[0].detail
