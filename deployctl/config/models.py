@@ -1,42 +1,30 @@
-"""deploy.yaml: loaded once into frozen pydantic models (shape: ../shared/examples/deploy.yaml).
+"""deploy.yaml's schema: the frozen pydantic models it is loaded into (shape: ../shared/examples/deploy.yaml).
 
-``load_config(path)`` is the only entry point. Every error raised is a ``ConfigError`` (exit 3) whose
-message names the file, the line, the dotted key, the bad value and what is allowed; unknown keys get a
-"did you mean". Sizes accept integers (bytes) or strings with units ("80GiB", "40GB", "512MiB").
+Loaded once by deployctl.config.load (``load_config``); the sections with their own module: ``router:``
+(config/router.py), ``rollout:`` (config/rollout.py), ``logs:`` (config/logs.py), ``engine.server``
+(config/openai_server.py).
 """
 from __future__ import annotations
 
-import difflib
 import ipaddress
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from deployctl.errors import ConfigError
-from deployctl.config.yamlsource import parse_yaml
+from deployctl.config.fields import MAX_SECONDS, ByteSize, _Frozen
 from deployctl.config.logs import LogsConfig
-from deployctl.config.router import USER_PATTERN, RouterConfig  # noqa: F401 (re-exported)
-from deployctl.config.units import parse_bytes, parse_duration
+from deployctl.config.rollout import RolloutConfig
+from deployctl.config.router import USER_PATTERN, RouterConfig
+from deployctl.config.units import parse_duration
 from deployctl.config.openai_server import OpenAIServerConfig
 
-ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
-# Longest duration any *_s setting may take (a week): it is rendered as whole seconds into systemd units, nginx
-# timeouts and k8s manifests, which reject infinity and absurd values.
-MAX_SECONDS = 7 * 24 * 3600
-# Seconds: a number or a duration string ("30s", "5m", "24h"; deployctl.config.units.parse_duration), up to a week.
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_SECONDS)]
 # The shortest SSH keepalive interval (hosts[].keepalive_interval_s) besides 0 (off): OpenSSH's ServerAliveInterval
 # counts whole seconds, and more often than that only floods the connection.
 MIN_KEEPALIVE_S = 1.0
 # An OCI image reference (registry[:port]/path[:tag][@digest]): written after FROM in the Dockerfile.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ServiceConfig(_Frozen):
@@ -236,73 +224,6 @@ class HostConfig(_Frozen):
         return list(self.gpus) if self.gpus else [self.gpu]
 
 
-class OutputsConfig(_Frozen):
-    """Golden outputs (deployctl.rollout.golden, outputcheck): prompts asked of canary and stable at weight 0, before
-    any client traffic, and at every step."""
-
-    enabled: bool = True
-    prompts: Optional[str] = None  # JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped
-    max_tokens: int = Field(32, ge=1, le=4096)
-    timeout_s: float = Field(60, gt=0, le=3600)
-    min_exact_share: float = Field(1.0, ge=0, le=1)  # same engine and dtype: share of prompts answered identically
-    min_prefix_tokens: int = Field(8, ge=1)  # across engines or dtypes: tokens that must agree from the start
-    min_prefix_share: float = Field(0.9, ge=0, le=1)
-    # weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
-    # re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on purpose)
-    on_model_change: Literal["check", "skip"] = "check"
-    # the answers differ from stable's (the agreement rule failed, nothing degenerate): "abort" the rollout (exit 6),
-    # or "report": record the differences in the rollout's verdicts and history and go on
-    on_change: Literal["abort", "report"] = "abort"
-    max_repeats: int = Field(8, ge=2)  # a token or n-gram (n <= 4) repeated this many times back to back
-    min_length_ratio: float = Field(0.5, ge=0)
-    max_length_ratio: float = Field(2.0, gt=0)
-
-
-class ProbesConfig(_Frozen):
-    """Active probes (deployctl.rollout.probes): small streaming requests deployctl sends to every canary and stable
-    host during each analysis window, timed on the client."""
-
-    enabled: bool = True
-    requests: int = Field(4, ge=0, le=1000)  # per host and window
-    max_tokens: int = Field(8, ge=2, le=1024)
-    timeout_s: float = Field(30, gt=0, le=3600)
-    min_samples: int = Field(3, ge=1)  # successful probes per side before probe latencies are judged
-
-
-class AnalysisConfig(_Frozen):
-    interval_s: float = Field(30, gt=0, le=MAX_SECONDS)
-    min_requests: int = Field(20, ge=1)
-    max_error_rate: float = Field(0.01, ge=0, le=1)
-    max_p99_ttft_ratio: float = Field(2.0, gt=0)
-    max_p99_tpot_ratio: float = Field(2.0, gt=0)
-    # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
-    # the difference is bucket resolution and noise).
-    min_p99_delta_s: float = Field(0.01, ge=0)
-    # A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until
-    # it holds enough. Counted from the canary's TTFT histogram.
-    min_latency_samples: int = Field(5, ge=1)
-    # this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause.
-    # When every window of the streak lacked client traffic (min_client_requests) the rollout aborts instead.
-    inconclusive_limit: int = Field(5, ge=0)
-    # The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does
-    # (a fleet slow as a whole, or 100% against an old baseline).
-    max_slo_factor: float = 1.0
-    # Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
-    # pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
-    min_client_requests: int = Field(1, ge=0)
-    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
-    probes: ProbesConfig = Field(default_factory=ProbesConfig)
-
-    @field_validator("max_slo_factor")
-    @classmethod
-    def _slo_factor(cls, v: float) -> float:
-        # below 1 the canary would fail at latencies its own SLO (and the alerts rendered from it) accept
-        if not math.isfinite(v) or v < 1:
-            raise ValueError("max_slo_factor must be a finite number >= 1 (1: the canary fails over the SLO itself; "
-                             "1.5: up to 50% over it); for a stricter canary lower slo.*_p99_s instead")
-        return v
-
-
 # Free space under deploy_root (releases, logs): preflight fails below DISK_FAIL_BYTES and warns below
 # DISK_WARN_BYTES; the rendered disk alerts use the same two figures on node_exporter's filesystem series.
 DISK_FAIL_BYTES = 1 * 2**30
@@ -340,93 +261,6 @@ class CapacityConfig(_Frozen):
     usable sessions per replica = floor(sessions × (1 − margin))."""
 
     margin: float = Field(0.25, ge=0, lt=1)
-
-
-class RolloutStep(_Frozen):
-    """One canary step: the canary's share of traffic (percent) and how long the analysis holds it there
-    (``pause``: a duration, e.g. ``30s``, ``5m``, ``24h``; None: rollout.pause_s)."""
-
-    weight: int = Field(ge=1, le=100)
-    pause: Optional[Duration] = None
-
-
-def _step_form(v: Any) -> Any:
-    """A bare percentage (the short form ``steps: [5, 25, 50, 100]``) is a step without its own pause; anything
-    else that is not a mapping (a quoted '5', 5.5, null) is refused naming the entry and both forms."""
-    if not isinstance(v, list):
-        return v
-    out = []
-    for i, s in enumerate(v):
-        whole = isinstance(s, (int, float)) and not isinstance(s, bool) and float(s).is_integer()
-        if whole:
-            out.append({"weight": int(s)})
-        elif isinstance(s, dict):
-            out.append(s)
-        else:
-            what = "a string" if isinstance(s, str) else "not a whole percentage" if isinstance(s, float) else "no step"
-            raise ValueError(f"item {i} is {s!r}, {what}: write a whole percentage unquoted (5) or "
-                             "{weight: 5, pause: 24h}")
-    return out
-
-
-class RolloutConfig(_Frozen):
-    canary_hosts: int = Field(1, ge=1)
-    # percentages, or {weight, pause} per step (e.g. [{weight: 5, pause: 24h}, {weight: 100, pause: 5m}])
-    steps: Annotated[list[RolloutStep], BeforeValidator(_step_form)] = Field(
-        default_factory=lambda: [RolloutStep(weight=w) for w in (5, 25, 50, 100)])
-    pause_s: Duration = 300  # the analysis pause of a step without its own ``pause``
-    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
-    keep_releases: int = Field(5, ge=2)
-    # Seconds the previous release stays asleep on every host after a promotion (a rollback inside the window
-    # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
-    # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
-    standby_s: float = Field(86400, ge=0, le=MAX_SECONDS)
-    # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
-    # the bound of deployctl's pool of SSH workers.
-    parallel_hosts: int = Field(8, ge=1, le=256, strict=True)
-    # Hosts out of nginx at once while the roll after the canary's last step restarts the stable hosts: a count or
-    # "N%" of all hosts (rounded down, at least 1), as Kubernetes' maxUnavailable. Unset: the canary's host count,
-    # or a quarter of the fleet when that is more (rollout/plan.py).
-    max_unavailable: Optional[int | str] = None
-
-    @field_validator("max_unavailable", mode="before")
-    @classmethod
-    def _max_unavailable(cls, v):
-        if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
-            return v
-        if isinstance(v, str) and v.endswith("%") and v[:-1].isdigit() and 1 <= int(v[:-1]) <= 100:
-            return v
-        raise ValueError("max_unavailable must be a host count >= 1 or a percentage such as \"25%\" (1% to 100%)")
-
-    def unavailable(self, num_hosts: int, num_canary: int) -> int:
-        """Hosts per batch of the roll after the canary (see max_unavailable), at least 1."""
-        v = self.max_unavailable
-        if v is None:
-            return max(1, num_canary, num_hosts // 4)
-        if isinstance(v, str):
-            return max(1, num_hosts * int(v[:-1]) // 100)
-        return v
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, v: list[RolloutStep]) -> list[RolloutStep]:
-        w = [s.weight for s in v]
-        if not w or w != sorted(set(w)) or w[-1] != 100:
-            raise ValueError(f"steps must be increasing percentages in 1..100 ending at 100, got {w}")
-        return v
-
-    @property
-    def weights(self) -> list[int]:
-        """The canary weights of the steps, in percent."""
-        return [s.weight for s in self.steps]
-
-    def pause_of(self, weight: int) -> float:
-        """Seconds of analysis at ``weight``: that step's ``pause``, else pause_s (also for a ``--canary`` weight
-        that is no configured step)."""
-        for s in self.steps:
-            if s.weight == weight and s.pause is not None:
-                return s.pause
-        return self.pause_s
 
 
 class DeployConfig(_Frozen):
@@ -490,80 +324,3 @@ class DeployConfig(_Frozen):
             if h.name == name:
                 return h
         raise ConfigError(f"no host named {name!r} in deploy.yaml", fix=f"use one of: {', '.join(h.name for h in self.hosts)}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading with file:line positions
-
-
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the model that owns the last element of ``loc``."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
-        if field is None:
-            return []
-        ann = field.annotation
-        for cand in (ann, *getattr(ann, "__args__", ())):
-            for inner in (cand, *getattr(cand, "__args__", ())):
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    current = inner
-                    break
-    return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
-
-
-def _format_error(err: dict, source: str, lines: dict[tuple, int]) -> str:
-    loc = tuple(err["loc"])
-    dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[") or "(top level)"
-    line = None
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            line = lines[loc[:cut]]
-            break
-    where = f"{source}:{line}" if line else source
-    if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(DeployConfig, loc)
-        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"did you mean {guess[0]!r}?" if guess else f"allowed keys: {', '.join(allowed)}"
-        return f"{where}: unknown key {dotted!r}; {hint}"
-    if err["type"] == "missing":
-        return f"{where}: {dotted} is required; add it (see the example deploy.yaml from `deployctl init`)"
-    msg = err["msg"].removeprefix("Value error, ")
-    if not loc:  # a cross-key check: its message names the keys
-        return f"{where}: {msg}"
-    value = err.get("input")
-    # the message may name the value itself (parse_duration's does): say it once
-    shown = ("" if isinstance(value, (dict, list)) or value is None or f"got {value!r}" in msg
-             else f" (got {value!r})")
-    return f"{where}: {dotted}: {msg}{shown}"
-
-
-def parse_config(text: str, source: str = "deploy.yaml") -> DeployConfig:
-    """Parse deploy.yaml text. Raises ConfigError (exit 3) naming source:line, key, value and fix."""
-    data, lines = parse_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping with service, model, engine, server, hosts; got {type(data).__name__}")
-    try:
-        return DeployConfig.model_validate(data)
-    except ValidationError as exc:
-        messages = [_format_error(e, source, lines) for e in exc.errors()]
-        more = f" (and {len(messages) - 1} more: {'; '.join(messages[1:])})" if len(messages) > 1 else ""
-        raise ConfigError(messages[0] + more) from None
-
-
-def load_config(path: str | Path) -> DeployConfig:
-    """Read and validate deploy.yaml at ``path``. Raises ConfigError (exit 3)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file", fix="run `deployctl init MODEL_DIR` to write one, or pass -c PATH") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
-                          fix="save the file as UTF-8") from None
-    return parse_config(text, str(p))
-

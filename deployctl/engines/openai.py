@@ -60,7 +60,7 @@ def from_spec(spec) -> Adapter:
         probe_timeout_s=spec.probe_timeout_s,
         error_share=ErrorShare(share.counter, share.errors, share.total) if share else None,
         sse_done=spec.sse_done,
-        # the template sizes the cache itself: preflight compares that count with the plan (preflight.checks)
+        # the template sizes the cache itself: preflight compares that count with the plan (preflight.capacity)
         explicit_cache="num_gpu_blocks" in uses,
         model_name_is_path=spec.model_name_is_path,
         keep_alive_fixed_s=spec.keep_alive_s,

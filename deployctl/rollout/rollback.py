@@ -6,7 +6,8 @@ in state/control.json (the deploy stops within a second or two and releases its 
 hosts already on the target at once (``nginx -t`` then reload), then switches the others in parallel. When no
 host is on the target yet: with ``hosts[].spare_port`` on every host (and a target whose launch.sh can start on it)
 all hosts start the target beside the serving runtime at once, the router moves over, the old runtimes drain
-(``_beside``, docs/DESIGN.md "Rollback"); else two batches (a third, then the rest), so something always serves.
+(``rollback_beside``, docs/DESIGN.md "Rollback"); else two batches (a third, then the rest), so something always
+serves. Standbys of the target are woken instead (``rollback_wake``).
 A stale lock is broken; a live one is taken over after ``GRACE_S``. When every host already runs the target and
 traffic is split evenly, it is a no-op.
 """
@@ -18,11 +19,10 @@ from typing import NamedTuple, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
-from deployctl.rollout import gpufit, hostops, release, rollback_wake, standby
+from deployctl.rollout import gpufit, hostops, release, rollback_beside, rollback_wake, standby
 from deployctl.service import launcher
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
-from deployctl.config import layout
 from deployctl.config.layout import release_dir
 from deployctl.rollout.router import Split
 from deployctl.rollout.state import RolloutState
@@ -159,12 +159,13 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         phases["lock_s"] = time.monotonic() - tl
         try:
             wakeable = {n: found[n].standby for n in fleet.hosts if found[n].wakeable}
-            phases["paths"] = {n: _why_not(found[n].standby, target) for n in fleet.hosts if current[n] != target}
+            phases["paths"] = {n: rollback_wake.why_not(found[n].standby, target) for n in fleet.hosts
+                               if current[n] != target}
             phases["paths"].update({n: {"path": "wake" if found[n].fit.beside else "wake_after_stop",
                                         "why": found[n].fit.why} for n in wakeable})
             fits = {n: found[n].fit for n in wakeable}
-            _stop_stale(fleet, cfg, {n: found[n].standby for n in fleet.hosts if found[n].standby and n not in wakeable},
-                        target, say, phases)
+            rollback_wake.stop_stale(fleet, cfg, {n: found[n].standby for n in fleet.hosts
+                                                  if found[n].standby and n not in wakeable}, target, say, phases)
             beside = {n: launcher.beside_port(cfg, fleet.hosts[n].config) for n in fleet.hosts
                       if found[n].beside and found[n].running}  # nothing to start beside where nothing runs
             return _do(fleet, cfg, target, current, gen, say, t0, phases, beside, wakeable, fits)
@@ -172,72 +173,6 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             fleet.unlock()
     finally:
         fleet.close()
-
-
-def _why_not(rec, target: str) -> dict:
-    """The path of a host without a standby of ``target`` to wake (``phases.paths``): a start, and why."""
-    if rec is None:
-        why = "no standby on the host"
-    elif rec.release != target:
-        why = f"its standby is {rec.release}, not {target}"
-    else:
-        why = "its standby expired" if rec.expired else "its standby does not answer asleep"
-    return {"path": "start", "why": why}
-
-
-def _stop_stale(fleet: Fleet, cfg, recs: dict, target: str, say, phases: dict) -> None:
-    """Stop the standbys that cannot serve this rollback (another release, expired, not answering asleep): their
-    port is the one a start beside needs, their memory the one a start needs."""
-    if not recs:
-        return
-    for n, rec in recs.items():
-        why = ("expired" if rec.expired else "not asleep on its port") if rec.release == target else "an older release"
-        say("host", f"{n}: stopping the standby of {rec.release} on port {rec.port} ({why})", host=n)
-    ts = time.monotonic()
-    _, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.stop(h, cfg, recs[h.name]))
-    phases["standby_stop_s"] = round(time.monotonic() - ts, 2)
-    for n, e in bad.items():
-        say("warn", f"stopping the standby failed: {about(n, e)}")
-
-
-def _wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route, phases: dict,
-          keep: tuple = ()) -> tuple[list, list]:
-    """Every host with a standby of the target that fits awake beside the bad release (rollout.gpufit) at once:
-    wake it and verify it on its port (standby.wake), move the router to the woken ports (``keep``: hosts still
-    on the bad release that go on serving), then stop the bad release (standby.retire). A host whose wake fails
-    has its standby stopped and is left to the cold-start path, the reason said. Returns (woken hosts, problems)."""
-    for n, rec in recs.items():
-        say("host", f"{n}: waking the standby of {target} on port {rec.port}, verifying", host=n)
-    tb = time.monotonic()
-    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
-    phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake",
-                              "hosts": {n: v.timings for n, v in ok.items()}})
-    for n, v in ok.items():
-        say("host", f"{n}: awake and verified in {sum(v.timings.values()):.2f} s on port {recs[n].port} "
-                    f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
-    for n, e in bad.items():
-        say("warn", f"{n}: the wake failed, falling back to a cold start: {e}", host=n)
-        try:
-            standby.stop(fleet.hosts[n], cfg, recs[n])
-        except DeployctlError as e2:
-            say("warn", f"stopping the standby failed: {about(n, e2)}")
-    phases.setdefault("wake_failed", {}).update({n: str(e) for n, e in bad.items()})
-    if not ok:
-        return [], []
-    olds = {n: layout.service_port(cfg, fleet.hosts[n].config) for n in ok}
-    for n in ok:
-        fleet.hosts[n].config._active_port = recs[n].port
-    serving = [n for n, r in current.items() if r == target] + list(ok) + list(keep)
-    try:
-        route(serving)
-    except BaseException:
-        for n, p in olds.items():  # nothing moved: the bad release serves on; the woken ones sleep again
-            fleet.hosts[n].config._active_port = p
-        raise
-    td = time.monotonic()
-    _, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
-    phases["drain_s"] = round(time.monotonic() - td, 2)
-    return list(ok), [f"{about(n, e)} (stopping the bad release; the woken one serves)" for n, e in failed.items()]
 
 
 def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float, phases: dict,
@@ -261,7 +196,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         fits = fits or {}
         near = {n: r for n, r in wakeable.items() if fits.get(n) is None or fits[n].beside}
         swap = {n: r for n, r in wakeable.items() if n not in near}
-        woken, problems = _wake(fleet, cfg, target, current, near, say, route, phases, keep=tuple(swap)) \
+        woken, problems = rollback_wake.wake(fleet, cfg, target, current, near, say, route, phases, keep=tuple(swap)) \
             if near else ([], [])
         if swap:
             rest = [n for n in others if n not in woken and n not in swap]
@@ -284,7 +219,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         phases["paths"].update({n: {"path": "start", "why": f"the wake failed: {phases['wake_failed'][n]}"}
                                 for n in cold if n in phases.get("wake_failed", {})})
     if fleet.router and not on_target and others and all(beside.get(n) for n in others):
-        problems = _beside(fleet, cfg, target, current, others, beside, say, route, phases)
+        problems = rollback_beside.start_beside(fleet, cfg, target, current, others, beside, say, route, phases)
         return _finish(fleet, st, target, current, changed, problems, say, t0, phases)
     serving = list(on_target)
     route(serving)
@@ -309,45 +244,6 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         serving += list(ok)
         route(serving)
     return _finish(fleet, st, target, current, changed, problems, say, t0, phases)
-
-
-def _beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], ports: dict, say, route,
-            phases: dict) -> list[str]:
-    """Every host at once: the target starts on its second port while the old runtime keeps serving
-    (hostops.activate_beside), the router moves each verified host to its new port, then the old runtimes drain
-    and stop (hostops.retire). A host whose start fails keeps serving its old release at its old port; the
-    problem names it. Returns the problems."""
-    for n in names:
-        say("host", f"{n}: starting {target} on port {ports[n]} beside the serving runtime, verifying", host=n)
-    tb = time.monotonic()
-    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names],
-                               lambda h: hostops.activate_beside(h, cfg, target, ports[h.name]))
-    phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "beside",
-                              "hosts": {n: v.timings for n, v in ok.items()}})
-    for n, v in ok.items():
-        say("host", f"{n}: ready in {v.ready_s:.1f} s on port {ports[n]} "
-                    f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
-    problems = [f"{about(n, e)}; {n} still serves its previous release on port "
-                f"{layout.service_port(cfg, fleet.hosts[n].config)}" for n, e in bad.items()]
-    if not ok:
-        return problems
-    olds = {n: layout.service_port(cfg, fleet.hosts[n].config) for n in ok}
-    for n in ok:  # the router renders each host at the port it is told; the old runtimes drain after the reload
-        fleet.hosts[n].config._active_port = ports[n]
-    try:
-        route(names)
-    except BaseException:
-        for n, p in olds.items():
-            fleet.hosts[n].config._active_port = p
-        for n in ok:  # nothing moved: the old runtimes serve on, as before the rollback
-            launcher.stop(fleet.hosts[n], cfg, port=ports[n], beside=True, timeout=5)
-            release.switch_current(fleet.hosts[n], current[n])
-        raise
-    td = time.monotonic()
-    done, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: hostops.retire(h, cfg, ports[h.name], olds[h.name]))
-    phases["drain_s"] = round(time.monotonic() - td, 2)
-    problems += [f"{about(n, e)} (stopping the previous runtime; the new one serves)" for n, e in failed.items()]
-    return problems
 
 
 def _finish(fleet: Fleet, st: RolloutState, target: str, current: dict, others: list[str], problems: list[str],

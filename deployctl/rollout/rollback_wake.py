@@ -1,9 +1,11 @@
-"""Rollback by a wake where two awake copies do not fit on a host's GPU (issue 25; ``rollout.gpufit``).
+"""A rollback's standby paths (issue 25): the standbys that cannot serve it are stopped first (``stop_stale``; a
+host without one to wake starts cold, ``why_not`` says why); where the standby fits awake beside the bad release
+(``rollout.gpufit``) every such host wakes at once (``wake``).
 
-A batch at a time (a third of the fleet, at least one host): the batch leaves nginx while every other host keeps
-serving, then on each of its hosts at once the bad release drains and stops (its GPU memory freed), the standby
-wakes and is verified (ready + one small request, ``standby.wake_back``), and the host rejoins nginx on the woken
-release's port. A host whose wake fails there has its standby stopped and the target cold-started in its place
+Where two awake copies do not fit on a host's GPU (``wake_after_stop``): a batch at a time (a third of the fleet,
+at least one host): the batch leaves nginx while every other host keeps serving, then on each of its hosts at once
+the bad release drains and stops (its GPU memory freed), the standby wakes and is verified (ready + one small
+request, ``standby.wake_back``), and the host rejoins nginx on the woken release's port. A host whose wake fails there has its standby stopped and the target cold-started in its place
 (``hostops.activate``), the engine's reason said.
 """
 from __future__ import annotations
@@ -11,8 +13,76 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from deployctl.config import layout
 from deployctl.errors import DeployctlError, about
 from deployctl.rollout import hostops, standby
+from deployctl.rollout.fleet import Fleet
+
+
+def why_not(rec, target: str) -> dict:
+    """The path of a host without a standby of ``target`` to wake (``phases.paths``): a start, and why."""
+    if rec is None:
+        why = "no standby on the host"
+    elif rec.release != target:
+        why = f"its standby is {rec.release}, not {target}"
+    else:
+        why = "its standby expired" if rec.expired else "its standby does not answer asleep"
+    return {"path": "start", "why": why}
+
+
+def stop_stale(fleet: Fleet, cfg, recs: dict, target: str, say, phases: dict) -> None:
+    """Stop the standbys that cannot serve this rollback (another release, expired, not answering asleep): their
+    port is the one a start beside needs, their memory the one a start needs."""
+    if not recs:
+        return
+    for n, rec in recs.items():
+        why = ("expired" if rec.expired else "not asleep on its port") if rec.release == target else "an older release"
+        say("host", f"{n}: stopping the standby of {rec.release} on port {rec.port} ({why})", host=n)
+    ts = time.monotonic()
+    _, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.stop(h, cfg, recs[h.name]))
+    phases["standby_stop_s"] = round(time.monotonic() - ts, 2)
+    for n, e in bad.items():
+        say("warn", f"stopping the standby failed: {about(n, e)}")
+
+
+def wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route, phases: dict,
+         keep: tuple = ()) -> tuple[list, list]:
+    """Every host with a standby of the target that fits awake beside the bad release (rollout.gpufit) at once:
+    wake it and verify it on its port (standby.wake), move the router to the woken ports (``keep``: hosts still
+    on the bad release that go on serving), then stop the bad release (standby.retire). A host whose wake fails
+    has its standby stopped and is left to the cold-start path, the reason said. Returns (woken hosts, problems)."""
+    for n, rec in recs.items():
+        say("host", f"{n}: waking the standby of {target} on port {rec.port}, verifying", host=n)
+    tb = time.monotonic()
+    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
+    phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake",
+                              "hosts": {n: v.timings for n, v in ok.items()}})
+    for n, v in ok.items():
+        say("host", f"{n}: awake and verified in {sum(v.timings.values()):.2f} s on port {recs[n].port} "
+                    f"({', '.join(f'{k} {x:g}' for k, x in v.timings.items())})", host=n, timings=v.timings)
+    for n, e in bad.items():
+        say("warn", f"{n}: the wake failed, falling back to a cold start: {e}", host=n)
+        try:
+            standby.stop(fleet.hosts[n], cfg, recs[n])
+        except DeployctlError as e2:
+            say("warn", f"stopping the standby failed: {about(n, e2)}")
+    phases.setdefault("wake_failed", {}).update({n: str(e) for n, e in bad.items()})
+    if not ok:
+        return [], []
+    olds = {n: layout.service_port(cfg, fleet.hosts[n].config) for n in ok}
+    for n in ok:
+        fleet.hosts[n].config._active_port = recs[n].port
+    serving = [n for n, r in current.items() if r == target] + list(ok) + list(keep)
+    try:
+        route(serving)
+    except BaseException:
+        for n, p in olds.items():  # nothing moved: the bad release serves on; the woken ones sleep again
+            fleet.hosts[n].config._active_port = p
+        raise
+    td = time.monotonic()
+    _, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
+    phases["drain_s"] = round(time.monotonic() - td, 2)
+    return list(ok), [f"{about(n, e)} (stopping the bad release; the woken one serves)" for n, e in failed.items()]
 
 
 def batch_size(num_hosts: int) -> int:

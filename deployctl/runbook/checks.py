@@ -196,7 +196,7 @@ def capacity_plan(t: Target):
     its model directory, GPU memory from its NVML) with deploy.yaml's current engine settings: a
     deployctl.capacity.CapacityPlan. Raises CheckFailed when the host's facts cannot size it (no config.json, GPU
     unknown), RemoteError for SSH."""
-    from deployctl.preflight.checks import plan_from_facts
+    from deployctl.preflight.capacity import plan_from_facts
     from deployctl.preflight.gather import host_facts
 
     # the model's config and the GPU's size do not change within a run: probe the host once

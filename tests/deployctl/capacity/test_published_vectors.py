@@ -139,7 +139,7 @@ def test_awq_and_fp8_weights_from_real_safetensors_headers(tmp_path):
 
 
 def test_preflight_warns_at_gpu_memory_utilization_097_and_above(tmp_path):
-    from deployctl.preflight.checks import check_capacity
+    from deployctl.preflight.capacity import check_capacity
 
     case = next(c for c in VECTORS if c["name"] == "Llama-3.1-8B vllm TP1 H100-80GB")
     d = _model(tmp_path, case)

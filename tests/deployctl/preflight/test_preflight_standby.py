@@ -12,7 +12,7 @@ import os
 from deployctl.config import parse_config
 from deployctl.hostscripts.probe import probe_fake_gpu
 from deployctl.preflight import check_facts
-from deployctl.preflight.checks import plan_from_facts
+from deployctl.preflight.capacity import plan_from_facts
 from support.paths import DATA
 
 GiB = 2**30
