@@ -130,40 +130,62 @@ void rope_store_f32(float *qkv, int64_t T, int64_t stride, int nq, int nkv, int 
  *   tables  [n, width] int32 (rows padded with any valid block); lens [n] int32, 1 <= lens[r] <= width * block_size
  *   out     [n, kvh * group, d], contiguous
  * Returns 0, or -1 when group > MAX_GROUP or d > MAX_DIM (the caller checks first). */
+/* The pieces both decode bodies share. The K and V rows of tokens [start, start + t_end) of one KV head. */
+static inline void tile_rows(const int32_t *table, int start, int t_end, int block_size, int d, const float *kh,
+                             const float *vh, const float **krow, const float **vrow) {
+    for (int t = 0; t < t_end; ++t) {
+        const int p = start + t;
+        const int64_t off = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
+        krow[t] = kh + off;
+        vrow[t] = vh + off;
+    }
+}
+
+/* Before a pair's first tile: no maximum yet, nothing summed or accumulated. */
+static inline void start_pair(float *m, float *l, float *oh, int group, int d) {
+    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
+    for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+}
+
+/* Online softmax over one tile of scores s[0, t_end) of one query head: s becomes e^(s - max), the running max m and
+ * sum l move on; returns the factor what was accumulated before must be scaled by. */
+static inline float softmax_tile(float *s, int t_end, float *m, float *l) {
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int t = 0; t < t_end; ++t) mx = s[t] > mx ? s[t] : mx;
+    const float corr = exp_f32(*m - mx);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < t_end; ++t) {
+        s[t] = exp_f32(s[t] - mx);
+        sum += s[t];
+    }
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
 /* The generic body, any d: one (request, KV head) pair. */
 static void decode_pair(const float *qh, const float *kh, const float *vh, const int32_t *table, int len, float *oh,
                         int group, int d, int block_size, float scale) {
     float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
-    int64_t rows[TILE];
-    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
-    for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+    const float *krow[TILE], *vrow[TILE];
+    start_pair(m, l, oh, group, d);
     for (int start = 0; start < len; start += TILE) {
         const int t_end = len - start < TILE ? len - start : TILE;
-        for (int t = 0; t < t_end; ++t) {
-            const int p = start + t;
-            rows[t] = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
-        }
+        tile_rows(table, start, t_end, block_size, d, kh, vh, krow, vrow);
         /* scores of the tile: each K row once, against every query head of the group */
         for (int t = 0; t < t_end; ++t) {
-            const float *kr = kh + rows[t];
             for (int g = 0; g < group; ++g) {
                 const float *qg = qh + g * d;
                 float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-                for (int e = 0; e < d; ++e) acc += qg[e] * kr[e];
+                for (int e = 0; e < d; ++e) acc += qg[e] * krow[t][e];
                 s[g][t] = acc * scale;
             }
         }
-        /* online softmax: rescale what was accumulated when the running max rises */
         for (int g = 0; g < group; ++g) {
-            float mx = m[g];
-            for (int t = 0; t < t_end; ++t) mx = s[g][t] > mx ? s[g][t] : mx;
-            const float corr = exp_f32(m[g] - mx);
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int t = 0; t < t_end; ++t) { s[g][t] = exp_f32(s[g][t] - mx); sum += s[g][t]; }
-            l[g] = l[g] * corr + sum;
-            m[g] = mx;
+            const float corr = softmax_tile(s[g], t_end, &m[g], &l[g]);
             if (corr != 1.f) {
                 float *og = oh + g * d;
 #pragma omp simd
@@ -172,12 +194,11 @@ static void decode_pair(const float *qh, const float *kh, const float *vh, const
         }
         /* weighted V rows: each V row once, into every query head's accumulator */
         for (int t = 0; t < t_end; ++t) {
-            const float *vr = vh + rows[t];
             for (int g = 0; g < group; ++g) {
                 const float w = s[g][t];
                 float *og = oh + g * d;
 #pragma omp simd
-                for (int e = 0; e < d; ++e) og[e] += w * vr[e];
+                for (int e = 0; e < d; ++e) og[e] += w * vrow[t][e];
             }
         }
     }
@@ -248,16 +269,10 @@ static inline __attribute__((always_inline)) void decode_pair_vec(const float *q
     const int nv = d / VL;
     float m[MAX_GROUP], l[MAX_GROUP], s[MAX_GROUP][TILE];
     const float *krow[TILE], *vrow[TILE];
-    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.f; }
-    for (int e = 0; e < group * d; ++e) oh[e] = 0.f;
+    start_pair(m, l, oh, group, d);
     for (int start = 0; start < len; start += TILE) {
         const int t_end = len - start < TILE ? len - start : TILE;
-        for (int t = 0; t < t_end; ++t) {
-            const int p = start + t;
-            const int64_t off = ((int64_t)table[p / block_size] * block_size + p % block_size) * d;
-            krow[t] = kh + off;
-            vrow[t] = vh + off;
-        }
+        tile_rows(table, start, t_end, block_size, d, kh, vh, krow, vrow);
         for (int g = 0; g < group; ++g) {
             vf qv[128 / VL], acc[128 / VL], acc2[128 / VL];
             for (int j = 0; j < nv; ++j) qv[j] = vload(qh + g * d + j * VL);
@@ -279,18 +294,7 @@ static inline __attribute__((always_inline)) void decode_pair_vec(const float *q
                 s[g][t] = hsum(a) * scale;
             }
             float *sg = s[g];
-            float mx = m[g];
-#pragma omp simd reduction(max : mx)
-            for (t = 0; t < t_end; ++t) mx = sg[t] > mx ? sg[t] : mx;
-            const float corr = exp_f32(m[g] - mx);
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (t = 0; t < t_end; ++t) {
-                sg[t] = exp_f32(sg[t] - mx);
-                sum += sg[t];
-            }
-            l[g] = l[g] * corr + sum;
-            m[g] = mx;
+            const float corr = softmax_tile(sg, t_end, &m[g], &l[g]);
             /* two sets of accumulators (even and odd tokens): two chains of multiply-adds instead of one */
             for (int j = 0; j < nv; ++j) {
                 acc[j] = vload(oh + g * d + j * VL) * corr;

@@ -36,15 +36,21 @@ def _fleet(rollout_env):
     return env
 
 
-def test_a_paused_deploy_keeps_its_lock_and_a_resume_beside_it_is_refused(rollout_env, monkeypatch):
+def _released_with_traffic(rollout_env):
+    """The fleet on release 1 with client traffic running, deploy.yaml already changed for release 2."""
     env = _fleet(rollout_env)
-    monkeypatch.setenv("DEPLOYCTL_LOCK_MAX_AGE_S", "2")  # the deploy's own 6 h, scaled to a test
     assert env.cli("deploy", "--yes").returncode == 0
     v1 = env.current(env.names[0])
     traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
+    env.cfg["engine"]["max_num_seqs"] = 5
+    env.write()
+    return env, v1, traffic
+
+
+def test_a_paused_deploy_keeps_its_lock_and_a_resume_beside_it_is_refused(rollout_env, monkeypatch):
+    monkeypatch.setenv("DEPLOYCTL_LOCK_MAX_AGE_S", "2")  # the deploy's own bound, scaled to a test
+    env, v1, traffic = _released_with_traffic(rollout_env)
     try:
-        env.cfg["engine"]["max_num_seqs"] = 5
-        env.write()
         deploy = env.popen("deploy", "--yes")  # the operator's first shell: paused at 50% for an hour
         wait_for(lambda: rollout_state(env).get("weight") == 50 and rollout_state(env).get("status") == "running",
                  120, "the deploy at its 50% step", deploy)
@@ -73,13 +79,8 @@ def test_a_paused_deploy_keeps_its_lock_and_a_resume_beside_it_is_refused(rollou
 
 
 def test_a_resumed_step_waits_only_what_is_left_of_its_pause(rollout_env):
-    env = _fleet(rollout_env)
-    assert env.cli("deploy", "--yes").returncode == 0
-    v1 = env.current(env.names[0])
-    traffic = Traffic(env.url, "tiny-chat", workers=1, completion_workers=1).start()
+    env, v1, traffic = _released_with_traffic(rollout_env)
     try:
-        env.cfg["engine"]["max_num_seqs"] = 5
-        env.write()
         deploy = env.popen("deploy", "--yes")
         wait_for(lambda: any(r.get("what") == "window" and r.get("result") == "pass" for r in _journal(env)), 120,
                  "a passed analysis window in the 50% step", deploy)

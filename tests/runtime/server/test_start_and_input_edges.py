@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -49,40 +50,40 @@ def test_a_directory_that_is_not_a_checkpoint_is_a_configuration_error(tmp_path)
     assert f"model directory {tmp_path} has no config.json" in r.stderr and "--model" in r.stderr
 
 
-def test_nan_weights_fail_the_start(tmp_path, tiny_model):
-    import torch
+def _edited_copy(tiny_model: Path, model: Path, edit) -> Path:
+    """A copy of the tiny checkpoint whose weights ``edit(tensors)`` changed in place (its manifest dropped)."""
     from safetensors.torch import load_file, save_file
 
-    model = tmp_path / "nan-model"
     shutil.copytree(tiny_model, model)
     (model / "manifest.sha256").unlink()
     weights = next(model.glob("*.safetensors"))
     tensors = load_file(str(weights))
-    name = sorted(k for k in tensors if "mlp" in k)[0]
-    tensors[name][0, 0] = float("nan")
+    edit(tensors)
     save_file(tensors, str(weights), metadata={"format": "pt"})
+    return model
+
+
+def test_nan_weights_fail_the_start(tmp_path, tiny_model):
+    def nan(tensors):
+        tensors[sorted(k for k in tensors if "mlp" in k)[0]][0, 0] = float("nan")
+
+    model = _edited_copy(tiny_model, tmp_path / "nan-model", nan)
     t0 = time.monotonic()
     r = _serve("--model", str(model), timeout=120)
     assert r.returncode == 1, r.stderr  # it used to pass warm-up and report ready
     assert "NaN or inf" in r.stderr and "corrupt" in r.stderr
     assert time.monotonic() - t0 < 60
-    del torch
 
 
 def test_a_model_that_always_overflows_fails_the_start(tmp_path, tiny_model):
     # finite weights (the weight check passes) whose activations overflow on every prompt: a stand-in for a
     # float16 overflow. It used to report ready, answer every request 500 and never count an engine error.
-    from safetensors.torch import load_file, save_file
+    def overflow(tensors):
+        for name in tensors:
+            if name.endswith("down_proj.weight"):
+                tensors[name].fill_(3e38)
 
-    model = tmp_path / "overflow-model"
-    shutil.copytree(tiny_model, model)
-    (model / "manifest.sha256").unlink()
-    weights = next(model.glob("*.safetensors"))
-    tensors = load_file(str(weights))
-    for name in tensors:
-        if name.endswith("down_proj.weight"):
-            tensors[name].fill_(3e38)
-    save_file(tensors, str(weights), metadata={"format": "pt"})
+    model = _edited_copy(tiny_model, tmp_path / "overflow-model", overflow)
     r = _serve("--model", str(model), timeout=120)
     assert r.returncode == 1, r.stderr  # a failed start, as NaN weights
     assert "failed to start: the warm-up forward pass gave non-finite logits" in r.stderr, r.stderr
