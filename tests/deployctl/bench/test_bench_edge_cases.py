@@ -42,6 +42,30 @@ def test_dataset_that_is_a_directory_is_a_config_error(run_bench, tmp_path):
     assert str(tmp_path) in one_line(err)
 
 
+def _read_request(conn: socket.socket) -> None:
+    """Read one whole HTTP request (headers, then Content-Length bytes of body). Closing with part of it unread
+    makes the kernel reset the connection, and the client may then see the reset instead of the reply: a client
+    that writes headers and body apart (httpx does) lost its answer at random."""
+    conn.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
 class RawServer:
     """A TCP server on 127.0.0.1 that answers every connection with ``reply`` bytes (None: never answers)."""
 
@@ -64,7 +88,7 @@ class RawServer:
             self.conns.append(conn)
             if self.reply is not None:
                 try:
-                    conn.recv(65536)
+                    _read_request(conn)
                     conn.sendall(self.reply)
                     conn.close()
                 except OSError:

@@ -133,6 +133,8 @@ def test_a_runner_killed_in_its_unit_is_restarted_and_resumes_the_deploy(rollout
     assert f"resuming {v2} from the journal at weight:0" in err and f"release {v2} serves all traffic" in err
     marks = [(x["kind"], x.get("runner")) for x in _journal(control) if x["kind"] in ("start", "resume")]
     assert marks == [("start", token), ("resume", token)], marks
+    # watch ends at runner.exit; the process itself exits a moment later, and only then does the unit record it
+    wait_for(lambda: len(json.loads(systemd_run.read_text()).get("ends", [])) == 2, 30, "the restarted runner's end")
     rec = json.loads(systemd_run.read_text())
     assert rec["ends"] == [-signal.SIGKILL, 0] and "failed" not in rec, rec
     assert (control / "runner.exit").read_text().strip() == "0" and not (control / "runner.env").exists()
