@@ -60,7 +60,7 @@ class AnalysisConfig(_Frozen):
     inconclusive_limit: int = Field(5, ge=0)
     # The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does
     # (a fleet slow as a whole, or 100% against an old baseline).
-    max_slo_factor: float = 1.0
+    max_slo_factor: float = Field(1.0, strict=True)  # strict: true is no factor
     # Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
     # pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
     min_client_requests: int = Field(1, ge=0)
@@ -81,7 +81,7 @@ class RolloutStep(_Frozen):
     """One canary step: the canary's share of traffic (percent) and how long the analysis holds it there
     (``pause``: a duration, e.g. ``30s``, ``5m``, ``24h``; None: rollout.pause_s)."""
 
-    weight: int = Field(ge=1, le=100)
+    weight: int = Field(ge=1, le=100, strict=True)  # strict: yes/true and '5' are no percentage (YAML lax casts)
     pause: Optional[Duration] = None
 
 
@@ -115,7 +115,7 @@ class RolloutConfig(_Frozen):
     # Seconds the previous release stays asleep on every host after a promotion (a rollback inside the window
     # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
     # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
-    standby_s: float = Field(86400, ge=0, le=MAX_SECONDS)
+    standby_s: Duration = 86400
     # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
     # the bound of deployctl's pool of SSH workers.
     parallel_hosts: int = Field(8, ge=1, le=256, strict=True)

@@ -45,20 +45,28 @@ def format_bytes(n: float) -> str:
 
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+# the compound form format_duration writes (1h30m, 24h10m, 1h1m1s): units from largest to smallest, each once
+_COMPOUND = re.compile(r"^\s*(?:([0-9]+(?:\.[0-9]+)?)d)?(?:([0-9]+(?:\.[0-9]+)?)h)?(?:([0-9]+(?:\.[0-9]+)?)m(?!s))?"
+                       r"(?:([0-9]+(?:\.[0-9]+)?)s)?(?:([0-9]+(?:\.[0-9]+)?)ms)?\s*$")
+_EXPECTED = "expected a duration like 30s, 5m, 24h, 1h30m or a number of seconds"
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 def parse_duration(value: object) -> float:
     """Return ``value`` in seconds: a number (seconds) or a string with a unit, ``"30s"``, ``"5m"``, ``"24h"``,
-    ``"1.5d"``, ``"250ms"`` (one number, one unit). Raises ValueError naming the value and the accepted forms."""
+    ``"1.5d"``, ``"250ms"``, or units from largest to smallest as format_duration writes them, ``"1h30m"``,
+    ``"24h10m"``, ``"1h1m1s"``. Raises ValueError naming the value and the accepted forms."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 30s, 5m, 24h or a number of seconds, got {value!r}")
+        raise ValueError(f"{_EXPECTED}, got {value!r}")
     if isinstance(value, (int, float)):
         return float(value)
     match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"expected a duration like 30s, 5m, 24h or a number of seconds, got {value!r}")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+    if match:
+        return float(match.group(1)) * _SECONDS[match.group(2)]
+    parts = _COMPOUND.match(str(value))
+    if parts and any(parts.groups()):
+        return sum(float(n) * _SECONDS[u] for n, u in zip(parts.groups(), ("d", "h", "m", "s", "ms")) if n)
+    raise ValueError(f"{_EXPECTED}, got {value!r}")
 
 
 def format_duration(seconds: float) -> str:

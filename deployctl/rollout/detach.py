@@ -237,7 +237,8 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
     ends; return its exit code. A runner in a systemd unit that dies without one is waited for RESTART_SEC +
     RESTART_GRACE_S: its restart (a new runner.pid) is followed on. Raises DeployctlError when there is no runner,
     RunnerDied (exit 4) when it ended without an exit code and nothing restarted it (killed: `deploy --resume`
-    continues the rollout), and after ``timeout_s``."""
+    continues the rollout), and after ``timeout_s``. A runner that died after which its deploy was finished all the
+    same (a `deploy --resume` from a shell) is reported so, with that finish's exit code."""
     f = files(service)
     if not f.pid.exists():
         raise DeployctlError(f"no detached rollout of {service} under {f.dir}",
@@ -278,6 +279,10 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
             code = _exit_code(f) if code is None else code
             if buf:
                 out(buf.decode("utf-8", "replace"))
+            finished = None if code is not None else _finished_without_runner(service, pid)
+            if finished is not None:
+                out(finished[0])
+                return finished[1]
             if code is None:
                 raise RunnerDied(f"the detached rollout runner (pid {pid}) ended without finishing (killed?)"
                                  + (" and was not restarted" if restarts else ""),
@@ -288,6 +293,21 @@ def watch(service: str, out: Callable[[str], None], *, poll_s: float = 0.2,
             raise DeployctlError(f"the detached rollout (pid {pid}) still runs after {timeout_s:.0f} s",
                                  fix="run `deployctl rollout watch` again")
         time.sleep(poll_s)
+
+
+def _finished_without_runner(service: str, pid: int) -> Optional[tuple[str, int]]:
+    """(what to say, exit code) when the runner died but the deploy it ran has finished since (a `deploy --resume`
+    from a shell, or a rollback of it, wrote the journal's finish); None while that deploy is unfinished. The
+    journal is this spawn's when its start record carries the spawn's token (runner.json)."""
+    from deployctl.rollout.journal import Progress, read
+
+    token = spec(service).get("token")
+    p = Progress.of(read(service))
+    if not token or p.start is None or p.start.get("runner") != token or p.finish is None:
+        return None
+    code = p.finish.get("exit_code")
+    return (f"(rollout watch: the runner, pid {pid}, ended without finishing; the deploy it ran was finished since "
+            f"by pid {p.pid or '?'}: {p.finish.get('result')} (exit {code}))", int(code) if code is not None else 1)
 
 
 def _read_pid(f: RunnerFiles) -> int:

@@ -94,18 +94,19 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 
 
-def context_length_error(prompt_len: int, max_tokens: int | None, max_model_len: int, param: str = "prompt"
-                         ) -> tuple[str, str] | None:
+def context_length_error(prompt_len: int, max_tokens: int | None, max_model_len: int, param: str = "prompt",
+                         tokens_param: str = "max_tokens") -> tuple[str, str] | None:
     """The one context-length rule (offline and HTTP): a prompt of max_model_len tokens or more leaves no room;
-    prompt + max_tokens over max_model_len is refused, never clamped. Returns (param, message) or None when fine."""
+    prompt + max_tokens over max_model_len is refused, never clamped. Returns (param, message) or None when fine;
+    ``tokens_param`` is the name the client gave max_tokens (max_completion_tokens over HTTP)."""
     if prompt_len >= max_model_len:
         return param, (f"This model's maximum context length is {max_model_len} tokens. However, your {param} has "
                        f"{prompt_len} tokens, leaving no room to generate; shorten it to under {max_model_len} "
                        "tokens.")
     if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        return "max_tokens", (f"This model's maximum context length is {max_model_len} tokens. However, you "
+        return tokens_param, (f"This model's maximum context length is {max_model_len} tokens. However, you "
                               f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the {param}, "
-                              f"{max_tokens} for max_tokens); lower max_tokens to at most "
+                              f"{max_tokens} for {tokens_param}); lower {tokens_param} to at most "
                               f"{max_model_len - prompt_len} or shorten the {param}.")
     return None
 

@@ -138,6 +138,8 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
     if bad_stop is not None:
         raise invalid(f"'stop_token_ids': token id {bad_stop} is out of range: the vocabulary has {ctx.vocab_size} "
                       "tokens", "stop_token_ids", "invalid_token_id")
+    # the name the client used: max_completion_tokens is copied into max_tokens (protocol)
+    asked = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
     out = []
     for ids in prompts:
         if not ids:
@@ -146,7 +148,7 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
         if bad is not None:
             raise invalid(f"token id {bad} is out of range: the vocabulary has {ctx.vocab_size} tokens", param,
                           "invalid_token_id")
-        too_long = context_length_error(len(ids), req.max_tokens, limit, param)
+        too_long = context_length_error(len(ids), req.max_tokens, limit, param, asked)
         if too_long is not None:
             raise invalid(too_long[1], too_long[0], "context_length_exceeded")
         cap_prompt, cap_out = ctx.cfg.max_prompt_tokens, ctx.cfg.max_completion_tokens
@@ -154,8 +156,8 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
             raise invalid(f"your {param} has {len(ids)} tokens, above this server's max_prompt_tokens {cap_prompt}; "
                           f"shorten it to at most {cap_prompt} tokens", param, "context_length_exceeded")
         if cap_out is not None and req.max_tokens is not None and req.max_tokens > cap_out:
-            raise invalid(f"max_tokens {req.max_tokens} is above this server's max_completion_tokens {cap_out}; "
-                          f"lower it to at most {cap_out}", "max_tokens", "invalid_value")
+            raise invalid(f"{asked} {req.max_tokens} is above this server's max_completion_tokens {cap_out}; "
+                          f"lower it to at most {cap_out}", asked, "invalid_value")
         default = limit - len(ids) if cap_out is None else min(limit - len(ids), cap_out)
         out.append(req.max_tokens if req.max_tokens is not None else default)
     return out

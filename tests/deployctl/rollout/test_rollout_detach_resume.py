@@ -100,3 +100,8 @@ def test_detached_deploy_killed_mid_step_is_resumed_and_watched_to_its_exit_code
     assert "cannot continue at weight:0: deploy.yaml changed since the deploy started" in r.stderr, r.stderr[-2000:]
     assert f"traffic back on {v2}" in r.stderr
     assert_consistent_on(env, v2)
+    # watch from another shell now tells how the killed runner's deploy ended (it said 'ended without finishing;
+    # run deploy --resume' and exited 4, and that resume then said there was nothing to resume)
+    w = env.cli("rollout", "watch", timeout=60)
+    assert w.returncode == 6, w.stderr[-2000:]
+    assert "the deploy it ran was finished since by pid" in w.stderr and "(exit 6)" in w.stderr, w.stderr[-2000:]

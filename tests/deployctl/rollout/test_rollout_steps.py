@@ -28,26 +28,35 @@ def cfg_with(rollout: str):
 
 
 @pytest.mark.parametrize("text, seconds", [("30s", 30), ("5m", 300), ("24h", 86400), ("1.5d", 129600),
-                                           ("250ms", 0.25), (90, 90), (2.5, 2.5), ("45", 45)])
+                                           ("250ms", 0.25), (90, 90), (2.5, 2.5), ("45", 45), ("1h30m", 5400),
+                                           ("24h10m", 87000), ("1d2h", 93600), ("1m30s", 90), ("1s500ms", 1.5)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("bad", ["5 minutes", "1h30m", "-5s", "", True])
+@pytest.mark.parametrize("bad", ["5 minutes", "30m1h", "1h 30m", "1h1h", "h", "-5s", "", True])
 def test_bad_durations_name_the_value_and_the_forms(bad):
-    with pytest.raises(ValueError, match="expected a duration like 30s, 5m, 24h"):
+    with pytest.raises(ValueError, match="expected a duration like 30s, 5m, 24h, 1h30m"):
         parse_duration(bad)
 
 
 def test_format_duration():
-    assert [format_duration(s) for s in (86400, 300, 90, 0.5, 7200, 87000, 0, 3661)] == [
+    seconds = (86400, 300, 90, 0.5, 7200, 87000, 0, 3661)
+    assert [format_duration(s) for s in seconds] == [
         "24h", "5m", "1m30s", "0.5s", "2h", "24h10m", "0s", "1h1m1s"]
+    # what the plan prints can be written back into deploy.yaml (it read '+24h10m' and refused '24h10m')
+    assert [parse_duration(format_duration(s)) for s in seconds] == list(seconds)
 
 
 def test_short_form_stays_valid_and_takes_pause_s():
     c = cfg_with("  steps: [5, 25, 100]\n  pause_s: 5m\n")
     assert c.rollout.weights == [5, 25, 100]
     assert [c.rollout.pause_of(w) for w in c.rollout.weights] == [300, 300, 300]
+
+
+def test_standby_and_pauses_take_durations():
+    c = cfg_with("  steps: [{weight: 5, pause: 1h30m}, 100]\n  standby_s: 24h\n")
+    assert (c.rollout.pause_of(5), c.rollout.standby_s) == (5400, 86400)
 
 
 def test_steps_with_their_own_pause():
@@ -64,6 +73,11 @@ def test_steps_with_their_own_pause():
     ("  steps: [{weight: 5, pasue: 1h}, 100]\n", "did you mean 'pause'"),
     ("  steps: [5, 50]\n", "ending at 100"),
     ("  pause_s: 2 weeks\n", "rollout.pause_s"),
+    # YAML's lax casts: yes/true and quoted numbers are no percentage or factor (weight yes planned as '1%')
+    ("  steps: [{weight: yes, pause: 1m}, 100]\n", "rollout.steps[0].weight: Input should be a valid integer"),
+    ("  steps: [{weight: '5'}, 100]\n", "rollout.steps[0].weight: Input should be a valid integer (got '5')"),
+    ("  analysis: {max_slo_factor: true}\n", "rollout.analysis.max_slo_factor: Input should be a valid number"),
+    ("  standby_s: a day\n", "rollout.standby_s: expected a duration"),
 ])
 def test_bad_steps_are_refused_with_the_key(rollout, needle):
     with pytest.raises(ConfigError) as e:
@@ -143,7 +157,7 @@ BAD_CONFIGS = [
     ("rollout: {steps: [5.5, 100]}", "rollout.steps: item 0 is 5.5, not a whole percentage: write a whole percentage"),
     ("rollout: {steps: [5, null, 100]}", "rollout.steps: item 1 is None, no step: write"),
     ("rollout: {steps: [{weight: 5, pause: 24x}, 100]}",
-     "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h or a number of seconds, got '24x'"),
+     "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h, 1h30m or a number of seconds, got '24x'"),
 ]
 
 
@@ -185,5 +199,5 @@ def test_plan_command_refuses_a_bad_setting_with_exit_3(tmp_path):
     r = run_cli("plan", "-c", str(path))
     assert r.returncode == 3, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
-    assert "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h or a number of seconds, got '24x'" in err
+    assert "rollout.steps[0].pause: expected a duration like 30s, 5m, 24h, 1h30m or a number of seconds, got '24x'" in err
     assert err.count("'24x'") == 1 and "rollout.analysis.max_slo_factor" in err and "(got inf)" in err, err

@@ -26,6 +26,15 @@ def test_unknown_fields_are_400_naming_them(server, chat, name):
     assert (err["code"], err["param"]) == ("unsupported_parameter", name)
 
 
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+def test_a_length_past_the_context_names_the_field_the_client_sent(server, chat, name):
+    # max_completion_tokens was copied into max_tokens, and the 400 named max_tokens, a field the client never sent
+    err = ask(server, chat, **{"max_tokens": None, name: 100000}).json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", name), err
+    assert f"for {name}); lower {name} to at most" in err["message"], err
+
+
 @pytest.mark.parametrize("chat,fields,param", [
     (False, {"stream": True, "stream_options": {"include_usage": True, "foo": 1}}, "stream_options.foo"),
     (True, {"structured_outputs": {"choice": ["a"], "whitespace_patern": " "}}, "structured_outputs.whitespace_patern"),
