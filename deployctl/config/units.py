@@ -44,10 +44,12 @@ def format_bytes(n: float) -> str:
     return f"{sign}{n:.1f} TiB"
 
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+_DURATION = re.compile(rf"^\s*{_NUMBER}\s*(ms|s|m|h|d)?\s*$")
 # the compound form format_duration writes (1h30m, 24h10m, 1h1m1s): units from largest to smallest, each once
-_COMPOUND = re.compile(r"^\s*(?:([0-9]+(?:\.[0-9]+)?)d)?(?:([0-9]+(?:\.[0-9]+)?)h)?(?:([0-9]+(?:\.[0-9]+)?)m(?!s))?"
-                       r"(?:([0-9]+(?:\.[0-9]+)?)s)?(?:([0-9]+(?:\.[0-9]+)?)ms)?\s*$")
+_COMPOUND_UNITS = ("d", "h", "m", "s", "ms")
+_COMPOUND = re.compile(r"^\s*" + "".join(f"(?:{_NUMBER}{u}{'(?!s)' if u == 'm' else ''})?" for u in _COMPOUND_UNITS)
+                       + r"\s*$")
 _EXPECTED = "expected a duration like 30s, 5m, 24h, 1h30m or a number of seconds"
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
@@ -65,7 +67,7 @@ def parse_duration(value: object) -> float:
         return float(match.group(1)) * _SECONDS[match.group(2)]
     parts = _COMPOUND.match(str(value))
     if parts and any(parts.groups()):
-        return sum(float(n) * _SECONDS[u] for n, u in zip(parts.groups(), ("d", "h", "m", "s", "ms")) if n)
+        return sum(float(n) * _SECONDS[u] for n, u in zip(parts.groups(), _COMPOUND_UNITS) if n)
     raise ValueError(f"{_EXPECTED}, got {value!r}")
 
 

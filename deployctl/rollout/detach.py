@@ -44,7 +44,7 @@ from typing import Callable, Optional
 from deployctl import settings
 from deployctl.errors import DeployctlError, ExitCode
 from deployctl.rollout import procs
-from deployctl.rollout.journal import control_dir
+from deployctl.rollout.journal import Progress, control_dir, read
 from deployctl.rollout.state import now_iso
 
 # watch's exit when the runner died without recording an exit code (killed): the rollout is unfinished
@@ -299,8 +299,6 @@ def _finished_without_runner(service: str, pid: int) -> Optional[tuple[str, int]
     """(what to say, exit code) when the runner died but the deploy it ran has finished since (a `deploy --resume`
     from a shell, or a rollback of it, wrote the journal's finish); None while that deploy is unfinished. The
     journal is this spawn's when its start record carries the spawn's token (runner.json)."""
-    from deployctl.rollout.journal import Progress, read
-
     token = spec(service).get("token")
     p = Progress.of(read(service))
     if not token or p.start is None or p.start.get("runner") != token or p.finish is None:

@@ -146,7 +146,7 @@ class GoldenCheck:
         self._rules: dict[str, Rules] = {}
         self.stopped = threading.Event()
         self.asked: dict[str, tuple[float, list[Answer]]] = {}  # host -> (monotonic start, answers so far)
-        self.asked_took: dict[str, float] = {}  # host -> seconds it took to answer every prompt (once seen done)
+        self.asked_took: dict[str, float] = {}  # host -> seconds it took to answer every prompt (once done)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -162,19 +162,21 @@ class GoldenCheck:
 
         o = self.cfg.rollout.analysis.outputs
         by = {h.name: h for h in self.cfg.hosts}
-        self.asked[name] = (time.monotonic(), out := [])
-        return collect(host_url(self.cfg, by[name]), self.cfg.model.name, self.prompts, chat=bool(self.chat),
-                       max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s, should_stop=self.stopped.is_set,
-                       out=out)
+        self.asked[name] = (t0 := time.monotonic(), out := [])
+        answers = collect(host_url(self.cfg, by[name]), self.cfg.model.name, self.prompts, chat=bool(self.chat),
+                          max_tokens=o.max_tokens, api_key=self.key, timeout=o.timeout_s,
+                          should_stop=self.stopped.is_set, out=out)
+        self.asked_took[name] = time.monotonic() - t0
+        return answers
 
     def too_slow(self, canary: list[str], stable: list[str], factor: float, grace_s: float) -> Optional[str]:
         """Why a canary host is too slow to be worth waiting for, or None: once a stable host has answered every
         prompt (in S seconds, wall), a canary host still answering after factor × S + grace_s seconds of its own."""
-        done = [n for n in stable if n in self.asked and len(self.asked[n][1]) >= len(self.prompts)]
+        done = [n for n in stable if n in self.asked_took]
         if not done:
             return None
         s_name = done[0]
-        s_took = self.asked_took.setdefault(s_name, time.monotonic() - self.asked[s_name][0])
+        s_took = self.asked_took[s_name]
         for n in canary:
             if n not in self.asked:
                 continue

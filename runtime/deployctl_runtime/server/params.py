@@ -123,8 +123,8 @@ def build(req: Any, chat: bool, max_tokens: int, j: int, logprobs: int | None,
     except ValueError as exc:
         own, _, why = str(exc).partition(":")
         field = _CHAT_PARAM.get(own, own) if chat else own
-        if field == "max_tokens" and req.max_completion_tokens is not None:
-            field = "max_completion_tokens"
+        if field == "max_tokens":
+            field = req.tokens_field
         raise invalid(f"{field}:{why}", field) from None  # the message names the field the client sent
     return sp
 

@@ -150,6 +150,12 @@ class _SamplingFields(BaseModel):
                                        "at the end); send stream false", "unsupported_parameter")
         return self
 
+    @property
+    def tokens_field(self) -> str:
+        """The name the client gave the output-token bound: max_completion_tokens is copied into max_tokens below,
+        and an error about it names what was sent."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
     @model_validator(mode="after")
     def _max_completion_tokens(self):
         if self.max_completion_tokens is not None:

@@ -138,8 +138,7 @@ def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat:
     if bad_stop is not None:
         raise invalid(f"'stop_token_ids': token id {bad_stop} is out of range: the vocabulary has {ctx.vocab_size} "
                       "tokens", "stop_token_ids", "invalid_token_id")
-    # the name the client used: max_completion_tokens is copied into max_tokens (protocol)
-    asked = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+    asked = req.tokens_field
     out = []
     for ids in prompts:
         if not ids:
