@@ -93,20 +93,29 @@ def chat(base: str, n: int) -> None:
     assert codes == [200] * n
 
 
+def evaluate_once_logged(an, w, sent: int, deadline_s: float = 10):
+    """The window's verdict once the router's access log holds all ``sent`` requests: nginx writes a request's line
+    when it finalizes the request, which may be after the client has its answer (on a busy machine, well after)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        v = an.evaluate(w, 50)
+        if v.canary.requests + v.stable.requests >= sent or time.monotonic() > end:
+            return v
+        time.sleep(0.1)
+
+
 def test_requests_without_generations_are_no_client_traffic(window):
     cfg, an, url = window()
     w = an.open_window()
     for _ in range(50):  # ~25 on each side: every route is a request, none a generation
         assert httpx.get(url + "/v1/models", timeout=10).status_code == 200
-    time.sleep(0.3)  # nginx writes a line when it finalizes the request
-    v = an.evaluate(w, 50)
+    v = evaluate_once_logged(an, w, 50)
     assert v.canary.requests >= 10 and v.stable.requests >= 10 and v.canary.generations == 0, v.summary()
     assert v.result == "inconclusive", v.summary()
     assert "0 canary client requests < min_client_requests 1 (generation requests via the router)" in v.reason
 
     chat(url, 12)
-    time.sleep(0.3)
-    v = an.evaluate(w, 50)
+    v = evaluate_once_logged(an, w, 62)
     assert v.canary.generations + v.stable.generations == 12, v.summary()
     assert v.canary.requests + v.stable.requests == 62
     assert "generations)" in v.summary() and f"(all routes; {v.canary.generations} generations)" in v.summary()
