@@ -14,12 +14,17 @@ A field not in the table (or not for this endpoint) is unknown: 400 `unsupported
 Keys of the option objects (stream_options, structured_outputs, response_format, response_format.json_schema)
 follow the same rules under their dotted names: the model's own keys are honoured, the table lists the others
 (e.g. "structured_outputs.whitespace_pattern"), any other is unknown, its dotted name in the error's `param`.
+Keys inside each message and each tool likewise, by their indexed path ("messages[1].contnet" in `param`, the row
+"messages[].name"): a misspelt key is 400, not a message the template renders without it. The known message keys
+are given to the chat template as sent (`to the template`: the model's template decides what it shows, as in
+transformers and vLLM), or refused, or ignored.
 Sources: OpenAI's API reference (Create chat completion, Create completion); vLLM's protocol.py
 (ChatCompletionRequest / CompletionRequest extra parameters, StreamOptions, StructuredOutputsParams).
 """
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +32,7 @@ from .errors import invalid
 
 log = logging.getLogger("deployctl_runtime.server")
 
-HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
+HONOURED, IGNORED, REFUSED, TEMPLATE = "honoured", "ignored", "refused", "to the template"
 BOTH, CHAT, COMPLETIONS = "both", "chat", "completions"
 _NO_OFF = object()
 
@@ -58,6 +63,12 @@ def _i(why: str, endpoints: str = BOTH) -> FieldRule:
 
 def _r(why: str, endpoints: str = BOTH, off: Any = _NO_OFF, chat_off: Any = _NO_OFF) -> FieldRule:
     return FieldRule(REFUSED, endpoints, why, off, chat_off)
+
+
+def _t(why: str) -> FieldRule:
+    """A message key given to the chat template as sent: the model's template decides what it shows (as in
+    transformers and vLLM)."""
+    return FieldRule(TEMPLATE, CHAT, why)
 
 
 FIELDS: dict[str, FieldRule] = {
@@ -135,8 +146,31 @@ FIELDS: dict[str, FieldRule] = {
                                                            "server; set additionalProperties in the schema",
                                                            off=False),
     "structured_outputs.structural_tag": _r("structural tags are not supported; use grammar"),
+    # keys inside each message and each tool beyond the ones protocol.py declares (role, content; type, function;
+    # function.name/description/parameters/strict), by their path with the index as []: "messages[].name".
+    # Sources: OpenAI's message params (ChatCompletion{User,Assistant,Tool,...}MessageParam) and vLLM's
+    # CustomChatCompletionMessageParam (vllm/renderers/chat_utils/types.py, 0.33)
+    "messages[].name": _t("the participant's name"), "messages[].tool_calls": _t("an assistant's tool calls"),
+    "messages[].tool_call_id": _t("the call a tool message answers"),
+    "messages[].reasoning": _t("vLLM: an earlier turn's reasoning, for interleaved thinking"),
+    "messages[].reasoning_content": _t("vLLM's earlier name for reasoning"),
+    "messages[].annotations": _i("URL citations of an earlier answer (echoed back from a response); the prompt is "
+                                 "the message's content", CHAT),
+    "messages[].refusal": _r("an assistant message's refusal is not supported; put its text in 'content'", CHAT),
+    "messages[].function_call": _r("the legacy 'function_call' of a message is not supported; send 'tool_calls'",
+                                   CHAT),
+    "messages[].audio": _r("audio in a message is not supported by this server", CHAT),
+    "messages[].tools": _r("tools on a message are not supported; send the request's 'tools'", CHAT),
+    "messages[].task": _r("a message's task marker (vLLM, for DeepSeek V4) is not supported by this server", CHAT),
 }
+_INDEX = re.compile(r"\[\d+\]")
 _warned: set[str] = set()
+
+
+def to_template(message_key: str) -> bool:
+    """Whether a message's key (beyond role and content) is given to the chat template: its row says so."""
+    rule = FIELDS.get(f"messages[].{message_key}")
+    return rule is not None and rule.status == TEMPLATE
 
 
 def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, ...] = ()) -> Any:
@@ -157,12 +191,15 @@ def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None
     field."""
     endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     for name, value in sent.items():
-        rule = FIELDS.get(name)
+        rule = FIELDS.get(_INDEX.sub("[]", name))  # "messages[2].name" -> the row "messages[].name"
+        if value is None and rule is not None and rule.applies(chat):
+            continue  # null asks for nothing (a top-level null is gone already: without_nulls)
         if rule is None or not rule.applies(chat):
             if ignore_unknown:
-                if name not in _warned:
-                    _warned.add(name)
-                    log.warning("ignoring unknown request field %r on %s (--ignore-unknown-fields)", name, endpoint)
+                row = _INDEX.sub("[]", name)
+                if row not in _warned:
+                    _warned.add(row)
+                    log.warning("ignoring unknown request field %r on %s (--ignore-unknown-fields)", row, endpoint)
                 continue
             where = "" if rule is None else f" (it is a {rule.endpoints} field)"
             raise invalid(f"'{name}': unknown field for {endpoint}{where}; remove it (or start the server with "

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import APIError, invalid
-from .fields import without_nulls
+from .fields import to_template, without_nulls
 
 MAX_N = 64
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"  # a request id: the X-Request-Id header's and the body's
@@ -223,14 +223,17 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message; extra keys (name, tool_calls, ...) are kept and passed to the chat template."""
+    """One chat message; its other keys (name, tool_calls, ...) are kept, checked against the field table's
+    "messages[]." rows (fields.py) and passed to the chat template, nulls left out."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
     def template_dict(self) -> dict[str, Any]:
-        d = self.model_dump(exclude_none=True)
+        """role, content (a string) and the keys the field table gives to the template; not the ignored ones (nor
+        the unknown ones, with --ignore-unknown-fields), not nulls."""
+        d = self.model_dump(exclude_none=True, exclude={k for k in self.model_extra or {} if not to_template(k)})
         if isinstance(self.content, list):
             d["content"] = "".join(p.text for p in self.content)
         elif self.content is None:
@@ -238,14 +241,20 @@ class ChatMessage(BaseModel):
         return d
 
 
-class FunctionDef(_Strict):
+class FunctionDef(BaseModel):
+    """A tool's function; keys it does not declare are kept for the field table ("tools[].function.<key>")."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(BaseModel):
+    """One entry of `tools`; keys it does not declare are kept for the field table ("tools[].<key>")."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["function"]
     function: FunctionDef
 
@@ -265,6 +274,17 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra variables for the chat template
+
+    def sent_fields(self) -> dict[str, Any]:
+        """As the base's, with the undeclared keys of each message and tool under their indexed paths
+        ("messages[1].name", "tools[0].function.strict_mode"), for the table's "messages[]." and "tools[]." rows."""
+        out = super().sent_fields()
+        for i, m in enumerate(self.messages):
+            out.update({f"messages[{i}].{k}": v for k, v in (m.model_extra or {}).items()})
+        for i, t in enumerate(self.tools or []):
+            out.update({f"tools[{i}].{k}": v for k, v in (t.model_extra or {}).items()})
+            out.update({f"tools[{i}].function.{k}": v for k, v in (t.function.model_extra or {}).items()})
+        return out
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):
