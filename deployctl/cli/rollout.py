@@ -216,6 +216,7 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     from rich.table import Table
 
     from deployctl.config import load_config
+    from deployctl.rollout.status import rollout_live
     from deployctl.rollout.status import status as get_status
 
     doc = get_status(load_config(config))
@@ -250,8 +251,9 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     if doc.get("lock"):
         lk = doc["lock"]
         out_console.print(f"lock: {lk['text']}" + (f" [stale: {lk['why_stale']}]" if lk["stale"] else ""), markup=False)
+    live = rollout_live(doc)
     for d in doc.get("differences", []):
-        out_console.print(f"inconsistent: {d}", markup=False)
+        out_console.print(f"{'differs (the rollout in progress)' if live else 'inconsistent'}: {d}", markup=False)
     _status_check(doc, check)
 
 
@@ -263,11 +265,13 @@ def _where(jr: dict) -> str:
 
 
 def _status_check(doc: dict, check: bool) -> None:
-    """With --check: CheckFailed (exit 1) naming every unhealthy host and every difference."""
+    """With --check: CheckFailed (exit 1) naming every problem (deployctl.rollout.status.check_problems: a live
+    canary's two releases are not one)."""
     if not check:
         return
-    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"] if not h["healthy"]]
-    problems += doc.get("differences", [])
+    from deployctl.rollout.status import check_problems
+
+    problems = check_problems(doc)
     if problems:
         from deployctl.errors import CheckFailed
 

@@ -12,6 +12,7 @@ from deployctl.rollout.fleet import Fleet
 from deployctl.rollout.fleetcheck import differences, snapshot
 from deployctl.service.http import http
 from deployctl.rollout.lock import describe
+from deployctl.rollout.state import IN_PROGRESS
 
 
 def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
@@ -70,6 +71,36 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
                 "differences": differences(hosts), "journal": journal_status(cfg, st)}
     finally:
         fleet.close()
+
+
+def rollout_live(doc: dict[str, Any]) -> bool:
+    """A :func:`status` document's rollout is in progress and its deploy lock is held and fresh (a runner is at
+    it, here or on another machine)."""
+    ro, lock = doc.get("rollout"), doc.get("lock")
+    return bool(ro and ro["status"] in IN_PROGRESS and lock and not lock["stale"])
+
+
+def check_problems(doc: dict[str, Any]) -> list[str]:
+    """What ``status --check`` exits 1 on, from a :func:`status` document: every unhealthy host, and every host
+    that differs from the rest. While a rollout is live (in progress on the hosts and its deploy lock held and
+    fresh, so a runner is at it), its canary hosts run another release than the rest by design: the hosts are then
+    compared within the rollout's release and within the one it replaces, and a host on neither release is named.
+    A rollout in progress that nobody runs (no lock, or a stale one) is named too."""
+    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"] if not h["healthy"]]
+    ro, lock = doc.get("rollout"), doc.get("lock")
+    if not ro or ro["status"] not in IN_PROGRESS:
+        return problems + doc["differences"]
+    if not rollout_live(doc):
+        why = "no deploy holds the lock" if not lock else f"its lock is stale: {lock['why_stale']}"
+        return problems + [f"the {ro['action']} of {ro['release']} is {ro['status']} on the hosts but nobody runs "
+                           f"it ({why}): `deployctl deploy --resume` continues it, `deployctl rollback` ends it"] \
+            + doc["differences"]
+    pair = (ro["release"], ro["from_release"])
+    rows = [h for h in doc["hosts"] if h.get("current_release")]
+    for release in pair:
+        problems += differences([h for h in rows if h["current_release"] == release])
+    return problems + [f"{h['host']}: release {h['current_release']} is neither the rollout's {pair[0]} nor the "
+                       f"{pair[1]} it replaces" for h in rows if h["current_release"] not in pair]
 
 
 def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:

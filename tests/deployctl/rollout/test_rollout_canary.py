@@ -64,6 +64,10 @@ def test_canary_5_percent_split_promote_and_rollback(rollout_env):
         assert weights == {env.names[0]: 5.0, env.names[1]: 47.5, env.names[2]: 47.5}
         assert {h["host"]: h["current_release"] for h in st["hosts"]} == {env.names[0]: v2, env.names[1]: v1,
                                                                           env.names[2]: v1}
+        # a cron's `status --check` mid-canary: the two releases are the rollout's, not a fault (it exited 1)
+        checked = env.cli("status", "--check")
+        assert checked.returncode == 0, checked.stderr
+        assert f"differs (the rollout in progress): {env.names[0]}: release {v2}" in " ".join(checked.stdout.split())
 
         wait_for(lambda: any(v["result"] == "pass" for v in rollout_state(env).get("verdicts", [])), 60,
                  "a passing analysis window", deploy)
