@@ -260,7 +260,7 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
 def _where(jr: dict) -> str:
     """Where a killed deploy stopped, from status's ``journal``."""
     if jr["open_step"]:
-        return "in " + jr["open_step"]
+        return "in " + jr["open_step_label"]
     return "between steps" if jr["done"] else "at its start, before its first step"
 
 

@@ -220,13 +220,14 @@ class Deployment(WeightSteps):
                 fl.wheel = release.build_wheel()
                 wheel = release._sha256_file(fl.wheel)
             why_not = p.abort_reason or resume.why_not(self.cfg, plan, p, wheel)
-            at = p.open_step or "the step after " + (sorted(p.done)[-1] if p.done else "the start")
+            at = p.label(p.open_step) if p.open_step else "the step after " + (
+                p.label(sorted(p.done)[-1]) if p.done else "the start")
             if why_not:
                 self.say("resume", f"resuming {plan.release.id}: cannot continue at {at}: {why_not}; rolling back "
                                    f"to {plan.from_release or 'nothing'}")
             else:
                 self.say("resume", f"resuming {plan.release.id} from the journal at {at} "
-                                   f"(done: {', '.join(sorted(p.done)) or 'nothing'})")
+                                   f"(done: {', '.join(p.label(d) for d in sorted(p.done)) or 'nothing'})")
         else:
             self.gen = fl.store.send("deploy", reason=plan.release.id).generation
             from deployctl.rollout.resume import start_record

@@ -186,3 +186,15 @@ class Progress:
     @property
     def unfinished(self) -> bool:
         return self.start is not None and self.finish is None
+
+    def label(self, step: str) -> str:
+        """A step id as a person reads it: ``weight:0`` (the first weight step, which reads like 0%) as
+        ``weight step 1/2 (5%)`` from the plan's steps, ``batch:1`` as ``batch 2/3``; other ids as they are."""
+        kind, _, index = step.partition(":")
+        plan = self.start or {}
+        listed = {"weight": plan.get("steps"), "batch": plan.get("batches")}.get(kind)
+        if not index.isdigit() or not listed or int(index) >= len(listed):
+            return step
+        i = int(index)
+        return (f"weight step {i + 1}/{len(listed)} ({listed[i]}%)" if kind == "weight"
+                else f"batch {i + 1}/{len(listed)}")

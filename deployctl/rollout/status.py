@@ -123,7 +123,8 @@ def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
         return None
     alive = procs.is_deploy(p.pid, cfg.service.name) if p.unfinished else False
     in_progress = True if ahead else st.in_progress
-    return {"release": release, "done": sorted(p.done), "open_step": p.open_step, "finished": not p.unfinished,
+    return {"release": release, "done": sorted(p.done), "open_step": p.open_step,
+            "open_step_label": p.label(p.open_step) if p.open_step else None, "finished": not p.unfinished,
             "pid": p.pid, "runner_alive": alive, "resumable": in_progress and p.unfinished and not alive}
 
 

@@ -130,7 +130,7 @@ def test_a_runner_killed_in_its_unit_is_restarted_and_resumes_the_deploy(rollout
     v2 = env.current(env.names[0])
     assert v2 != v1
     assert f"restarted as pid {second}" in err and "continuing the deploy from its journal" in err, err[-3000:]
-    assert f"resuming {v2} from the journal at weight:0" in err and f"release {v2} serves all traffic" in err
+    assert f"resuming {v2} from the journal at weight step 1/2 (50%)" in err and f"release {v2} serves all traffic" in err
     marks = [(x["kind"], x.get("runner")) for x in _journal(control) if x["kind"] in ("start", "resume")]
     assert marks == [("start", token), ("resume", token)], marks
     # watch ends at runner.exit; the process itself exits a moment later, and only then does the unit record it

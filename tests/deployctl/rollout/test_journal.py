@@ -138,3 +138,11 @@ def test_a_runners_start_is_a_restart_only_when_its_spawn_journaled_an_unfinishe
     f.env.write_text("X=1\n")
     runner.record_exit("svc", 6)
     assert f.exit.read_text() == "6\n" and not f.env.exists()
+
+
+def test_step_ids_read_as_their_weight_and_batch():
+    # `weight:0` (the first weight step) read like 0% in status and resume messages
+    p = journal.Progress.of([{"kind": "start", "steps": [5, 50, 100], "batches": [["a"], ["b", "c"]]}])
+    assert p.label("weight:0") == "weight step 1/3 (5%)" and p.label("weight:2") == "weight step 3/3 (100%)"
+    assert p.label("batch:1") == "batch 2/2" and p.label("activate") == "activate"
+    assert p.label("weight:7") == "weight:7" and journal.Progress().label("weight:0") == "weight:0"  # beyond the plan: as is

@@ -56,8 +56,12 @@ def test_detached_deploy_killed_mid_step_is_resumed_and_watched_to_its_exit_code
         st = env.status()
         assert st["rollout"]["status"] == "running" and st["rollout"]["weight"] == 50
         assert st["journal"]["resumable"] and st["journal"]["open_step"] == "weight:0", st["journal"]
+        assert st["journal"]["open_step_label"] == "weight step 1/2 (50%)"
         text = env.cli("status").stdout
         assert "is not running any more" in text and "deploy --resume" in text, text
+        assert "stopped in weight step 1/2 (50%)" in " ".join(text.split()), text
+        checked = env.cli("status", "--check")  # a canary nobody runs is a fault, unlike a live one
+        assert checked.returncode == 1 and "but nobody runs it" in checked.stderr, checked.stderr
         v2 = rollout_state(env)["release"]
         assert {env.release_served(n) for n in env.names} == {v1, v2}  # canary on v2, stable on v1: the split
 
@@ -71,7 +75,7 @@ def test_detached_deploy_killed_mid_step_is_resumed_and_watched_to_its_exit_code
         assert p.returncode == 0, p.stderr
         out, err = watch.communicate(timeout=300)
         assert watch.returncode == 0, err[-3000:]
-        assert "resuming " + v2 + " from the journal at weight:0" in err, err[-3000:]
+        assert "resuming " + v2 + " from the journal at weight step 1/2 (50%)" in err, err[-3000:]
         assert f"release {v2} serves all traffic" in err
     finally:
         traffic.stop()
@@ -97,7 +101,7 @@ def test_detached_deploy_killed_mid_step_is_resumed_and_watched_to_its_exit_code
     env.write()
     r = env.cli("deploy", "--resume", timeout=300)
     assert r.returncode == 6, r.stderr
-    assert "cannot continue at weight:0: deploy.yaml changed since the deploy started" in r.stderr, r.stderr[-2000:]
+    assert "cannot continue at weight step 1/2 (50%): deploy.yaml changed since the deploy started" in r.stderr, r.stderr[-2000:]
     assert f"traffic back on {v2}" in r.stderr
     assert_consistent_on(env, v2)
     # watch from another shell now tells how the killed runner's deploy ended (it said 'ended without finishing;

@@ -99,7 +99,7 @@ def test_a_resumed_step_waits_only_what_is_left_of_its_pause(rollout_env):
         traffic.stop()
     m = re.search(r"step 1 \(50%\): (\d+)s of its 1h pause left \(it began [^)]+\); (\d+) analysis window", r.stderr)
     assert m and int(m.group(1)) <= 8 and int(m.group(2)) >= 1, r.stderr[-3000:]
-    assert "resuming " in r.stderr and "from the journal at weight:0" in r.stderr, r.stderr[-3000:]
+    assert "resuming " in r.stderr and "from the journal at weight step 1/2 (50%)" in r.stderr, r.stderr[-3000:]
     v2 = env.current(env.names[0])
     assert v2 != v1
     assert_consistent_on(env, v2)
