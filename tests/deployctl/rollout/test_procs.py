@@ -4,6 +4,7 @@ refuse nor `rollout watch` wait, nor `status` call the killed deploy alive; the 
 this one's; a live runner is."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -109,6 +110,27 @@ def test_resume_refuses_while_the_detached_runner_runs_naming_it(state):
             take_lock(None, Cfg)  # no fleet: refused before any host is asked
         assert f"still runs as pid {runner.pid}" in e.value.message and "nothing to resume" in e.value.message
         assert "rollout watch" in e.value.fix and "abort" in e.value.fix
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+def test_rollout_watch_timeout_exits_1_and_leaves_the_runner_running(state):
+    runner = runner_like(state, "svc", SLEEP)
+    try:
+        time.sleep(0.3)  # exec'd: its command line is the runner's
+        f = detach.files("svc")
+        f.dir.mkdir(parents=True)
+        f.pid.write_text(f"{runner.pid}\n")
+        f.log.write_text("step 1/2\n")
+        cfg = state / "deploy.yaml"
+        cfg.write_text(f"service: {{name: svc}}\nmodel: {{path: /m}}\n"
+                       f"hosts: [{{name: a, address: local, deploy_root: {state}/a}}]\n")
+        r = subprocess.run([sys.executable, "-m", "deployctl", "rollout", "watch", "--timeout", "1", "-c", str(cfg)],
+                           capture_output=True, text=True, timeout=60, env={**os.environ})
+        assert r.returncode == 1, r.stderr
+        assert "step 1/2" in r.stderr and f"the detached rollout (pid {runner.pid}) still runs after 1 s" in r.stderr
+        assert runner.poll() is None  # the watch ended, the rollout goes on
     finally:
         runner.kill()
         runner.wait()
