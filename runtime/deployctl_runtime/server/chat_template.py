@@ -66,3 +66,27 @@ class ChatTemplate:
         except Exception as exc:  # noqa: BLE001 - TemplateError, or a TypeError/KeyError/... of the template's own
             raise APIError(500, f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}",
                            "internal_error", None, "chat_template_error") from None
+
+
+def render_chat(template: ChatTemplate, messages: list[Any], add_generation_prompt: bool,
+                chat_template_kwargs: dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str:
+    """The prompt text of a chat request (/v1/chat/completions and /tokenize alike): ``messages`` (protocol's
+    ChatMessage, each by its template_dict), the request's ``chat_template_kwargs`` and its ``tools`` as the
+    template sees them (None: left undefined). Raises APIError 400 when chat_template_kwargs sets a variable the
+    server sets (SERVER_VARIABLES), or when the template does not show the tools (the prompt is the same with and
+    without them), and as ChatTemplate.render does."""
+    dicts = [m.template_dict() for m in messages]
+    extra = dict(chat_template_kwargs or {})
+    taken = next((k for k in SERVER_VARIABLES if k in extra), None)
+    if taken is not None:
+        raise invalid(f"'chat_template_kwargs.{taken}': the server sets {taken} for the chat template (from "
+                      f"{SERVER_VARIABLES[taken]}); remove it from chat_template_kwargs",
+                      f"chat_template_kwargs.{taken}", "invalid_value")
+    text = template.render(dicts, add_generation_prompt, **extra, **({} if tools is None else {"tools": tools}))
+    # does the template show the tools? Compared with a render without them: `tools` left undefined, as for a
+    # request without tools (a template guarded by `tools is defined` must not see tools=None)
+    if tools is not None and text == template.render(dicts, add_generation_prompt, **extra):
+        raise invalid("'tools': this model's chat template does not show tools to the model (the prompt is the "
+                      "same with and without them); serve a model whose template renders `tools`, or describe "
+                      "the functions in the messages", "tools", "unsupported_parameter")
+    return text

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 from .errors import invalid
 
@@ -156,6 +156,8 @@ FIELDS: dict[str, FieldRule] = {
     "messages[].reasoning_content": _t("vLLM's earlier name for reasoning"),
     "messages[].annotations": _i("URL citations of an earlier answer (echoed back from a response); the prompt is "
                                  "the message's content", CHAT),
+    "messages[].parsed": _i("the openai SDK's parsed copy of the content (chat.completions.parse, echoed back); the "
+                            "prompt is the message's content", CHAT),
     "messages[].refusal": _r("an assistant message's refusal is not supported; put its text in 'content'", CHAT),
     "messages[].function_call": _r("the legacy 'function_call' of a message is not supported; send 'tool_calls'",
                                    CHAT),
@@ -165,6 +167,7 @@ FIELDS: dict[str, FieldRule] = {
 }
 _INDEX = re.compile(r"\[\d+\]")
 _warned: set[str] = set()
+_WARN_AT_MOST = 256  # names warned about, per process: random names must not grow the log and memory without end
 
 
 def to_template(message_key: str) -> bool:
@@ -185,21 +188,27 @@ def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, 
     return {k: v for k, v in body.items() if v is not None or not known(k)}
 
 
-def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool) -> None:
-    """Apply the table to the fields a client sent (name -> parsed value; the undeclared keys of option objects
-    under their dotted names). Raises APIError 400 `unsupported_parameter` naming the first refused or unknown
-    field."""
-    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool, top_level: Collection[str] = (), *,
+                 endpoint: str | None = None, top_rows: bool = True) -> None:
+    """Apply the table to the fields a client sent (name -> parsed value; the undeclared keys of option objects,
+    messages and tools under their paths). ``top_level``: the names sent as keys of the body itself, which match
+    only the table's top-level rows (a body key spelt "stream_options.include_obfuscation" is unknown, not that
+    row), and none with ``top_rows`` False (/tokenize: its body keys are its own, the table's are for inference).
+    Raises APIError 400 `unsupported_parameter` naming the first refused or unknown field."""
+    endpoint = endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
     for name, value in sent.items():
-        rule = FIELDS.get(_INDEX.sub("[]", name))  # "messages[2].name" -> the row "messages[].name"
+        row = _INDEX.sub("[]", name)  # "messages[2].name" -> the row "messages[].name"
+        top = name in top_level
+        rule = None if top and (not top_rows or "." in name or "[" in name) else FIELDS.get(row)
         if value is None and rule is not None and rule.applies(chat):
             continue  # null asks for nothing (a top-level null is gone already: without_nulls)
         if rule is None or not rule.applies(chat):
             if ignore_unknown:
-                row = _INDEX.sub("[]", name)
-                if row not in _warned:
+                if row not in _warned and len(_warned) < _WARN_AT_MOST:
                     _warned.add(row)
-                    log.warning("ignoring unknown request field %r on %s (--ignore-unknown-fields)", row, endpoint)
+                    log.warning("ignoring unknown request field %r on %s (--ignore-unknown-fields)%s", row,
+                                endpoint, "; further unknown names are ignored without a word"
+                                if len(_warned) == _WARN_AT_MOST else "")
                 continue
             where = "" if rule is None else f" (it is a {rule.endpoints} field)"
             raise invalid(f"'{name}': unknown field for {endpoint}{where}; remove it (or start the server with "

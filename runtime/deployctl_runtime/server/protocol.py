@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import APIError, invalid
 from .fields import to_template, without_nulls
@@ -185,6 +186,11 @@ class _SamplingFields(BaseModel):
         return out
 
     @property
+    def top_level_names(self) -> set[str]:
+        """The keys of the request body itself (declared or not), for fields.check_fields."""
+        return set(self.model_fields_set) | set(self.model_extra or {})
+
+    @property
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -217,18 +223,55 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # e.g. Anthropic-style cache_control: a hint, not the text
     type: Literal["text"]
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    """An earlier assistant turn's call: ``arguments`` as OpenAI sends it (a JSON string), or an object (the
+    Hugging Face convention). Other keys (the openai SDK's ``parsed_arguments``) are left out."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallParam(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    """One chat message; its other keys (name, tool_calls, ...) are kept, checked against the field table's
-    "messages[]." rows (fields.py) and passed to the chat template, nulls left out."""
+    """One chat message. The keys the field table gives to the chat template ("messages[].name", ...: fields.py)
+    are declared here with their types, so a malformed one is a 400 naming it, not the template's 500; the other
+    keys are kept, checked against the table's "messages[]." rows and left out of the template unless it says so.
+    Nulls are left out."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    got = f"type {kind!r}" if kind != "text" else "a text part without a string 'text'"
+                    raise PydanticCustomError(
+                        "content_part", "part {i} is {got}: this server takes text parts only ({example}); send "
+                        "images and audio to a multimodal server", {"i": i, "got": got,
+                                                                     "example": '{"type": "text", "text": "..."}'})
+        return v
 
     def template_dict(self) -> dict[str, Any]:
         """role, content (a string) and the keys the field table gives to the template; not the ignored ones (nor
@@ -257,6 +300,13 @@ class Tool(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["function"]
     function: FunctionDef
+
+    def template_dict(self) -> dict[str, Any]:
+        """The tool as the chat template sees it: its declared keys, not nulls (other keys are unknown: refused, or
+        ignored under --ignore-unknown-fields)."""
+        d = self.model_dump(exclude_none=True, exclude=set(self.model_extra or {}))
+        d["function"] = self.function.model_dump(exclude_none=True, exclude=set(self.function.model_extra or {}))
+        return d
 
 
 class NamedToolChoice(_Strict):

@@ -30,7 +30,7 @@ from deployctl_runtime.tokenizer import encode_prompt
 
 from . import params as sampling
 from .detokenizer import IncrementalDetokenizer
-from .chat_template import SERVER_VARIABLES
+from .chat_template import render_chat
 from .errors import APIError, invalid
 from .fields import check_fields
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
@@ -102,21 +102,8 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
     if chat:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
-        messages = [m.template_dict() for m in req.messages]
-        extra = dict(req.chat_template_kwargs or {})
-        taken = next((k for k in SERVER_VARIABLES if k in extra), None)
-        if taken is not None:
-            raise invalid(f"'chat_template_kwargs.{taken}': the server sets {taken} for the chat template (from "
-                          f"{SERVER_VARIABLES[taken]}); remove it from chat_template_kwargs",
-                          f"chat_template_kwargs.{taken}", "invalid_value")
-        text = ctx.chat_template.render(messages, req.add_generation_prompt,
-                                        **extra, **({} if tools is None else {"tools": tools.template_tools}))
-        # does the template show the tools? Compared with a render without them: `tools` left undefined, as for a
-        # request without tools (a template guarded by `tools is defined` must not see tools=None)
-        if tools is not None and text == ctx.chat_template.render(messages, req.add_generation_prompt, **extra):
-            raise invalid("'tools': this model's chat template does not show tools to the model (the prompt is the "
-                          "same with and without them); serve a model whose template renders `tools`, or describe "
-                          "the functions in the messages", "tools", "unsupported_parameter")
+        text = render_chat(ctx.chat_template, req.messages, req.add_generation_prompt, req.chat_template_kwargs,
+                           None if tools is None else tools.template_tools)
         _check_text_bound(ctx, text, "messages")
         return [encode_prompt(tok, text, bos, add_special_tokens=False)]
     p = req.prompt
@@ -181,7 +168,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     from .tools import tool_mode
 
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
-    check_fields(req.sent_fields(), chat, ctx.cfg.ignore_unknown_fields)
+    check_fields(req.sent_fields(), chat, ctx.cfg.ignore_unknown_fields, top_level=req.top_level_names)
     if req.model is not None and req.model != ctx.served_name:
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{ctx.served_name}' "
                        "(see /v1/models)", "not_found_error", "model", "model_not_found")

@@ -1,29 +1,49 @@
 """POST /tokenize and /detokenize in vLLM's request and response shapes (vllm bench serve and others call them).
 
-/tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt": true}
-  -> {"count", "max_model_len", "tokens", "token_strs"} (token_strs with "return_token_strs": true, else null).
-/detokenize {"tokens": [int]} -> {"prompt": str}. Same tokenization as inference (the BOS once, chat template).
+/tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt": true,
+  "tools": [...], "chat_template_kwargs": {...}} -> {"count", "max_model_len", "tokens", "token_strs"} (token_strs
+  with "return_token_strs": true, else null).
+/detokenize {"tokens": [int]} -> {"prompt": str}. Same tokenization as inference (the BOS once, the chat template
+rendered by the same function, tools and chat_template_kwargs included, so a count made here is the prompt_tokens
+of the same chat request). The keys inside messages follow the field table (fields.py) as on the chat endpoint; a
+body key /tokenize does not take is 400 naming it (ignored with a warning under --ignore-unknown-fields): it
+used to be dropped, so `tools` sent here counted a prompt without them.
 """
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployctl_runtime.tokenizer import encode_prompt
 
 from .errors import APIError, invalid
-from .protocol import ChatMessage, _CrossFieldError, _Strict, parse_request
+from .chat_template import render_chat
+from .fields import check_fields
+from .protocol import ChatMessage, Tool, _CrossFieldError, _Strict, parse_request
 from .state import ServerContext
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def sent_fields(self) -> dict[str, Any]:
+        """The undeclared keys: of the body (by name) and of its messages and tools (by path), for check_fields."""
+        out = dict(self.model_extra or {})
+        for i, m in enumerate(self.messages or []):
+            out.update({f"messages[{i}].{k}": v for k, v in (m.model_extra or {}).items()})
+        for i, t in enumerate(self.tools or []):
+            out.update({f"tools[{i}].{k}": v for k, v in (t.model_extra or {}).items()})
+            out.update({f"tools[{i}].function.{k}": v for k, v in (t.function.model_extra or {}).items()})
+        return out
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -46,10 +66,14 @@ def _check_model(ctx: ServerContext, model: str | None) -> None:
 def tokenize_body(ctx: ServerContext, body: bytes) -> dict[str, Any]:
     req = parse_request(TokenizeRequest, body)
     _check_model(ctx, req.model)
+    # every body key is declared: an undeclared one is unknown here, whatever the inference endpoints take
+    check_fields(req.sent_fields(), True, ctx.cfg.ignore_unknown_fields, top_level=set(req.model_extra or {}),
+                 endpoint="/tokenize", top_rows=False)
     if req.messages is not None:
         if ctx.chat_template is None:
             raise invalid("this model has no chat template; send prompt", "messages", "no_chat_template")
-        text = ctx.chat_template.render([m.template_dict() for m in req.messages], req.add_generation_prompt)
+        text = render_chat(ctx.chat_template, req.messages, req.add_generation_prompt, req.chat_template_kwargs,
+                           None if req.tools is None else [t.template_dict() for t in req.tools])
         add = bool(req.add_special_tokens)  # chat default: the template decides (transformers)
     else:
         text = req.prompt

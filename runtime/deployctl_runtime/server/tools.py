@@ -128,7 +128,7 @@ def tool_mode(req: Any) -> ToolMode | None:
     if not req.tools:
         return None
     names = [t.function.name for t in req.tools]
-    template_tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    template_tools = [t.template_dict() for t in req.tools]
     choice = req.tool_choice or "auto"
     if choice == "none":
         return ToolMode("none", names, None, template_tools)

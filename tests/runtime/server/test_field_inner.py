@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import httpx
 import pytest
 
 from deployctl_runtime.server.fields import FIELDS, IGNORED, REFUSED, TEMPLATE
@@ -23,11 +24,14 @@ VALUES = {"messages[].name": "bob", "messages[].tool_call_id": "call_1",
                                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}],
           "messages[].reasoning": "the user asks about the sea", "messages[].reasoning_content": "the sea",
           "messages[].annotations": [{"type": "url_citation", "url_citation": {"url": "https://x", "title": "x",
-                                                                                "start_index": 0, "end_index": 1}}]}
+                                                                                "start_index": 0, "end_index": 1}}],
+          "messages[].parsed": {"city": "Oslo"}}
 # ChatML with every key of a message after its content, as a template that reads them would show them
-SHOWS_KEYS = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+SHOWS_KEYS = ("{% if tools is defined %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+              "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
               "{% for k, v in m.items() %}{% if k not in ('role', 'content') %}\n{{ k }}: {{ v | tojson }}{% endif %}"
-              "{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+              "{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+              "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 
 
 def with_key(key: str | None, value) -> list[dict]:
@@ -109,3 +113,89 @@ def test_ignore_unknown_fields_ignores_unknown_message_keys_with_one_warning(sta
     assert srv.log.count("ignoring unknown request field 'messages[].x_trace'") == 1  # one per row, not per index
     # the refused keys are still refused: the setting is about keys the server does not know
     assert ask(srv, True, messages=[{"role": "user", "content": SEA, "audio": {"id": "a"}}]).status_code == 400
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the SDK's own model_dump of `parsed`
+def test_a_message_echoed_from_the_sdks_parse_is_served(server):
+    # chat.completions.parse() returns a message with the SDK's own `parsed` key; echoing it back (the SDK's
+    # documented loop) was a 400 naming messages[1].parsed
+    from typing import Literal
+
+    import openai
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        city: Literal["Oslo"]
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    msgs = [{"role": "user", "content": "where?"}]
+    first = client.chat.completions.parse(model=model, messages=msgs, response_format=City, max_tokens=30)
+    message = first.choices[0].message
+    assert message.parsed == City(city="Oslo")
+    for echoed in (message, message.model_dump(), message.model_dump(exclude_none=True)):
+        again = client.chat.completions.create(model=model, max_tokens=2,
+                                               messages=[*msgs, echoed, {"role": "user", "content": SEA}])
+        assert again.choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize("message,param,words", [
+    ({"role": "assistant", "content": None, "tool_calls": "garbage"}, "messages[1].tool_calls", "valid array"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": None}]}, "messages[1].tool_calls[0].function",
+     ""),
+    ({"role": "user", "content": SEA, "name": 5}, "messages[1].name", "valid string"),
+    ({"role": "tool", "content": "4", "tool_call_id": {"id": 1}}, "messages[1].tool_call_id", "valid string"),
+    ({"role": "user", "content": [{"type": "text", "text": SEA}, {"type": "image_url", "image_url": {"url": "x"}}]},
+     "messages[1].content", "part 1 is type 'image_url': this server takes text parts only"),
+    ({"role": "user", "content": [{"type": "text", "text": None}]}, "messages[1].content",
+     "part 0 is a text part without a string 'text'"),
+])
+def test_a_malformed_key_for_the_template_is_400_naming_it_not_the_templates_500(server, message, param, words):
+    # tool_calls "garbage" reached the template, which failed: a 500 chat_template_error blaming the model
+    r = ask(server, True, messages=[{"role": "user", "content": "hi"}, message])
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
+@pytest.mark.parametrize("key,value", [("messages[0].name", "bob"), ("stream_options.include_obfuscation", False),
+                                       ("structured_outputs.disable_fallback", True), ("messages[].annotations", [])])
+def test_a_body_key_spelt_like_a_nested_path_is_unknown(server, key, value):
+    # it matched the nested row: accepted (or refused naming a key no message had) and dropped
+    err = ask(server, True, **{key: value}).json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_parameter", key) and "unknown field" in err["message"]
+
+
+def test_tokenize_counts_what_the_chat_request_renders_and_checks_message_keys(server):
+    def count(body):
+        r = httpx.post(server.url + "/tokenize", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["count"]
+
+    msgs = [{"role": "user", "content": SEA, "name": "bob"}]
+    for extra in ({}, {"tools": [WEATHER]}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        # tools and chat_template_kwargs were dropped here: 12 tokens counted for a chat prompt of 79
+        chat = ok(server, True, messages=msgs, max_tokens=1, **extra)["usage"]["prompt_tokens"]
+        assert count({"messages": msgs, **extra}) == chat, extra
+    assert count({"messages": msgs, "tools": [WEATHER]}) > count({"messages": msgs})
+    assert count({"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}}) > count({"messages": msgs})
+    for body, param in (({"messages": [{"role": "user", "contnet": SEA}]}, "messages[0].contnet"),
+                        ({"messages": [{"role": "assistant", "content": "x", "refusal": "no"}]}, "messages[0].refusal"),
+                        ({"messages": msgs, "temperature": 0.5}, "temperature"),
+                        ({"prompt": SEA, "tools": [{"type": "function", "function": {"name": "f", "parameter": {}}}]},
+                         "tools[0].function.parameter")):
+        r = httpx.post(server.url + "/tokenize", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "/tokenize" in r.json()["error"]["message"] or "refusal" in param
+
+
+def test_ignore_unknown_fields_warns_about_so_many_names_and_then_stops(monkeypatch, caplog):
+    # every distinct unknown name added to a process-wide set and wrote a warning: random names grew both forever
+    from deployctl_runtime.server import fields
+
+    monkeypatch.setattr(fields, "_warned", set())
+    with caplog.at_level("WARNING", logger="deployctl_runtime.server"):
+        for i in range(fields._WARN_AT_MOST + 50):
+            fields.check_fields({f"x{i}": 1, f"messages[{i}].y{i}": 2}, True, True)
+    assert len(fields._warned) == fields._WARN_AT_MOST and len(caplog.records) == fields._WARN_AT_MOST
+    assert "further unknown names are ignored without a word" in caplog.records[-1].getMessage()
