@@ -221,13 +221,13 @@ class Deployment(WeightSteps):
                 wheel = release._sha256_file(fl.wheel)
             why_not = p.abort_reason or resume.why_not(self.cfg, plan, p, wheel)
             at = p.label(p.open_step) if p.open_step else "the step after " + (
-                p.label(sorted(p.done)[-1]) if p.done else "the start")
+                p.label(p.ended[-1]) if p.ended else "the start")
             if why_not:
                 self.say("resume", f"resuming {plan.release.id}: cannot continue at {at}: {why_not}; rolling back "
                                    f"to {plan.from_release or 'nothing'}")
             else:
                 self.say("resume", f"resuming {plan.release.id} from the journal at {at} "
-                                   f"(done: {', '.join(p.label(d) for d in sorted(p.done)) or 'nothing'})")
+                                   f"(done: {', '.join(p.label(d) for d in p.ended) or 'nothing'})")
         else:
             self.gen = fl.store.send("deploy", reason=plan.release.id).generation
             from deployctl.rollout.resume import start_record

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -155,6 +156,7 @@ class Progress:
     pid: int = 0  # the process that wrote the last ``start`` or ``resume`` record
     pause_began: dict[str, float] = field(default_factory=dict)  # step -> Unix time its pause first began
     passes: dict[str, int] = field(default_factory=dict)  # step -> analysis windows that passed in it
+    ended: list[str] = field(default_factory=list)  # the steps in ``done``, in the order they ended
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> "Progress":
@@ -174,6 +176,8 @@ class Progress:
                 elif rec.get("what") == "window" and rec.get("result") == "pass":
                     p.passes[p.open_step] = p.passes.get(p.open_step, 0) + 1
             elif kind == "end":
+                if rec.get("step") not in p.done:
+                    p.ended.append(rec.get("step"))
                 p.done.add(rec.get("step"))
                 if p.open_step == rec.get("step"):
                     p.open_step = None
@@ -190,10 +194,11 @@ class Progress:
     def label(self, step: str) -> str:
         """A step id as a person reads it: ``weight:0`` (the first weight step, which reads like 0%) as
         ``weight step 1/2 (5%)`` from the plan's steps, ``batch:1`` as ``batch 2/3``; other ids as they are."""
+        step = str(step)
         kind, _, index = step.partition(":")
         plan = self.start or {}
         listed = {"weight": plan.get("steps"), "batch": plan.get("batches")}.get(kind)
-        if not index.isdigit() or not listed or int(index) >= len(listed):
+        if not re.fullmatch(r"[0-9]{1,6}", index) or not isinstance(listed, list) or int(index) >= len(listed):
             return step
         i = int(index)
         return (f"weight step {i + 1}/{len(listed)} ({listed[i]}%)" if kind == "weight"

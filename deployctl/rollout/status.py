@@ -84,18 +84,22 @@ def check_problems(doc: dict[str, Any]) -> list[str]:
     """What ``status --check`` exits 1 on, from a :func:`status` document: every unhealthy host, and every host
     that differs from the rest. While a rollout is live (in progress on the hosts and its deploy lock held and
     fresh, so a runner is at it), its canary hosts run another release than the rest by design: the hosts are then
-    compared within the rollout's release and within the one it replaces, and a host on neither release is named.
-    A rollout in progress that nobody runs (no lock, or a stale one) is named too."""
-    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"] if not h["healthy"]]
+    compared within the rollout's release and within the one it replaces, and a host on neither release is named;
+    a host the rollout took out of the router (weight 0) may be down while it is switched. A rollout in progress
+    that nobody runs (no lock, or a stale one) is named too."""
+    live = rollout_live(doc)
+    # a live rollout takes a host out of the router (weight 0) while it switches it: not serving is its job then
+    problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"]
+                if not h["healthy"] and not (live and h.get("weight") == 0)]
     ro, lock = doc.get("rollout"), doc.get("lock")
     if not ro or ro["status"] not in IN_PROGRESS:
         return problems + doc["differences"]
-    if not rollout_live(doc):
-        why = "no deploy holds the lock" if not lock else f"its lock is stale: {lock['why_stale']}"
+    if not live:
+        why = "no deploy holds the lock" if not lock else f"its lock is stale: {lock.get('why_stale')}"
         return problems + [f"the {ro['action']} of {ro['release']} is {ro['status']} on the hosts but nobody runs "
                            f"it ({why}): `deployctl deploy --resume` continues it, `deployctl rollback` ends it"] \
             + doc["differences"]
-    pair = (ro["release"], ro["from_release"])
+    pair = (ro["release"], ro.get("from_release"))
     rows = [h for h in doc["hosts"] if h.get("current_release")]
     for release in pair:
         problems += differences([h for h in rows if h["current_release"] == release])
@@ -123,7 +127,7 @@ def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
         return None
     alive = procs.is_deploy(p.pid, cfg.service.name) if p.unfinished else False
     in_progress = True if ahead else st.in_progress
-    return {"release": release, "done": sorted(p.done), "open_step": p.open_step,
+    return {"release": release, "done": list(p.ended), "open_step": p.open_step,
             "open_step_label": p.label(p.open_step) if p.open_step else None, "finished": not p.unfinished,
             "pid": p.pid, "runner_alive": alive, "resumable": in_progress and p.unfinished and not alive}
 

@@ -146,3 +146,15 @@ def test_step_ids_read_as_their_weight_and_batch():
     assert p.label("weight:0") == "weight step 1/3 (5%)" and p.label("weight:2") == "weight step 3/3 (100%)"
     assert p.label("batch:1") == "batch 2/2" and p.label("activate") == "activate"
     assert p.label("weight:7") == "weight:7" and journal.Progress().label("weight:0") == "weight:0"  # beyond the plan: as is
+    # odd ids come back as they are, never an exception (a hand-edited journal, a digit int() refuses)
+    for odd in ("weight:\u00b2", "weight:\u0661", "weight:" + "9" * 5000, "weight:-1", "weight:1:2", 5, None):
+        assert p.label(odd) == str(odd)
+    assert journal.Progress.of([{"kind": "start", "steps": 5}]).label("weight:0") == "weight:0"
+
+
+def test_the_steps_done_are_kept_in_the_order_they_ended():
+    # "the step after" a resume names was the alphabetically last step done (weight step 2 after batch 1 ended)
+    ends = ["upload", "drain", "activate", "validate", "outputs", "weight:0", "weight:1", "batch:0"]
+    p = journal.Progress.of([{"kind": "start", "steps": [50, 100], "batches": [["a"], ["b"]]}]
+                            + [{"kind": k, "step": s} for s in ends for k in ("begin", "end")])
+    assert p.ended == ends and p.label(p.ended[-1]) == "batch 1/2" and p.open_step is None

@@ -8,9 +8,9 @@ from deployctl.rollout.fleetcheck import differences
 from deployctl.rollout.status import check_problems, rollout_live
 
 
-def host(name, release, engine="deployctl-runtime", config="c1", healthy=True):
+def host(name, release, engine="deployctl-runtime", config="c1", healthy=True, weight=50.0):
     return {"host": name, "current_release": release, "engine": engine, "engine_version": "1", "model_manifest": "m",
-            "config_hash": config, "healthy": healthy, "detail": "" if healthy else "readyz 503"}
+            "config_hash": config, "healthy": healthy, "detail": "" if healthy else "readyz 503", "weight": weight}
 
 
 def doc(hosts, status="running", lock=True, stale=False):
@@ -48,3 +48,12 @@ def test_a_rollout_nobody_runs_and_a_finished_one_count_every_difference():
     for status in ("done", "aborted", None):  # no rollout in progress: two releases are an inconsistency
         d = doc(hosts, status=status)
         assert check_problems(d) == d["differences"] != []
+
+
+def test_a_host_the_live_rollout_took_out_of_the_router_may_be_down_while_it_is_switched():
+    switching = host("a", "R2", healthy=False, weight=0.0)
+    assert check_problems(doc([switching, host("b", "R1"), host("c", "R1")])) == []
+    # with traffic on it, or with no rollout at it, down is down
+    assert check_problems(doc([host("a", "R2", healthy=False, weight=5.0), host("b", "R1")])) == [
+        "a unhealthy (readyz 503)"]
+    assert "a unhealthy (readyz 503)" in check_problems(doc([switching, host("b", "R2")], status="done"))
