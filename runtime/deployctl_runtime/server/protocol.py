@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from .errors import APIError, invalid
-from .fields import to_template, without_nulls
+from .fields import FIELDS, to_template, without_nulls
 
 MAX_N = 64
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"  # a request id: the X-Request-Id header's and the body's
@@ -258,6 +258,18 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     reasoning: str | None = None
     reasoning_content: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_given(cls, data: Any) -> Any:
+        # OpenAI: content is required but on an assistant turn (its tool_calls may stand alone); a user message
+        # without it was served as an empty prompt. A message with a key the table does not know (a misspelt
+        # 'contnet') is left to the field table, whose 400 names that key.
+        if (isinstance(data, dict) and data.get("content") is None and data.get("role") not in ("assistant", None)
+                and all(k in cls.model_fields or f"messages[].{k}" in FIELDS for k in data)):
+            raise PydanticCustomError("content_missing", "a {role} message needs 'content' (a string or text "
+                                      "parts); it is missing or null", {"role": data["role"]})
+        return data
 
     @field_validator("content", mode="before")
     @classmethod

@@ -149,6 +149,8 @@ def test_a_message_echoed_from_the_sdks_parse_is_served(server):
      "messages[1].content", "part 1 is type 'image_url': this server takes text parts only"),
     ({"role": "user", "content": [{"type": "text", "text": None}]}, "messages[1].content",
      "part 0 is a text part without a string 'text'"),
+    ({"role": "user"}, "messages[1]", "a user message needs 'content'"),  # it was an empty prompt
+    ({"role": "tool", "tool_call_id": "c1", "content": None}, "messages[1]", "a tool message needs 'content'"),
 ])
 def test_a_malformed_key_for_the_template_is_400_naming_it_not_the_templates_500(server, message, param, words):
     # tool_calls "garbage" reached the template, which failed: a 500 chat_template_error blaming the model
