@@ -326,6 +326,18 @@ class NamedToolChoice(_Strict):
     function: dict[str, str]
 
 
+def inner_extras(messages: list[ChatMessage] | None, tools: list[Tool] | None) -> dict[str, Any]:
+    """The undeclared keys of each message and tool under their indexed paths ("messages[1].name",
+    "tools[0].function.strict_mode"), for the field table's "messages[]." and "tools[]." rows (fields.py)."""
+    out: dict[str, Any] = {}
+    for i, m in enumerate(messages or []):
+        out.update({f"messages[{i}].{k}": v for k, v in (m.model_extra or {}).items()})
+    for i, t in enumerate(tools or []):
+        out.update({f"tools[{i}].{k}": v for k, v in (t.model_extra or {}).items()})
+        out.update({f"tools[{i}].function.{k}": v for k, v in (t.function.model_extra or {}).items()})
+    return out
+
+
 class ChatCompletionRequest(_SamplingFields):
     chat: ClassVar[bool] = True
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -340,13 +352,7 @@ class ChatCompletionRequest(_SamplingFields):
     def sent_fields(self) -> dict[str, Any]:
         """As the base's, with the undeclared keys of each message and tool under their indexed paths
         ("messages[1].name", "tools[0].function.strict_mode"), for the table's "messages[]." and "tools[]." rows."""
-        out = super().sent_fields()
-        for i, m in enumerate(self.messages):
-            out.update({f"messages[{i}].{k}": v for k, v in (m.model_extra or {}).items()})
-        for i, t in enumerate(self.tools or []):
-            out.update({f"tools[{i}].{k}": v for k, v in (t.model_extra or {}).items()})
-            out.update({f"tools[{i}].function.{k}": v for k, v in (t.function.model_extra or {}).items()})
-        return out
+        return {**super().sent_fields(), **inner_extras(self.messages, self.tools)}
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):

@@ -20,7 +20,7 @@ from deployctl_runtime.tokenizer import encode_prompt
 from .errors import APIError, invalid
 from .chat_template import render_chat
 from .fields import check_fields
-from .protocol import ChatMessage, Tool, _CrossFieldError, _Strict, parse_request
+from .protocol import ChatMessage, Tool, _CrossFieldError, _Strict, inner_extras, parse_request
 from .state import ServerContext
 
 
@@ -37,13 +37,7 @@ class TokenizeRequest(BaseModel):
 
     def sent_fields(self) -> dict[str, Any]:
         """The undeclared keys: of the body (by name) and of its messages and tools (by path), for check_fields."""
-        out = dict(self.model_extra or {})
-        for i, m in enumerate(self.messages or []):
-            out.update({f"messages[{i}].{k}": v for k, v in (m.model_extra or {}).items()})
-        for i, t in enumerate(self.tools or []):
-            out.update({f"tools[{i}].{k}": v for k, v in (t.model_extra or {}).items()})
-            out.update({f"tools[{i}].function.{k}": v for k, v in (t.function.model_extra or {}).items()})
-        return out
+        return {**(self.model_extra or {}), **inner_extras(self.messages, self.tools)}
 
     @model_validator(mode="after")
     def _one_input(self):
