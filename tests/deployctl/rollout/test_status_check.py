@@ -13,8 +13,9 @@ def host(name, release, engine="deployctl-runtime", config="c1", healthy=True, w
             "config_hash": config, "healthy": healthy, "detail": "" if healthy else "readyz 503", "weight": weight}
 
 
-def doc(hosts, status="running", lock=True, stale=False):
-    rollout = None if status is None else {"action": "deploy", "status": status, "release": "R2", "from_release": "R1"}
+def doc(hosts, status="running", lock=True, stale=False, canary=("a",), weight=5):
+    rollout = None if status is None else {"action": "deploy", "status": status, "release": "R2", "from_release": "R1",
+                                           "canary_hosts": list(canary), "weight": weight}
     lk = {"stale": stale, "why_stale": "no heartbeat for 120 s", "text": "deploy by op"} if lock else None
     return {"hosts": hosts, "rollout": rollout, "lock": lk, "differences": differences(hosts)}
 
@@ -57,3 +58,20 @@ def test_a_host_the_live_rollout_took_out_of_the_router_may_be_down_while_it_is_
     assert check_problems(doc([host("a", "R2", healthy=False, weight=5.0), host("b", "R1")])) == [
         "a unhealthy (readyz 503)"]
     assert "a unhealthy (readyz 503)" in check_problems(doc([switching, host("b", "R2")], status="done"))
+
+
+def test_a_host_with_traffic_on_the_release_its_step_does_not_have_it_on_is_a_problem():
+    # both releases are the rollout's, so the pair check alone passed them: a stable host switched by hand during
+    # the canary, and the canary host back on the old release while the router still sends it 5%
+    by_hand = check_problems(doc([host("a", "R2", weight=5.0), host("b", "R2", weight=47.5), host("c", "R1")]))
+    assert by_hand == ["b: a stable host on R2 with 47.5% of the traffic while the rollout at 5% has it on R1"]
+    back = check_problems(doc([host("a", "R1", weight=5.0), host("b", "R1"), host("c", "R1")]))
+    assert back == ["a: a canary host on R1 with 5% of the traffic while the rollout at 5% has it on R2"]
+    # drained hosts (weight 0) are being switched; from 100% on every host with traffic is on the new release
+    assert check_problems(doc([host("a", "R1", weight=0.0), host("b", "R1"), host("c", "R1")])) == []
+    assert check_problems(doc([host("a", "R2", weight=50.0), host("b", "R2", weight=50.0), host("c", "R1", weight=0.0)],
+                              weight=100)) == []
+    assert check_problems(doc([host("a", "R2", weight=100.0), host("b", "R1", weight=0.1)], weight=100)) == [
+        "b: a stable host on R1 with 0.1% of the traffic while the rollout at 100% has it on R2"]
+    # an abort moves hosts back: no step to hold them to
+    assert check_problems(doc([host("a", "R1", weight=5.0), host("b", "R2")], status="aborting")) == []
