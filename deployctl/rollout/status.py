@@ -112,14 +112,14 @@ def _off_plan(ro: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """Hosts the router sends traffic to on another release than the rollout's step has them on: its canary
     hosts on its release, its stable hosts on the one it replaces while the canary weight is under 100 (from 100
     on, the batches move them and the router sends only to the new release)."""
-    out = []
+    out, canaries, at_100 = [], set(ro.get("canary_hosts") or []), (ro.get("weight") or 0) >= 100
     for h in rows:
         if not h.get("weight"):
             continue  # no traffic (drained while it is switched), or the split is unknown
-        canary = h["host"] in (ro.get("canary_hosts") or []) or (ro.get("weight") or 0) >= 100
-        want = ro["release"] if canary else ro.get("from_release")
+        canary = h["host"] in canaries
+        want = ro["release"] if canary or at_100 else ro.get("from_release")
         if want and h["current_release"] != want:
-            role = "a canary host" if h["host"] in (ro.get("canary_hosts") or []) else "a stable host"
+            role = "a canary host" if canary else "a stable host"
             out.append(f"{h['host']}: {role} on {h['current_release']} with {h['weight']:g}% of the traffic while the "
                        f"rollout at {ro.get('weight')}% has it on {want}")
     return out

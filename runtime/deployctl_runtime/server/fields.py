@@ -170,12 +170,6 @@ _warned: set[str] = set()
 _WARN_AT_MOST = 256  # names warned about, per process: random names must not grow the log and memory without end
 
 
-def to_template(message_key: str) -> bool:
-    """Whether a message's key (beyond role and content) is given to the chat template: its row says so."""
-    rule = FIELDS.get(f"messages[].{message_key}")
-    return rule is not None and rule.status == TEMPLATE
-
-
 def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, ...] = ()) -> Any:
     """A parsed JSON body (or a nested options object at `prefix`, e.g. "stream_options.") without the keys the
     client sent as null that the table knows for this endpoint (or that are `declared` by the nested object's

@@ -20,7 +20,8 @@ from deployctl_runtime.tokenizer import encode_prompt
 from .errors import APIError, invalid
 from .chat_template import render_chat
 from .fields import check_fields
-from .protocol import ChatMessage, Tool, _CrossFieldError, _Strict, inner_extras, parse_request
+from .messages import ChatMessage, Tool, inner_extras
+from .protocol import _CrossFieldError, _Strict, parse_request
 from .state import ServerContext
 
 
