@@ -147,6 +147,7 @@ class GoldenCheck:
         self.stopped = threading.Event()
         self.asked: dict[str, tuple[float, list[Answer]]] = {}  # host -> (monotonic start, answers so far)
         self.asked_took: dict[str, float] = {}  # host -> seconds it took to answer every prompt (once done)
+        self.answered: dict[str, list[Answer]] = {}  # the last run's answers: stable's host and each canary host
 
     def stop(self) -> None:
         self.stopped.set()
@@ -217,10 +218,31 @@ class GoldenCheck:
             for n in canary:
                 self._rules.setdefault(n, rules_for(self.cfg, s_id, read_identity(self.hosts[n], self.canary_release)))
         reports = []
+        self.answered = {s_name: s_ans}
         for n, j in zip(canary, jobs[1:]):
             ans = j.value if j.error is None else [Answer(error=str(j.error))] * len(self.prompts)
+            self.answered[n] = ans
             reports.append(compare(self.prompts, s_ans, ans, self._rules.get(n, Rules()), canary_host=n, stable_host=s_name))
         return reports
+
+
+    def records(self, reports: list[OutputReport]) -> list:
+        """The golden records (deployctl.rollout.goldenrecord) this run's answers make: stable's answers for the
+        stable release, the first passing canary host's for the canary release (None entries dropped)."""
+        from deployctl.rollout import goldenrecord
+
+        o = self.cfg.rollout.analysis.outputs
+        made = dict(prompts=self.prompts, chat=bool(self.chat), max_tokens=o.max_tokens)
+        out = []
+        if self._stable is not None and self.stable_release:
+            s_name = self._stable[0]
+            out.append(goldenrecord.make(self.stable_release, answers=self.answered.get(s_name, []),
+                                         source=f"{s_name}, stable during the deploy of {self.canary_release}", **made))
+        passed = next((r.canary_host for r in reports if r.result == "pass"), None)
+        if passed:
+            out.append(goldenrecord.make(self.canary_release, answers=self.answered.get(passed, []),
+                                         source=f"{passed}, the canary at weight 0, agreeing with stable", **made))
+        return [r for r in out if r is not None]
 
 
 class Job:

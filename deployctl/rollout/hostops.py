@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig
+from deployctl.config.layout import service_port
 from deployctl.service import launcher
 from deployctl.rollout import release
 from deployctl.service.verify import Verified, verify
@@ -71,11 +72,14 @@ def install_progress(host, say: Optional[Callable[..., None]]) -> Optional[Calla
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
              on_switch: Optional[Callable[[str], None]] = None,
-             on_progress: Optional[Callable[[str], None]] = None) -> Verified:
+             on_progress: Optional[Callable[[str], None]] = None, golden: str = "") -> Verified:
     """Make ``release_id`` run on ``host``: switch ``current``, install its wheel (and a pinned engine the host
     lacks: its lines to ``on_progress``, ``install_progress``), stop the old runtime (drain), start the new one,
-    verify (ready + sample inference, release header checked). Raises RemoteError (4) or HealthError (5);
-    ``should_stop`` may raise to interrupt the wait for readiness."""
+    verify (ready + sample inference, release header checked). ``golden`` (where this start happens, in words:
+    "after the rollback's cold start"): then ask the release's recorded golden answers too (goldenrecord.check,
+    timing ``golden_s``). Raises RemoteError (4) or HealthError (5; goldenrecord.GoldenMismatch when the answers
+    differ: the engine is left running, the caller gives it no weight); ``should_stop`` may raise to interrupt the
+    wait for readiness."""
     t = [time.monotonic()]
     if on_switch:  # before the switch: if it fails half-way, the abort still looks at this host
         on_switch(host.name)
@@ -95,17 +99,29 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     # boot / load (weights, KV) / warm-up split from its log), verify (the sample inference)
     timings = {"install_s": t[1] - t[0], "stop_s": t[2] - t[1], "start_s": t[3] - t[2], "ready_s": v.ready_s,
                "verify_s": t[4] - t[3] - v.ready_s, **start_phases(host, offset)}
+    if golden:
+        timings["golden_s"] = golden_check(host, cfg, release_id, service_port(cfg, host.config), golden)
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
+
+
+def golden_check(host, cfg: DeployConfig, release_id: str, port: int, when: str) -> float:
+    """goldenrecord.check of the engine on ``port``; returns its seconds. Raises GoldenMismatch (HealthError)."""
+    from deployctl.rollout import goldenrecord
+
+    t0 = time.monotonic()
+    goldenrecord.check(host, cfg, release_id, port, when=when)
+    return round(time.monotonic() - t0, 2)
 
 
 def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
                     should_stop: Optional[Callable[[], None]] = None,
-                    on_progress: Optional[Callable[[str], None]] = None) -> Verified:
+                    on_progress: Optional[Callable[[str], None]] = None, golden: str = "") -> Verified:
     """Start ``release_id`` on ``host`` at ``port`` while the runtime there keeps serving (``current`` switched,
     wheel installed, a second supervisor started, verified there: ready + one short sample inference). The old
     runtime is left running: ``retire`` it once the router sends traffic to ``port``. On failure the new one is
     stopped and ``current`` points back at what still serves, then the error is raised (RemoteError 4 or
-    HealthError 5): nothing changed for the clients."""
+    HealthError 5): nothing changed for the clients. ``golden``: as ``activate``'s, inside that guard (answers
+    that differ stop the new one too)."""
     was = release.current_release(host)
     t = [time.monotonic()]
     release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s, on_progress=on_progress)
@@ -116,6 +132,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
         timeout, why = verify_timeout(cfg, host)
         v = verify(host, cfg, timeout=timeout, expect_release=release_id, log_offset=offset, deadline_why=why,
                    port=port, should_stop=should_stop)
+        golden_s = golden_check(host, cfg, release_id, port, golden) if golden else None
     except BaseException:
         try:
             launcher.stop(host, cfg, port=port, beside=True, timeout=5)
@@ -128,6 +145,9 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
 
     timings = {"install_s": t[1] - t[0], "stop_s": 0.0, "start_s": t[2] - t[1], "ready_s": v.ready_s,
                "verify_s": t[3] - t[2] - v.ready_s, **start_phases(host, offset)}
+    if golden_s is not None:
+        timings["golden_s"] = golden_s
+        timings["verify_s"] -= golden_s
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
 
 

@@ -141,3 +141,18 @@ class OutputGate:
             elif rep.result == "fail":
                 raise OutputsFailed(f"output check failed at {where} on {rep.canary_host}: {rep.reason} "
                                     f"({rep.mode}: {rep.why})", vj)
+        if weight == 0:
+            self._record(reports)
+
+    def _record(self, reports: list) -> None:
+        """Keep the releases' golden answers of the comparison at weight 0 (deployctl.rollout.goldenrecord): stable's
+        for the stable release when it has no record yet, a passing canary host's for the new release."""
+        from deployctl.rollout import goldenrecord
+
+        for rec in self.golden.records(reports):
+            hosts = self._args[0]
+            written = goldenrecord.save(hosts, rec, workers=self.cfg.rollout.parallel_hosts, only_missing=True,
+                                        say=self.say)
+            if written:
+                self.say("info", f"golden answers of {rec.release} recorded on {len(written)} host(s) "
+                                 f"(from {rec.source}): they are asked again wherever it comes back")

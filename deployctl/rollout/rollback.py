@@ -234,7 +234,7 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         for n in batch:
             say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
         tb = time.monotonic()
-        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target))
+        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target, golden="after the rollback's cold start"))
         phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2),
                                   "hosts": {n: v.timings for n, v in ok.items()}})
         for n, v in ok.items():

@@ -22,7 +22,8 @@ def start_beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str]
         say("host", f"{n}: starting {target} on port {ports[n]} beside the serving runtime, verifying", host=n)
     tb = time.monotonic()
     ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names],
-                               lambda h: hostops.activate_beside(h, cfg, target, ports[h.name]))
+                               lambda h: hostops.activate_beside(h, cfg, target, ports[h.name],
+                                                                  golden="after its start beside the serving release"))
     phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "beside",
                               "hosts": {n: v.timings for n, v in ok.items()}})
     for n, v in ok.items():

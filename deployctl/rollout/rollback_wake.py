@@ -100,7 +100,7 @@ def _one(host, cfg, rec, target: str, failed: dict) -> dict:
         standby.stop(host, cfg, rec)
     except DeployctlError:
         pass  # the start below names what still holds the port or the memory
-    v = hostops.activate(host, cfg, target)
+    v = hostops.activate(host, cfg, target, golden="after the cold start that replaced its wake")
     return {"cold_start": True, **v.timings}
 
 

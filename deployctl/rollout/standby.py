@@ -219,8 +219,9 @@ def wake(host, cfg: DeployConfig, rec: Standby, *, timeout: float = 120) -> Veri
     t1 = time.monotonic()
     v = _verify_woken(host, cfg, rec, timeout)
     t2 = time.monotonic()
+    golden_s = hostops.golden_check(host, cfg, rec.release, rec.port, "after the wake")
     return replace(v, timings={"wake_s": round(t1 - t0, 2), "ready_s": round(v.ready_s, 2),
-                               "verify_s": round(max(0.0, t2 - t1 - v.ready_s), 2)})
+                               "verify_s": round(max(0.0, t2 - t1 - v.ready_s), 2), "golden_s": golden_s})
 
 
 def retire(host, cfg: DeployConfig, rec: Standby) -> float:
@@ -261,4 +262,4 @@ def restore(host, cfg: DeployConfig, release_id: str, *, say: Optional[Callable[
                 say("warn", f"{host.name}: waking {release_id} failed ({e}); starting it instead", host=host.name)
     if read(host) is not None:
         stop(host, cfg, read(host))
-    return hostops.activate(host, cfg, release_id)
+    return hostops.activate(host, cfg, release_id, golden="after the abort's restart")
