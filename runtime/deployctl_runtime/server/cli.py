@@ -60,6 +60,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--api-key-file", help="file with API keys, one per line")
     a("--metrics-public", action=argparse.BooleanOptionalAction, help="serve /metrics without a key")
     a("--release-id", help="release id: header X-Deployctl-Release on every response, and in /readyz")
+    a("--replica-index", type=int, metavar="N", help="this process's replica index within its release, in GET "
+      "/identity (default 0)")
+    a("--engine-stall-timeout-s", type=float, metavar="S",
+      help="with requests open and no engine step completed for S seconds: /healthz and /readyz 503 engine_stalled, "
+           "open requests failed, exit 4 (default 120; 0 off)")
     a("--skip-verify", action=argparse.BooleanOptionalAction, help="start even if manifest.sha256 does not match")
     a("--log-requests", action=argparse.BooleanOptionalAction, help="log prompts and outputs (off by default)")
     a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
