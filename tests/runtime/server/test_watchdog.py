@@ -13,8 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from deployctl_runtime.server.sd_notify import Notifier
-
 ARGS = ["--max-model-len", "256", "--kv-cache-memory", "2MiB", "--served-model-name", "tiny"]
 
 
@@ -176,6 +174,8 @@ def test_an_idle_drain_exits_0_and_says_stopping(start_server, tiny_model, notif
 
 
 def test_notifier_reads_systemd_env(notify_socket):
+    from deployctl_runtime.server.sd_notify import Notifier
+
     n = Notifier.from_env({"NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "2000000"})
     assert n.watchdog_s == 2.0 and n.ping_interval_s == 0.5
     n.ping()
