@@ -5,7 +5,8 @@ Keys come from env `DEPLOYCTL_RUNTIME_API_KEY` (comma-separated) and/or `--api-k
 ones (/healthz, /readyz, /health, /identity, and /metrics when `--metrics-public`), so a route added later is
 protected by default. /identity is open as the probes are: it says who the process is (release, replica, instance
 id, pid, port, start time, phase), no secret and no model output (the release is in /readyz and in every response's
-X-Deployctl-Release already), and deployctl's host-side check before a sleep, wake, drain or stop must reach it in every phase.
+X-Deployctl-Release already), and deployctl's host-side check before a sleep, wake, drain or stop must reach it in
+every phase.
 Keys are compared with `hmac.compare_digest` against every configured key, and never logged: the access log names
 the key a request used by `key_id` (`key_id()`: the first 12 hex digits of its SHA-256), so clients and a key
 rotation (old and new key accepted at once) can be followed without the key itself.

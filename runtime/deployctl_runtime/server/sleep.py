@@ -18,8 +18,8 @@ While asleep the phase is ``sleeping``: /readyz 503 ``{"status": "sleeping"}``, 
 code ``sleeping``, /healthz 200 (the process is alive: nothing restarts it), the gauge
 ``deployctl_runtime_is_sleeping`` 1; the KV pool is reported released: /readyz's and /healthz's ``kv_cache`` has
 ``"released": true`` with its blocks, tokens, free blocks and usage 0, and the gauges
-``deployctl_runtime_num_gpu_blocks`` and ``deployctl_runtime_num_free_blocks`` are 0 until the wake. Both calls are idempotent (a second sleep or wake answers 200 at once) and
-serialised. Each logs its seconds.
+``deployctl_runtime_num_gpu_blocks`` and ``deployctl_runtime_num_free_blocks`` are 0 until the wake. Both calls are
+idempotent (a second sleep or wake answers 200 at once) and serialised. Each logs its seconds.
 """
 from __future__ import annotations
 
