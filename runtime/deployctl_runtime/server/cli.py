@@ -14,12 +14,12 @@ Every flag can also be set in the YAML --config file under its name with undersc
 API keys: env DEPLOYCTL_RUNTIME_API_KEY (comma-separated) or --api-key-file PATH (one per line); never on the
 command line. Binding a non-loopback --host without a key is refused. Every route except /healthz, /readyz,
 /health and /identity needs 'Authorization: Bearer KEY' (/metrics too, unless --metrics-public).
-GET /identity: {release, replica, instance, pid, port, started_at, phase}, in every phase; every response carries
+GET /identity: {{release, replica, instance, pid, port, started_at, phase}}, in every phase; every response carries
 X-Deployctl-Instance (an id made at each start) and, with --release-id, X-Deployctl-Release.
 The port is bound first and the model loaded in the background: /healthz answers at once, /readyz and inference
 answer 503 until weights are loaded, the KV cache allocated and a warm-up forward pass done.
 Sleep mode (behind the key): POST /sleep?level=1, POST /wake_up, GET /is_sleeping; /sleep and /is_sleeping answer
-resident_bytes {"<gpu index>": bytes} still held on the GPU; while asleep the KV pool is reported released.
+resident_bytes {{"<gpu index>": bytes}} still held on the GPU; while asleep the KV pool is reported released.
 SIGTERM drains: /readyz 503 at once, new requests 503, in-flight requests finish (up to --drain-timeout-s), exit 0.
 Watchdog: with requests open and no engine step completed for --engine-stall-timeout-s, /healthz, /health and
 /readyz answer 503 engine_stalled, open requests end 503 engine_stalled, and the process exits 4. Under systemd

@@ -68,8 +68,8 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
         start_server, tiny_model, notify_socket):
     timeout_s = 2.0
     srv = start_server(["--model", str(tiny_model), *ARGS, "--engine-stall-timeout-s", str(timeout_s)],
-                       env={"DEPLOYCTL_RUNTIME_FAULT": "stall_after_steps=3", "NOTIFY_SOCKET": notify_socket.path,
-                            "WATCHDOG_USEC": "400000"})
+                       env={"DEPLOYCTL_RUNTIME_FAULT": "stall_after_steps=8,token_delay_ms=150",
+                            "NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "400000"})
     # idle for longer than the stall timeout: never tripped, and the engine loop pings while idle
     time.sleep(timeout_s + 1)
     assert httpx.get(srv.url + "/healthz").status_code == 200
@@ -94,10 +94,24 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
     watcher = threading.Thread(target=watch_healthz)
     watcher.start()
     t0 = time.monotonic()
+    first_chunk = threading.Event()
+
+    def stream() -> tuple[int, list[str]]:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "count with me"}], "max_tokens": 60,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            lines = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[len("data: "):])
+                    first_chunk.set()
+            return r.status_code, lines
+
     with ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(stream)
+        assert first_chunk.wait(30)  # the stream runs; the engine wedges at its 9th forward pass (~1.2 s)
         whole = pool.submit(_chat, srv, False)
-        streamed = pool.submit(_chat, srv, True)
-        whole, streamed = whole.result(), streamed.result()
+        whole, (stream_status, events) = whole.result(), streamed.result()
     code = srv.proc.wait(timeout_s + 10)
     elapsed = time.monotonic() - t0
     stop.set()
@@ -110,9 +124,8 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
     err = whole.json()["error"]
     assert err["code"] == "engine_stalled" and err["type"] == "service_unavailable"
     # the stream: its tokens so far, then an error event with the same code, then [DONE]
-    assert streamed.status_code == 200
-    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
+    assert stream_status == 200
+    assert events[-1] == "[DONE]" and len(events) > 3
     assert json.loads(events[-2])["error"]["code"] == "engine_stalled", events[-3:]
     # /healthz went 200 -> 503 engine_stalled, naming the seconds since the last step and the step's phase
     stalled = [(t, body) for t, status, body in health if status == 503]
