@@ -80,8 +80,9 @@ class Stall:
     phase: str
 
     def message(self) -> str:
-        return (f"the engine is stalled: no engine step completed for {self.since_s:.1f} s with requests open "
-                f"(last phase: {self.phase}); the runtime exits to be restarted")
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - self.since_s))
+        return (f"the engine is stalled: no engine step completed for {self.since_s:.1f} s (since {since}) with "
+                f"requests open (last phase: {self.phase}); the runtime exits to be restarted")
 
 
 @dataclass

@@ -62,6 +62,8 @@ class Notifier:
             try:
                 if self._sock is None:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    # never block the engine loop on a reader that stopped reading: a full queue drops the ping
+                    self._sock.setblocking(False)
                 self._sock.sendto(message.encode(), self.address)
                 return True
             except OSError as exc:
