@@ -79,6 +79,8 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
     assert max(b - a for a, b in zip(idle_pings, idle_pings[1:])) < 0.4  # within systemd's WatchdogSec
 
     health: list[tuple[float, int, dict]] = []
+    identities: list[dict] = []
+    others: list[tuple[str, int, str]] = []
     stop = threading.Event()
 
     def watch_healthz():
@@ -86,6 +88,11 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
             try:
                 r = httpx.get(srv.url + "/healthz", timeout=5)
                 health.append((time.monotonic(), r.status_code, r.json()))
+                if r.status_code == 503 and not identities:
+                    identities.append(httpx.get(srv.url + "/identity", timeout=5).json())
+                    for path in ("/readyz", "/health"):
+                        other = httpx.get(srv.url + path, timeout=5)
+                        others.append((path, other.status_code, other.json()["error"]["code"]))
             except (httpx.TransportError, ValueError):
                 if srv.proc.poll() is not None:
                     return
@@ -138,6 +145,8 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
     assert timeout_s < seconds < timeout_s + 2, message
     # the pings stopped once the engine loop was wedged: none from shortly after the requests came in
     assert not [t for t in notify_socket.times("WATCHDOG=1") if t > stalled[0][0] - timeout_s + 0.5]
+    assert identities and identities[0]["phase"] == "stalled", identities
+    assert others == [("/readyz", 503, "engine_stalled"), ("/health", 503, "engine_stalled")]
     assert "the engine is stalled" in srv.log and "exiting 4" in srv.log
 
 
@@ -169,6 +178,7 @@ def test_a_drain_that_finds_the_engine_wedged_exits_4_not_0(start_server, tiny_m
         time.sleep(0.5)
         assert stuck.running()
         srv.proc.send_signal(15)
+        assert httpx.get(srv.url + "/identity", timeout=5).json()["phase"] == "draining"
         code = srv.proc.wait(30)
         stuck.result()
     assert code == 4, srv.log
