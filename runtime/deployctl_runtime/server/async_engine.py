@@ -185,13 +185,13 @@ class AsyncEngine:
             return None
         return Stall(since, self.phase)
 
-    def fail_stalled(self, message: str) -> None:
+    def fail_stalled(self, message: str) -> bool:
         """From another thread, once stall() said so: refuse new work and end every open request with
         EngineDead(message, "engine_stalled") (queued adds and calls fail too). The loop thread stays wherever it
-        is blocked; if it ever comes back it stops."""
+        is blocked; if it ever comes back it stops. False (nothing done) when the loop had already died."""
         with self._cond:
             if self.error is not None:
-                return
+                return False
             self.error, self.error_code = message, "engine_stalled"
             self._stop = True
             cmds = list(self._cmds)
@@ -207,6 +207,7 @@ class AsyncEngine:
         if self.on_error:
             self.on_error("fatal")
         self._fail(cmds, open_queues, EngineDead(message, "engine_stalled"))
+        return True
 
     # ---- loop thread ----
     def _apply(self, cmd) -> None:

@@ -249,9 +249,8 @@ class DrainingServer(uvicorn.Server):
             if stall is not None:
                 message = f"drain: {stall.message()}"
                 log.error("%s; exiting %d: the drain did not complete", message, EXIT_ENGINE_STALLED)
-                ctx.stall = message
-                engine.fail_stalled(message)
-                ctx.exit_code = EXIT_ENGINE_STALLED
+                if engine.fail_stalled(message):
+                    ctx.stall, ctx.exit_code = message, EXIT_ENGINE_STALLED
                 return
             await asyncio.sleep(0.1)
 

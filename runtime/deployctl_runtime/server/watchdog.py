@@ -45,9 +45,10 @@ class EngineWatchdog:
         if stall is None:
             return False
         message = stall.message()
+        if not engine.fail_stalled(message):  # it died meanwhile: engine_died has it (exit 3)
+            return True
         log.error("%s", message)
         self.ctx.stall = message
-        engine.fail_stalled(message)
         self.on_stall(message)
         return True
 
