@@ -142,7 +142,7 @@ def test_a_wedged_engine_loop_is_503_engine_stalled_fails_its_requests_stops_the
     assert stalled[0][1]["error"]["code"] == "engine_stalled"
     assert "no engine step completed for" in message and "(last phase: forward)" in message, message
     seconds = float(message.split("no engine step completed for ")[1].split(" s")[0])
-    assert timeout_s < seconds < timeout_s + 2, message
+    assert timeout_s <= seconds < timeout_s + 2, message  # printed to 0.1 s
     # the pings stopped once the engine loop was wedged: none from shortly after the requests came in
     assert not [t for t in notify_socket.times("WATCHDOG=1") if t > stalled[0][0] - timeout_s + 0.5]
     assert identities and identities[0]["phase"] == "stalled", identities
