@@ -116,6 +116,7 @@ class LLMEngine:
         self._pending_outputs: list[RequestOutput] = []
         self.fatal_markers: tuple[str, ...] = DEFAULT_FATAL_MARKERS  # isolation.is_fatal; the server adds its own
         self.is_sleeping = False
+        self._phase = "idle"  # where step() is: a cheap marker the server's progress watchdog reports (step_phase)
 
     # -- sleep ------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -215,10 +216,14 @@ class LLMEngine:
         requests that raise alone (isolation.py): they finish with "error", the rest of the batch goes on. Raises
         EngineFatalError when the exception poisons the device: the engine must not step again."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        self._phase = "schedule"
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            self._phase = "idle"
             return outputs
+        self._phase = "execute"
         result, failed = execute_isolating(self.runner.execute, sched.scheduled, self.fatal_markers)
+        self._phase = "update"
         if failed:
             outputs.extend(self._fail_isolated(sched, failed))
         for req in self.scheduler.update_from_output(sched, result):
@@ -228,7 +233,14 @@ class LLMEngine:
             lp = [req.output_logprobs[-1]] if req.params.logprobs is not None else None
             top = [req.output_top_logprobs[-1]] if req.params.logprobs else None
             outputs.append(self._output(req, [req.output_token_ids[-1]], lp, top))
+        self._phase = "idle"
         return outputs
+
+    @property
+    def step_phase(self) -> str:
+        """Where the current step() is: "schedule", the model runner's "prepare_inputs" / "forward" / "sample",
+        "update", or "idle" between steps. Plain attribute reads: safe to call from another thread."""
+        return self.runner.phase if self._phase == "execute" else self._phase
 
     def _fail_isolated(self, sched, failed) -> list[RequestOutput]:
         """End each request whose step raised alone with finish_reason "error" (the exception as its error). The
@@ -259,8 +271,12 @@ class LLMEngine:
                              new_top, req.error, queued)
 
     def stats(self) -> EngineStats:
+        """The scheduler's and the KV pool's figures. While asleep the KV pool is released: its blocks (total and
+        free) and usage are 0 until wake_up() allocates it again."""
+        asleep = self.is_sleeping
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_gpu_blocks=self.kv.pool.num_blocks, num_free_blocks=self.kv.num_free_blocks,
-            kv_cache_usage=self.kv.usage, num_preemptions_total=self.scheduler.num_preemptions_total,
+            num_gpu_blocks=0 if asleep else self.kv.pool.num_blocks,
+            num_free_blocks=0 if asleep else self.kv.num_free_blocks,
+            kv_cache_usage=0.0 if asleep else self.kv.usage, num_preemptions_total=self.scheduler.num_preemptions_total,
             prefix_cache_queries_total=self.kv.prefix_cache_queries, prefix_cache_hits_total=self.kv.prefix_cache_hits)

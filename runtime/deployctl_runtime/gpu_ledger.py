@@ -90,6 +90,11 @@ class Ledger:
         with self._locked() as data:
             return int(data.get("residue_bytes", DEFAULT_RESIDUE_BYTES))
 
+    def held(self) -> int:
+        """Bytes this process holds in the ledger now (0 when it holds nothing)."""
+        with self._locked() as data:
+            return int(data["allocations"].get(str(self.pid), {}).get("bytes", 0))
+
     def set(self, num_bytes: int, what: str, label: str = "") -> None:
         """Make this process hold ``num_bytes`` (replacing what it held). Raises GpuMemoryExhausted when the others
         leave less than that free (nothing changes then), ValueError for a missing or bad ledger file."""

@@ -42,6 +42,7 @@ class ModelRunner:
         self.decode_group_size = DECODE_GROUP_SIZE  # torch decode path: decodes attended to per call
         self.kv_cache: torch.Tensor | None = None
         self.graphs = None  # DecodeGraphs once captured
+        self.phase = "idle"  # execute()'s stage: "prepare_inputs", "forward", "sample" (the engine's step_phase)
 
     def _decode_kernel(self, cfg: ModelConfig):
         if self.device.type == "cuda":
@@ -162,8 +163,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self.phase = "prepare_inputs"
         inputs = self.prepare_inputs(sched)
+        self.phase = "forward"
         hidden = self.forward(inputs)
+        self.phase = "sample"
         return self.sample(hidden, inputs)
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:

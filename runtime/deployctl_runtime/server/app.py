@@ -55,8 +55,19 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
         log.exception("internal error on %s", req.url.path)
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error", None, None), 500)
 
+    def _stalled():
+        err = ctx.stalled_error()  # the engine loop is wedged (watchdog.py): every health route says so
+        return None if err is None else JSONResponse(err.body(), err.status)
+
+    @app.get("/identity")
+    async def identity():
+        # open like /healthz (auth.ALWAYS_OPEN), answered in every phase: loading, sleeping, draining, failed
+        return ctx.identity()
+
     @app.get("/healthz")
     async def healthz():
+        if (stalled := _stalled()) is not None:
+            return stalled
         if ctx.engine is not None and not ctx.engine.is_alive:
             return JSONResponse({"status": "unhealthy", "detail": ctx.engine.error, **ctx.where()}, 503)
         return {"status": "ok", "phase": ctx.phase, **ctx.where()}
@@ -66,6 +77,8 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
         # vLLM's: 200 (empty body) once the engine serves and while its loop is alive. vLLM binds its port only
         # after loading, so a probe or client copied from a vLLM deployment (guidellm's backend check) takes a 200
         # here to mean "ready": 503 while loading, as /v1/models says, and once the engine died.
+        if (stalled := _stalled()) is not None:
+            return stalled
         if ctx.engine is not None and not ctx.engine.is_alive:
             return JSONResponse(error_body(f"the engine loop is dead: {ctx.engine.error}", "service_unavailable",
                                            None, "engine_dead"), 503)
@@ -76,6 +89,8 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
 
     @app.get("/readyz")
     async def readyz():
+        if (stalled := _stalled()) is not None:
+            return stalled
         body = ctx.readiness()
         if body["status"] == "ready":  # one source for the code and the body
             return body
@@ -120,7 +135,7 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
 
     add_sleep_routes(app, ctx)
     inner = APIKeyMiddleware(app, api_keys, ctx.cfg.metrics_public)
-    return RequestContextMiddleware(inner, ctx.cfg.release_id)  # type: ignore[return-value]
+    return RequestContextMiddleware(inner, ctx.cfg.release_id, ctx.instance_id)  # type: ignore[return-value]
 
 
 def _model_card(ctx: ServerContext) -> dict:

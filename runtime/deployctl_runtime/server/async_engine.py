@@ -14,6 +14,14 @@ open request gets EngineDead, then `on_fatal(message)` so the server exits to be
 the engine's isolation (EngineFatalError: a poisoned device; or any other exception, which leaves the engine's
 state unknown), or when `max_isolated_errors` requests failed alone within `isolated_error_window_s` (something is
 wrong beyond one request, e.g. a model whose activations overflow on most prompts). `on_error("fatal")` then.
+
+Progress (for the watchdog, watchdog.py): `progress_at` is the monotonic time the loop last completed a step or
+was found idle (it wakes every `idle_wait_s` while idle), and `phase` says where it is now ("idle", "commands" while
+it applies adds/aborts/sleep/wake, else the engine's step_phase: "schedule", "prepare_inputs", "forward", "sample",
+"update"). `on_progress()` is called on the loop thread at those same moments (the systemd watchdog ping: a wedged
+loop stops pinging). `stall(timeout_s)` tells another thread whether requests are open while no step completed for
+that long; `fail_stalled(message)` then ends the loop's open requests with EngineDead(code "engine_stalled") from
+that thread, as the loop itself can no longer do it.
 """
 from __future__ import annotations
 
@@ -57,9 +65,24 @@ class _Isolated:
 
 @dataclass
 class EngineDead:
-    """Put on every open queue when the step loop crashed; the request ends with an error finish."""
+    """Put on every open queue when the step loop crashed (code None) or is wedged (code "engine_stalled"); the
+    request ends with an error finish."""
 
     message: str
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class Stall:
+    """The loop has open requests and completed no step for `since_s` seconds; it is in `phase`."""
+
+    since_s: float
+    phase: str
+
+    def message(self) -> str:
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - self.since_s))
+        return (f"the engine is stalled: no engine step completed for {self.since_s:.1f} s (since {since}) with "
+                f"requests open (last phase: {self.phase}); the runtime exits to be restarted")
 
 
 @dataclass
@@ -72,8 +95,13 @@ class AsyncEngine:
     on_error: Callable[[str], None] | None = None  # called with "isolated" or "fatal" per error
     max_isolated_errors: int = 10  # this many requests failed alone ...
     isolated_error_window_s: float = 60.0  # ... within this many seconds: the engine is declared dead
+    on_progress: Callable[[], None] | None = None  # loop thread: after each completed step and each idle wake-up
+    idle_wait_s: float = 0.5  # an idle loop wakes this often (to show progress)
     stats: Any = None
     error: str | None = None
+    error_code: str | None = None  # "engine_stalled" when fail_stalled ended it; None for a crash
+    progress_at: float = field(default_factory=time.monotonic)  # last completed step or idle wake-up (monotonic)
+    _in_commands: bool = False
     _error_times: deque = field(default_factory=deque)  # monotonic times of the isolated errors in the window
     _reported: list = field(default_factory=list)  # errors report_isolated queued, counted after the next step
     _cmds: deque = field(default_factory=deque)
@@ -127,11 +155,59 @@ class AsyncEngine:
         self._push(_Isolated(error))
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the loop; waits up to `timeout` for it (not at all when it was found stalled: it would not end)."""
         with self._cond:
             self._stop = True
             self._cond.notify()
-        if self._thread is not None:
+        if self._thread is not None and self.error_code != "engine_stalled":
             self._thread.join(timeout)
+
+    @property
+    def phase(self) -> str:
+        """Where the loop is now (module doc). Safe from any thread."""
+        if self._in_commands:
+            return "commands"
+        return getattr(self.engine, "step_phase", None) or "step"
+
+    @property
+    def has_open_requests(self) -> bool:
+        """Requests added and not finished, or adds queued for the loop. Safe from any thread (a racy read)."""
+        if self._queues:
+            return True
+        with self._cond:
+            return any(isinstance(c, _Add) for c in self._cmds)
+
+    def stall(self, timeout_s: float, now: float | None = None) -> Stall | None:
+        """A Stall when requests are open and no step completed (nor idle wake-up) for more than `timeout_s`
+        seconds; None otherwise, and always for an idle loop or a dead one."""
+        since = (time.monotonic() if now is None else now) - self.progress_at
+        if self.error is not None or since <= timeout_s or not self.has_open_requests:
+            return None
+        return Stall(since, self.phase)
+
+    def fail_stalled(self, message: str) -> bool:
+        """From another thread, once stall() said so: refuse new work and end every open request with
+        EngineDead(message, "engine_stalled") (queued adds and calls fail too). The loop thread stays wherever it
+        is blocked; if it ever comes back it stops. False (nothing done) when the loop had already died."""
+        with self._cond:
+            if self.error is not None:
+                return False
+            self.error, self.error_code = message, "engine_stalled"
+            self._stop = True
+            cmds = list(self._cmds)
+            self._cmds.clear()
+        for _ in range(3):  # the loop thread owns _queues; should it be moving after all, copy again
+            try:
+                open_queues = list(self._queues.values())
+                break
+            except RuntimeError:
+                continue
+        else:
+            open_queues = []
+        if self.on_error:
+            self.on_error("fatal")
+        self._fail(cmds, open_queues, EngineDead(message, "engine_stalled"))
+        return True
 
     # ---- loop thread ----
     def _apply(self, cmd) -> None:
@@ -168,27 +244,39 @@ class AsyncEngine:
             return
         cmd.loop.call_soon_threadsafe(_set_result, cmd.future)
 
+    def _progress(self) -> None:
+        self.progress_at = time.monotonic()
+        if self.on_progress is not None:
+            try:
+                self.on_progress()
+            except Exception:  # noqa: BLE001 - a ping that failed must not end the loop
+                log.exception("on_progress failed")
+
     def _run(self) -> None:
         engine = self.engine
         while True:
             with self._cond:
                 while not self._cmds and not self._stop and not engine.has_unfinished_requests():
-                    self._cond.wait(0.5)
+                    self._progress()  # idle is not stalled
+                    self._cond.wait(self.idle_wait_s)
                 if self._stop:
                     return
                 cmds = list(self._cmds)
                 self._cmds.clear()
             outputs = []
             try:
+                self._in_commands = True
                 for cmd in cmds:
                     self._apply(cmd)
                 if cmds:
                     self.stats = engine.stats()
+                self._in_commands = False
                 if engine.has_unfinished_requests():
                     outputs = engine.step()
                     if self.step_delay_s:
                         time.sleep(self.step_delay_s)
                     self.stats = engine.stats()
+                    self._progress()
             except Exception as exc:
                 log.exception("engine step loop crashed; failing all open requests")
                 self._die(f"engine step loop crashed: {type(exc).__name__}: {exc}", cmds)
@@ -241,14 +329,18 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_put_all, items)
 
     def _fail_all(self, cmds) -> None:
-        dead = EngineDead(self.error or "engine failed")
+        open_queues = list(self._queues.values())
+        self._queues.clear()
+        self._fail(cmds, open_queues, EngineDead(self.error or "engine failed"))
+
+    @staticmethod
+    def _fail(cmds, open_queues, dead: EngineDead) -> None:
         for cmd in cmds:
             if isinstance(cmd, (_Add, _Call)) and not cmd.future.done():
                 cmd.loop.call_soon_threadsafe(_set_exception, cmd.future, RuntimeError(dead.message))
         items: dict = {}
-        for loop, q in self._queues.values():
+        for loop, q in open_queues:
             items.setdefault(loop, set()).add(q)
-        self._queues.clear()
         for loop, queues in items.items():
             loop.call_soon_threadsafe(_put_all, [(q, dead) for q in queues])
 

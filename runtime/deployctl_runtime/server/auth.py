@@ -2,7 +2,11 @@
 
 Keys come from env `DEPLOYCTL_RUNTIME_API_KEY` (comma-separated) and/or `--api-key-file PATH` (one key per line,
 `#` comments); never from the command line. Every HTTP route needs `Authorization: Bearer KEY` except the open
-ones (/healthz, /readyz, /health, and /metrics when `--metrics-public`), so a route added later is protected by default.
+ones (/healthz, /readyz, /health, /identity, and /metrics when `--metrics-public`), so a route added later is
+protected by default. /identity is open as the probes are: it says who the process is (release, replica, instance
+id, pid, port, start time, phase), no secret and no model output (the release is in /readyz and in every response's
+X-Deployctl-Release already), and deployctl's host-side check before a sleep, wake, drain or stop must reach it in
+every phase.
 Keys are compared with `hmac.compare_digest` against every configured key, and never logged: the access log names
 the key a request used by `key_id` (`key_id()`: the first 12 hex digits of its SHA-256), so clients and a key
 rotation (old and new key accepted at once) can be followed without the key itself.
@@ -20,7 +24,8 @@ from typing import Iterable
 from .errors import error_body
 
 ENV_VAR = "DEPLOYCTL_RUNTIME_API_KEY"
-ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/health"})  # /health: vLLM's liveness route, open there too
+# /health: vLLM's liveness route, open there too; /identity: who this process is (module doc)
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/health", "/identity"})
 
 
 def load_api_keys(env: dict[str, str] | None = None, key_file: str | None = None) -> list[str]:

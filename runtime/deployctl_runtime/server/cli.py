@@ -12,13 +12,21 @@ EPILOG = f"""\
 Every flag can also be set in the YAML --config file under its name with underscores
 (--max-model-len -> max_model_len); flags given on the command line win.
 API keys: env DEPLOYCTL_RUNTIME_API_KEY (comma-separated) or --api-key-file PATH (one per line); never on the
-command line. Binding a non-loopback --host without a key is refused. Every route except /healthz and /readyz
-needs 'Authorization: Bearer KEY' (/metrics too, unless --metrics-public).
+command line. Binding a non-loopback --host without a key is refused. Every route except /healthz, /readyz,
+/health and /identity needs 'Authorization: Bearer KEY' (/metrics too, unless --metrics-public).
+GET /identity: {{release, replica, instance, pid, port, started_at, phase}}, in every phase; every response carries
+X-Deployctl-Instance (an id made at each start) and, with --release-id, X-Deployctl-Release.
 The port is bound first and the model loaded in the background: /healthz answers at once, /readyz and inference
 answer 503 until weights are loaded, the KV cache allocated and a warm-up forward pass done.
+Sleep mode (behind the key): POST /sleep?level=1, POST /wake_up, GET /is_sleeping; /sleep and /is_sleeping answer
+resident_bytes {{"<gpu index>": bytes}} still held on the GPU; while asleep the KV pool is reported released.
 SIGTERM drains: /readyz 503 at once, new requests 503, in-flight requests finish (up to --drain-timeout-s), exit 0.
+Watchdog: with requests open and no engine step completed for --engine-stall-timeout-s, /healthz, /health and
+/readyz answer 503 engine_stalled, open requests end 503 engine_stalled, and the process exits 4. Under systemd
+(Type=notify, WatchdogSec=): READY=1 once serving, STOPPING=1 on a drain, WATCHDOG=1 from the engine loop.
 Exit codes: 0 drained, 1 failed to start, 2 bad settings (never restarted), 3 the engine died while serving (a
-poisoned device or repeated step errors; open requests were failed first; a supervisor restarts it).
+poisoned device or repeated step errors; open requests were failed first; a supervisor restarts it), 4 the engine
+loop stalled (the watchdog, or a drain that found it wedged; a supervisor restarts it).
 {FAULT_HELP}
 """
 
@@ -60,6 +68,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--api-key-file", help="file with API keys, one per line")
     a("--metrics-public", action=argparse.BooleanOptionalAction, help="serve /metrics without a key")
     a("--release-id", help="release id: header X-Deployctl-Release on every response, and in /readyz")
+    a("--replica-index", type=int, metavar="N", help="this process's replica index within its release, in GET "
+      "/identity (default 0)")
+    a("--engine-stall-timeout-s", type=float, metavar="S",
+      help="with requests open and no engine step completed for S seconds: /healthz and /readyz 503 engine_stalled, "
+           "open requests failed, exit 4 (default 120; 0 off)")
     a("--skip-verify", action=argparse.BooleanOptionalAction, help="start even if manifest.sha256 does not match")
     a("--log-requests", action=argparse.BooleanOptionalAction, help="log prompts and outputs (off by default)")
     a("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
@@ -98,7 +111,7 @@ def _setup_logging(cfg) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Entry point of `serve`. Returns the exit code: 0 after a drain, 1 on a failed start, 2 on bad settings, 3 when
-    the engine died while serving."""
+    the engine died while serving, 4 when the engine loop stalled (watchdog.py)."""
     from .auth import is_loopback, load_api_keys
     from .config import load_config
     from .faults import Faults

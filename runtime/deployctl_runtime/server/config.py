@@ -41,6 +41,11 @@ class _ServeSettings(BaseModel):
     api_key_file: str | None = None
     metrics_public: bool = False
     release_id: str | None = None
+    # which replica of the release this process is (deployctl's host-side identity check: GET /identity)
+    replica_index: int = Field(0, ge=0)
+    # the progress watchdog (watchdog.py): with requests open and no engine step completed for this long, the
+    # runtime answers 503 engine_stalled, fails its open requests and exits 4 (lifecycle.EXIT_ENGINE_STALLED); 0: off
+    engine_stall_timeout_s: float = Field(120.0, ge=0)
     skip_verify: bool = False
     log_requests: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -14,6 +14,10 @@
                      its batch holds token ID (a sticky device error: the runtime fails open requests and exits 3).
   fail_wake=1        POST /wake_up answers 503 gpu_memory_exhausted and the runtime stays asleep (a wake whose memory
                      was taken between the rollback's look and its wake).
+  zero_weight_on_wake=1  every wake zeroes one weight tensor (the final norm's): the woken engine answers garbage
+                     (a constant token, often empty text) with HTTP 200 (a standby woken wrong).
+  stall_after_steps=N  the forward pass blocks forever after N of them (a wedged engine loop: a hung kernel or
+                     collective); the watchdog (--engine-stall-timeout-s) must catch it.
 
 Never set in production; the server logs a WARNING at start when any is active.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from dataclasses import dataclass
 
 ENV_VAR = "DEPLOYCTL_RUNTIME_FAULT"
@@ -30,7 +35,9 @@ HELP = (
     "token_delay_ms=MS (sleep per decode step), repeat_token=ID (every output token is ID), clamp_max_tokens=N "
     "(at most N tokens generated), garble_text=1 (U+FFFD in every text delta), leak_kv_blocks=N (finished requests "
     "keep N KV blocks), raise_on_token=ID (forward raises when its batch holds token ID), cuda_error_on_token=ID (forward "
-    "raises a sticky CUDA error when its batch holds token ID), fail_wake=1 (POST /wake_up refused 503)."
+    "raises a sticky CUDA error when its batch holds token ID), fail_wake=1 (POST /wake_up refused 503), "
+    "zero_weight_on_wake=1 (a wake zeroes the final norm's weight: garbage answered 200), stall_after_steps=N (the "
+    "forward pass blocks forever after N of them: a wedged engine loop)."
 )
 
 
@@ -47,6 +54,8 @@ class Faults:
     raise_on_token: float = -1.0
     cuda_error_on_token: float = -1.0
     fail_wake: bool = False
+    zero_weight_on_wake: bool = False
+    stall_after_steps: float = -1.0
 
     @property
     def active(self) -> bool:
@@ -65,11 +74,16 @@ class Faults:
         return "\ufffd" + delta[1:] if self.garble_text and delta else delta
 
     def install(self, engine) -> None:
-        """Apply the faults that live inside the engine (leak_kv_blocks) to an LLMEngine, once, before serving."""
+        """Apply the faults that live inside the engine (leak_kv_blocks, raise_on_token, cuda_error_on_token,
+        zero_weight_on_wake, stall_after_steps) to an LLMEngine, once, before serving."""
         if self.leak_kv_blocks >= 1:
             _leak_blocks(engine, int(self.leak_kv_blocks))
         if self.raise_on_token >= 0 or self.cuda_error_on_token >= 0:
             _raise_in_forward(engine.runner, int(self.raise_on_token), int(self.cuda_error_on_token))
+        if self.zero_weight_on_wake:
+            _zero_weight_on_wake(engine)
+        if self.stall_after_steps >= 0:
+            _stall_after(engine.runner, int(self.stall_after_steps))
 
     def should_fail_request(self) -> bool:
         return self.error_rate > 0 and random.random() < self.error_rate
@@ -89,7 +103,7 @@ class Faults:
                 raise ValueError(f"{ENV_VAR}: {key}={val!r} is not a number") from None
         if not 0 <= values.get("error_rate", 0) <= 1:
             raise ValueError(f"{ENV_VAR}: error_rate must be within 0..1, got {values['error_rate']}")
-        for flag in ("fail_start", "garble_text", "fail_wake"):
+        for flag in ("fail_start", "garble_text", "fail_wake", "zero_weight_on_wake"):
             if flag in values:
                 values[flag] = bool(values[flag])
         return cls(**values)  # type: ignore[arg-type]
@@ -129,3 +143,32 @@ def _raise_in_forward(runner, plain_id: int, cuda_id: int) -> None:
         return forward(inputs)
 
     runner.forward = faulty_forward
+
+
+def _zero_weight_on_wake(engine) -> None:
+    """Wrap the engine's wake_up so that, once the weights are back, the final norm's weight is zeroed in place
+    (CUDA graphs read the same memory): every hidden state reaching lm_head is 0, so every logit is equal and greedy
+    decoding picks one constant token."""
+    wake_up = engine.wake_up
+
+    def wake_up_wrong():
+        wake_up()
+        engine.runner.model.model.norm.weight.data.zero_()
+
+    engine.wake_up = wake_up_wrong
+
+
+def _stall_after(runner, n: int) -> None:
+    """Wrap the model runner's forward so that its call after the n-th blocks forever (an Event nobody sets):
+    the engine loop is wedged in "forward" as by a hung kernel."""
+    forward = runner.forward
+    calls = [0]
+    never = threading.Event()
+
+    def stalling_forward(inputs):
+        calls[0] += 1
+        if calls[0] > n:
+            never.wait()
+        return forward(inputs)
+
+    runner.forward = stalling_forward

@@ -37,6 +37,7 @@ class Generation:
         self._cached: dict[int, int] = {}
         self.timed_out = False
         self.engine_error: str | None = None
+        self.engine_error_code: str | None = None  # "engine_stalled": the watchdog ended it (503, not 500)
         self.aborted_by_client = False
 
     async def start(self) -> None:
@@ -65,9 +66,9 @@ class Generation:
                 ctx.metrics.request_rejected.labels(reason=reason).inc()
                 raise APIError(400, getattr(exc, "message", str(exc)), "invalid_request_error", param,
                                reason) from None
-            if ctx.engine.error is not None:  # the engine died meanwhile
+            if ctx.engine.error is not None:  # the engine died (or was found stalled) meanwhile
                 raise APIError(503, f"the server cannot serve: {ctx.engine.error}", "service_unavailable", None,
-                               "engine_dead") from None
+                               ctx.engine.error_code or "engine_dead") from None
             if isinstance(exc, ValueError):  # the engine's own validation: "<field>: <why>"
                 field_name = str(exc).split(":", 1)[0]
                 raise APIError(400, str(exc), "invalid_request_error",
@@ -148,7 +149,7 @@ class Generation:
                 events.extend(self._end_open("abort"))
                 break
             if isinstance(out, EngineDead):
-                self.engine_error = out.message
+                self.engine_error, self.engine_error_code = out.message, out.code
                 events.extend(self._end_open("error"))
                 break
             ch = self._by_id.get(out.request_id)
@@ -213,6 +214,8 @@ class Generation:
 
     def result(self) -> None:
         """Raise for the non-streaming response when the request could not complete normally."""
+        if self.engine_error_code == "engine_stalled":  # the server's state, not this request's fault
+            raise APIError(503, self.engine_error, "service_unavailable", None, "engine_stalled")
         if self.engine_error:
             code = "non_finite_logits" if "non-finite" in self.engine_error else "engine_error"
             raise APIError(500, f"generation failed: {self.engine_error}", "internal_error", None, code)

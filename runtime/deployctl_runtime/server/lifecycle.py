@@ -7,9 +7,17 @@ the phase become `ready`. A load failure logs one clear line and ends the proces
 An engine that dies while serving (a sticky device error, repeated requests failed alone: see async_engine.py)
 makes the phase `failed` and ends the process with exit code 3 after its open requests were answered 500.
 
+An engine loop that stops making progress while requests are open (no step completed for
+--engine-stall-timeout-s: watchdog.py) makes /healthz, /health and /readyz 503 `engine_stalled`, its open requests
+503 `engine_stalled`, and ends the process with exit code 4 (EXIT_ENGINE_STALLED).
+
 SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
 up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]), and
-the process exits 0. A second signal exits at once.
+the process exits 0 once the engine loop has let go of them. A drain that finds the engine loop wedged (the cut-off
+requests not released and no step completed for DRAIN_WEDGED_S) exits 4 instead: it did not drain. A second signal
+exits at once.
+
+systemd (sd_notify.py): READY=1 once ready, STOPPING=1 when a drain begins, WATCHDOG=1 from the engine loop.
 """
 from __future__ import annotations
 
@@ -28,7 +36,11 @@ from .state import ServerContext
 log = logging.getLogger("deployctl_runtime.server")
 EXIT_LOAD_FAILED = 1
 EXIT_ENGINE_DEAD = 3  # the engine died while serving (not 2: launch.sh and RestartPreventExitStatus never restart 2)
+EXIT_ENGINE_STALLED = 4  # the engine loop made no progress with requests open (watchdog.py), or a drain found it so
 FATAL_EXIT_WATCHDOG_S = 10.0
+STALL_LINGER_S = 2.0  # a stalled runtime answers 503 engine_stalled this long (so probes see why), then exits
+STALL_EXIT_WATCHDOG_S = 7.0  # ... and is ended with os._exit this long after the watchdog tripped, at the latest
+DRAIN_WEDGED_S = 5.0  # after a drain: the engine must release the cut-off requests, or show a step, within this
 
 
 def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
@@ -82,17 +94,24 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)
                              if engine.chat_template else None)
         engine.fatal_markers = engine.fatal_markers + tuple(cfg.fatal_error_marker)
+        notifier = ctx.notifier
         aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0,
                            on_fatal=lambda message: engine_died(ctx, server, message),
                            on_error=lambda kind: ctx.metrics.engine_errors.labels(kind=kind).inc(),
                            max_isolated_errors=cfg.fatal_after_errors,
-                           isolated_error_window_s=cfg.fatal_error_window_s)
+                           isolated_error_window_s=cfg.fatal_error_window_s,
+                           on_progress=notifier.ping if notifier.watchdog_s else None,
+                           idle_wait_s=min(0.5, notifier.ping_interval_s or 0.5, cfg.engine_stall_timeout_s / 4 or 0.5))
         aeng.start()
         ctx.engine = aeng
         ctx.detail = "serving"
         ctx.phase = "ready"
         log.info("ready: serving model '%s' (max_model_len %d) in %.1f s", ctx.served_name, ctx.max_model_len,
                  time.monotonic() - ctx.started_at)
+        notifier.send("READY=1")
+        from .watchdog import EngineWatchdog
+
+        EngineWatchdog(ctx, cfg.engine_stall_timeout_s, lambda message: engine_stalled(ctx, server, message)).start()
     except BaseException as exc:  # noqa: BLE001 - any load failure ends the process with a clear line
         ctx.phase, ctx.detail, ctx.exit_code = "failed", str(exc), 1
         log.error("failed to start: %s", exc)
@@ -108,8 +127,27 @@ def engine_died(ctx: ServerContext, server: "DrainingServer", message: str) -> N
     ctx.phase, ctx.detail, ctx.exit_code = "failed", f"the engine died: {message}", EXIT_ENGINE_DEAD
     log.error("the engine died: %s; exiting %d so that the supervisor restarts the runtime", message,
               EXIT_ENGINE_DEAD)
+    _exit_soon(server, EXIT_ENGINE_DEAD, FATAL_EXIT_WATCHDOG_S)
+
+
+def engine_stalled(ctx: ServerContext, server: "DrainingServer", message: str) -> None:
+    """The watchdog found the engine loop wedged (its open requests were already failed 503 engine_stalled): the
+    health routes answer 503 engine_stalled for STALL_LINGER_S, then the process exits EXIT_ENGINE_STALLED (at the
+    latest STALL_EXIT_WATCHDOG_S after this call). uvicorn stops accepting connections as soon as it shuts down,
+    hence the linger: a probe or deployctl's check sees why rather than a refused connection."""
+    ctx.phase, ctx.detail, ctx.exit_code = "failed", message, EXIT_ENGINE_STALLED
+    log.error("exiting %d in %.0f s so that the supervisor restarts the runtime", EXIT_ENGINE_STALLED,
+              STALL_LINGER_S)
+    linger = threading.Timer(STALL_LINGER_S, _exit_soon, (server, EXIT_ENGINE_STALLED,
+                                                         STALL_EXIT_WATCHDOG_S - STALL_LINGER_S))
+    linger.daemon = True
+    linger.start()
+
+
+def _exit_soon(server: "DrainingServer", code: int, backstop_s: float) -> None:
+    """Ask uvicorn to shut down (the answers already given go out); os._exit(code) should that hang."""
     server.should_exit = True
-    timer = threading.Timer(FATAL_EXIT_WATCHDOG_S, os._exit, (EXIT_ENGINE_DEAD,))
+    timer = threading.Timer(backstop_s, os._exit, (code,))
     timer.daemon = True
     timer.start()
 
@@ -152,6 +190,9 @@ class DrainingServer(uvicorn.Server):
         if self.ctx.inflight_http == 0:
             self.ctx.idle.set()
         await super().startup(sockets)
+        for listener in getattr(self, "servers", []):  # the bound port (--port 0 picks one): GET /identity
+            for sock in listener.sockets or ():
+                self.ctx.port = sock.getsockname()[1]
         if self.started:
             threading.Thread(target=load_engine, args=(self.ctx, self), name="loader", daemon=True).start()
 
@@ -177,6 +218,7 @@ class DrainingServer(uvicorn.Server):
         self.ctx.phase, self.ctx.detail = "draining", f"draining after {signal.Signals(sig).name}"
         log.info("%s received: draining (readyz 503, new requests 503), up to %.0f s for %d in-flight request(s)",
                  signal.Signals(sig).name, self.ctx.cfg.drain_timeout_s, self.ctx.inflight_http)
+        self.ctx.notifier.send("STOPPING=1")
         self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
     async def _drain(self) -> None:
@@ -193,7 +235,24 @@ class DrainingServer(uvicorn.Server):
                 gen.queue.put_nowait(CUT_OFF)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(ctx.idle.wait(), 2.0)
+        await self._check_engine_let_go()
         self.should_exit = True
+
+    async def _check_engine_let_go(self) -> None:
+        """A drain ends with the engine holding no request. Wait while the loop still works on some and completes
+        steps; if it completes none for DRAIN_WEDGED_S, it is wedged: exit EXIT_ENGINE_STALLED, not 0."""
+        ctx, engine = self.ctx, self.ctx.engine
+        if engine is None or ctx.exit_code:
+            return
+        while engine.error is None and engine.has_open_requests:
+            stall = engine.stall(DRAIN_WEDGED_S)
+            if stall is not None:
+                message = f"drain: {stall.message()}"
+                log.error("%s; exiting %d: the drain did not complete", message, EXIT_ENGINE_STALLED)
+                if engine.fail_stalled(message):
+                    ctx.stall, ctx.exit_code = message, EXIT_ENGINE_STALLED
+                return
+            await asyncio.sleep(0.1)
 
 
 def serve(ctx: ServerContext, api_keys: list[str]) -> int:

@@ -80,7 +80,8 @@ class Metrics:
                                     "Engine arrival to first scheduling (recorded by the scheduler), as vLLM.",
                                     buckets=QUEUE_BUCKETS, registry=r)
         self.engine_errors = Counter(PREFIX + "engine_errors", "Engine step errors: isolated (one request failed "
-                                     "alone) or fatal (the engine died; the process exits 3).", ["kind"], registry=r)
+                                     "alone) or fatal (the engine died, the process exits 3; or it stalled: exits 4).", ["kind"],
+                                     registry=r)
         self.is_sleeping = Gauge(PREFIX + "is_sleeping", "1 while asleep (POST /sleep: KV cache freed, weights kept "
                                  "in host memory), else 0.", registry=r)
         # make the labelled series visible at 0 from the start

@@ -3,7 +3,8 @@
 A trailing slash is dropped before routing and auth ("/v1/completions/" is "/v1/completions"): no redirect,
 which would be built from the client's Host header. Every response carries `X-Request-Id` (the client's, when it
 sent a sane one; else the body's vLLM `request_id` with the response id's prefix, serving.adopt_body_request_id)
-and, with `--release-id`, `X-Deployctl-Release`. The access log line has request id, method, path, status, prompt
+and `X-Deployctl-Instance` (this process's instance id, made at start: GET /identity) and, with `--release-id`,
+`X-Deployctl-Release`. The access log line has request id, method, path, status, prompt
 and completion tokens, TTFT and total time, and the API key's id (auth.key_id, `-` without one); never prompt or
 output text, never keys.
 """
@@ -22,9 +23,10 @@ _SANE_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 class RequestContextMiddleware:
-    def __init__(self, app, release_id: str | None = None):
+    def __init__(self, app, release_id: str | None = None, instance_id: str | None = None):
         self.app = app
         self.release = release_id.encode() if release_id else None
+        self.instance = instance_id.encode() if instance_id else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -45,6 +47,8 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 extra = [(b"x-request-id", rec.request_id.encode())]
+                if self.instance:
+                    extra.append((b"x-deployctl-instance", self.instance))
                 if self.release:
                     extra.append((b"x-deployctl-release", self.release))
                 message = {**message, "headers": list(message.get("headers", [])) + extra}

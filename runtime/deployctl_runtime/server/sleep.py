@@ -4,17 +4,22 @@ wakes it in seconds instead of a cold start. Behind the API key like every route
 - ``POST /sleep?level=1``: only level 1 (the weights move to pinned host memory on CUDA and stay in place on CPU;
   the KV cache is freed with the CUDA graphs that point at it; torch.cuda.empty_cache()). Refused with 409
   ``requests_in_flight`` while any inference request is being answered (deployctl drains the host out of the router
-  first; a sleep never cuts a request). Answers ``{"status": "sleeping", "level": 1, "sleep_s"}``.
+  first; a sleep never cuts a request). Answers ``{"status": "sleeping", "level": 1, "sleep_s", "resident_bytes":
+  {"<gpu index>": bytes}, "resident_measured_by"}``: what the process still holds on its GPU once asleep
+  (residency.py: torch's reserved memory and NVML's per-process figure on CUDA, the ledger's bytes for this pid on
+  the stand-in GPU, ``{}`` on CPU), so a rollout can tell whether the next release fits beside the sleeper.
 - ``POST /wake_up``: the weights back on the device, a new KV cache of the same size (the prefix cache starts
   empty), CUDA graphs captured again; ``{"status": "awake", "wake_s"}``. A wake that no longer fits on the GPU (a
   real CUDA OOM, or the fake GPU ledger of gpu_ledger.py full because another process took the memory) is 503
   ``gpu_memory_exhausted`` naming why; the process stays asleep and can be woken later or stopped.
-- ``GET /is_sleeping``: ``{"is_sleeping": bool}``.
+- ``GET /is_sleeping``: ``{"is_sleeping": bool, "resident_bytes", "resident_measured_by"}`` (what it holds now).
 
 While asleep the phase is ``sleeping``: /readyz 503 ``{"status": "sleeping"}``, inference and /v1/models 503 with
 code ``sleeping``, /healthz 200 (the process is alive: nothing restarts it), the gauge
-``deployctl_runtime_is_sleeping`` 1. Both calls are idempotent (a second sleep or wake answers 200 at once) and
-serialised. Each logs its seconds.
+``deployctl_runtime_is_sleeping`` 1; the KV pool is reported released: /readyz's and /healthz's ``kv_cache`` has
+``"released": true`` with its blocks, tokens, free blocks and usage 0, and the gauges
+``deployctl_runtime_num_gpu_blocks`` and ``deployctl_runtime_num_free_blocks`` are 0 until the wake. Both calls are
+idempotent (a second sleep or wake answers 200 at once) and serialised. Each logs its seconds.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import time
 from fastapi import FastAPI, Request
 
 from .errors import APIError, invalid
+from .residency import resident_bytes
 from .state import ServerContext
 
 log = logging.getLogger("deployctl_runtime.server")
@@ -32,6 +38,11 @@ log = logging.getLogger("deployctl_runtime.server")
 
 def _exhausted(message: str) -> APIError:
     return APIError(503, message, "service_unavailable", None, "gpu_memory_exhausted", {"Retry-After": "10"})
+
+
+def _resident(ctx: ServerContext) -> dict:
+    held, measured_by = resident_bytes(ctx)
+    return {"resident_bytes": held, "resident_measured_by": measured_by}
 
 
 def add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -45,7 +56,7 @@ def add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
                           "host memory, KV cache freed)", "level", "unsupported_parameter")
         async with lock:
             if ctx.phase == "sleeping":
-                return {"status": "sleeping", "level": 1, "sleep_s": 0.0}
+                return {"status": "sleeping", "level": 1, "sleep_s": 0.0, **_resident(ctx)}
             ctx.check_serving()
             busy = max(ctx.inflight_http, ctx.inflight_seqs)
             if busy:
@@ -62,9 +73,11 @@ def add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
                 ctx.ledger.set(ctx.ledger.residue_bytes, "sleeping residue", ctx.cfg.release_id or "")
             dt = time.monotonic() - t0
             ctx.metrics.is_sleeping.set(1)
-            log.info("sleep (level 1): KV cache freed%s in %.3f s", ", weights in pinned host memory"
-                     if ctx.cfg.device == "cuda" else "", dt)
-            return {"status": "sleeping", "level": 1, "sleep_s": round(dt, 4)}
+            resident = _resident(ctx)
+            log.info("sleep (level 1): KV cache freed%s in %.3f s; still resident: %s (%s)",
+                     ", weights in pinned host memory" if ctx.cfg.device == "cuda" else "", dt,
+                     resident["resident_bytes"] or "no device memory", resident["resident_measured_by"])
+            return {"status": "sleeping", "level": 1, "sleep_s": round(dt, 4), **resident}
 
     @app.post("/wake_up")
     async def wake_up():
@@ -109,4 +122,4 @@ def add_sleep_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/is_sleeping")
     async def is_sleeping():
-        return {"is_sleeping": ctx.phase == "sleeping"}
+        return {"is_sleeping": ctx.phase == "sleeping", **_resident(ctx)}

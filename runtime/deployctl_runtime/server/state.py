@@ -1,13 +1,16 @@
 """What the routes share: the lifecycle phase, the engine once loaded, counters for back-pressure and drain.
 
 Phases: loading -> ready -> draining (SIGTERM) ; loading -> failed (load error: the process exits 1) ;
-ready -> failed (the engine died: the process exits 3) ; ready <-> sleeping (POST /sleep, POST /wake_up: sleep.py).
+ready -> failed (the engine died: the process exits 3; or the watchdog found it stalled: exits 4, watchdog.py) ;
+ready <-> sleeping (POST /sleep, POST /wake_up: sleep.py).
 Only `ready` serves inference; the others answer 503 with Retry-After.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +18,7 @@ from .config import ServeConfig
 from .errors import APIError, queue_full, unavailable
 from .faults import Faults
 from .metrics import Metrics
+from .sd_notify import Notifier
 
 RETRY_AFTER_LOADING_S = 5
 RETRY_AFTER_DRAINING_S = 10
@@ -45,6 +49,11 @@ class ServerContext:
     exit_code: int = 0
     metrics: Metrics = None  # type: ignore[assignment]
     ledger: Any = None  # gpu_ledger.Ledger with DEPLOYCTL_FAKE_GPU_MEMORY (a stand-in GPU for tests), else None
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # new at every process start
+    started_unix: float = field(default_factory=time.time)
+    port: int | None = None  # the bound port, once uvicorn bound it
+    stall: str | None = None  # the watchdog's message once it found the engine stalled (watchdog.py)
+    notifier: Notifier = field(default_factory=Notifier.from_env)  # systemd notify (sd_notify.py)
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -61,6 +70,19 @@ class ServerContext:
         if self.phase == "ready" and (self.engine is None or not self.engine.is_alive):
             return "failed"
         return self.phase
+
+    def identity(self) -> dict[str, Any]:
+        """GET /identity: who this process is. release (--release-id, or None), replica (--replica-index),
+        instance (uuid4 hex made at process start), pid, port (bound), started_at (Unix seconds), phase."""
+        return {"release": self.cfg.release_id, "replica": self.cfg.replica_index, "instance": self.instance_id,
+                "pid": os.getpid(), "port": self.port, "started_at": round(self.started_unix, 3),
+                "phase": "stalled" if self.stall else self.status}
+
+    def stalled_error(self) -> APIError | None:
+        """503 engine_stalled (no Retry-After: the process is about to exit) once the watchdog tripped, else None."""
+        if self.stall is None:
+            return None
+        return APIError(503, self.stall, "service_unavailable", None, "engine_stalled")
 
     def readiness(self) -> dict[str, Any]:
         status = self.status
@@ -80,12 +102,19 @@ class ServerContext:
         info = {"device": self.cfg.device, "device_name": None, "dtype": None, "kv_cache": None, **self.device}
         stats = self.engine.stats if self.engine is not None else None
         if info["kv_cache"] is not None and stats is not None:
-            info["kv_cache"] = {**info["kv_cache"], "num_free_blocks": stats.num_free_blocks,
-                                "usage": round(stats.kv_cache_usage, 4)}
+            if self.phase == "sleeping":  # the pool is freed while asleep: nothing of it is present
+                info["kv_cache"] = {**info["kv_cache"], "num_blocks": 0, "num_tokens": 0, "num_free_blocks": 0,
+                                    "usage": 0.0, "released": True}
+            else:
+                info["kv_cache"] = {**info["kv_cache"], "num_free_blocks": stats.num_free_blocks,
+                                    "usage": round(stats.kv_cache_usage, 4), "released": False}
         return info
 
     def check_serving(self) -> None:
-        """Raise 503 unless ready (and the engine loop is alive)."""
+        """Raise 503 unless ready (and the engine loop is alive); code engine_stalled once the watchdog tripped."""
+        stalled = self.stalled_error()
+        if stalled is not None:
+            raise stalled
         if self.phase == "loading":
             self.metrics.request_rejected.labels(reason="not_ready").inc()
             raise unavailable(f"the model is still loading ({self.detail}); retry shortly", RETRY_AFTER_LOADING_S)
