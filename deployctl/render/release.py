@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from deployctl import settings
 from deployctl.config import layout
 from deployctl.errors import ConfigError
-from deployctl.hostscripts.snippets import SH_ALIVE, SH_OURS
+from deployctl.hostscripts.snippets import SH_ALIVE, SH_ENGINE_PIDS, SH_OURS
 from deployctl.engines.keepalive import keepalive
 
 if TYPE_CHECKING:  # pydantic models are imported lazily by callers
@@ -202,7 +202,8 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
         "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": stop_wait_s(cfg) + STOP_MARGIN_S,
-        "port": layout.configured_port(cfg, host), "sh_alive": SH_ALIVE, "sh_ours": SH_OURS, "logs": cfg.logs,
+        "port": layout.configured_port(cfg, host), "sh_alive": SH_ALIVE, "sh_ours": SH_OURS,
+        "sh_engine_pids": SH_ENGINE_PIDS, "logs": cfg.logs,
         "log_cap_units": layout.log_cap_units(cfg, host),
     } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
                        port=layout.configured_port(cfg, host), api_key=api_key, standby=standby)
