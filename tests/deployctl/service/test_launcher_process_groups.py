@@ -206,3 +206,45 @@ def test_launch_sh_stop_stops_the_standby_too_and_never_a_stranger(rel, tmp_path
         for p in (replica, plain):
             p.kill()
             p.wait()
+
+
+def test_standby_stop_command_stops_the_standby_inside_its_window_and_records_it(rel, tmp_path):
+    """`deployctl standby stop --host NAME`: the standby (a launch.sh supervisor on the spare port, asleep in
+    production) stops with every engine process of it, standby.json goes, history has a standby-stop record; the
+    serving runtime on the configured port is untouched. An unknown --host is a usage error naming the hosts."""
+    import yaml
+
+    from support.cli import deployctl
+    from support.render import config_dict
+
+    spare = 18124
+    doc = config_dict(engine={"device": "cpu"}, server={"bind": "127.0.0.1", "api_key_env": None},
+                      hosts=[{"name": "h", "address": "local", "deploy_root": str(rel["root"]),
+                              "python": rel["cfg"].hosts[0].python, "launcher": "process", "spare_port": spare}])
+    deploy_yaml = tmp_path / "deploy.yaml"
+    deploy_yaml.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sup = _start(rel)
+    serving = _pids(rel)
+    standby = _start(rel, 2, env={**rel["env"], "DEPLOYCTL_LAUNCH_PORT": str(spare)})
+    sleeper = [p for p in _pids(rel) if p not in serving]
+    (rel["run"] / "standby.json").write_text(json.dumps({"release": "r0", "port": spare, "since": time.time(),
+                                                        "expires_at": time.time() + 3600}, sort_keys=True))
+
+    r = deployctl("standby", "stop", "-c", str(deploy_yaml), "--host", "nope")
+    assert r.returncode == 2 and "--host 'nope' is not a host of deploy.yaml (h)" in r.stderr, r.stderr
+
+    r = deployctl("standby", "stop", "-c", str(deploy_yaml), "--host", "h", "--reason", "RAM wanted", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["hosts"] == [{"host": "h", "release": "r0", "port": spare, "expired": False,
+                                              "seconds": json.loads(r.stdout)["hosts"][0]["seconds"]}]
+    assert _survivors(sleeper + [standby]) == []  # the standby and its session worker are gone
+    assert _survivors(serving + [sup]) == serving + [sup]  # the service runs on
+    assert not (rel["run"] / "standby.json").exists()
+    history = [json.loads(line) for line in (rel["root"] / "state/history.jsonl").read_text().splitlines()]
+    assert [(h["action"], h["release"], h["host"], h["port"], h["reason"]) for h in history] == \
+        [("standby-stop", "r0", "h", spare, "RAM wanted")]
+    assert "standby-stop" in deployctl("history", "-c", str(deploy_yaml)).stdout
+
+    r = deployctl("standby", "stop", "-c", str(deploy_yaml))  # nothing left to stop: says so, exit 0
+    assert r.returncode == 0 and "h: no standby" in r.stdout, r.stdout + r.stderr
+    assert _launch(rel, "stop").returncode == 0
