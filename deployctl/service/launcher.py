@@ -71,7 +71,11 @@ def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
         host.sudo(["systemctl", "enable", "--now", logs[1]], check=False)
         # a unit left failed (start limit hit, RestartPreventExitStatus) refuses or miscounts the next start
         host.sudo(["systemctl", "reset-failed", unit], check=False)
-        host.sudo(["systemctl", "restart", unit], timeout=120)
+        # a Type=notify unit (the bundled runtime with its watchdog) is started only at READY=1, after the model
+        # load: queue the restart and leave the wait to the readiness check (service.verify), as for Type=exec
+        from deployctl.render.release import watchdog_sec
+
+        host.sudo(["systemctl", "restart", *(["--no-block"] if watchdog_sec(cfg) else []), unit], timeout=120)
         return offset
     q = shlex.quote
     log = q(log_file(h))
@@ -301,7 +305,12 @@ def is_running(host, cfg: DeployConfig) -> bool:
     """Whether the runtime's process group (or systemd unit) is alive."""
     h = host.config
     if h.launcher == "systemd":
-        return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg, host.config)], check=False).exit_code == 0
+        # active, or still starting (a Type=notify unit is "activating" until the runtime's READY=1); not the
+        # "activating (auto-restart)" pause between two runs of a crash loop
+        r = host.sudo(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", _unit(cfg, host.config)], check=False)
+        state = dict(line.partition("=")[::2] for line in (r.stdout or "").splitlines())
+        return state.get("ActiveState") in ("active", "reloading") or (
+            state.get("ActiveState") == "activating" and state.get("SubState", "").startswith("start"))
     pidf = shlex.quote(pid_file(h))
     r = host.run(f'{SH_ALIVE}; {SH_OURS}; [ -f {pidf} ] && p=$(cat {pidf}) && [ -n "$p" ] && '
                  f'kill -0 -- "-$p" 2>/dev/null && group_ours "$p" {shlex.quote(h.deploy_root)}',

@@ -31,9 +31,9 @@ RELEASE_DIR=/opt/deployctl/chat-7b/releases/20261130T000000Z-golden1
 PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.pid
 CHILD_PID_FILE=/opt/deployctl/chat-7b/shared/run/runtime.child.pid
 LOG_FILE=/opt/deployctl/chat-7b/shared/logs/runtime.log
-DEPLOY_ROOT=/opt/deployctl/chat-7b
+INSTANCE_ROOT=/opt/deployctl/chat-7b
 RUN_DIR="$(dirname "$PID_FILE")"
-PORT=8080  # the port this supervisor's runtime serves on: its engine's marker
+INSTANCE_PORT=8080  # the port this supervisor's runtime serves on: its engine's marker
 ENGINE_CMD=(/opt/deployctl/venv/bin/python -m deployctl_runtime serve --config /opt/deployctl/chat-7b/releases/20261130T000000Z-golden1/runtime.yaml)
 # DEPLOYCTL_LAUNCH_PORT=N: serve on port N instead of runtime.yaml's, as a second supervisor beside the serving one
 # with pidfiles of its own (runtime.N.pid, runtime.child.N.pid): a rollback starts the restored release there,
@@ -42,9 +42,9 @@ if [ -n "${DEPLOYCTL_LAUNCH_PORT:-}" ]; then
   PID_FILE="${PID_FILE%.pid}.${DEPLOYCTL_LAUNCH_PORT}.pid"
   CHILD_PID_FILE="${CHILD_PID_FILE%.pid}.${DEPLOYCTL_LAUNCH_PORT}.pid"
   ENGINE_CMD+=(--port "$DEPLOYCTL_LAUNCH_PORT")
-  PORT=$DEPLOYCTL_LAUNCH_PORT
+  INSTANCE_PORT=$DEPLOYCTL_LAUNCH_PORT
 elif [ -L "$PID_FILE" ]; then  # runtime.pid -> runtime.<port>.pid: the service runs on that port (after a rollback)
-  case "$(readlink "$PID_FILE")" in runtime.[0-9]*.pid) PORT=$(readlink "$PID_FILE" | tr -dc 0-9) ;; esac
+  case "$(readlink "$PID_FILE")" in runtime.[0-9]*.pid) INSTANCE_PORT=$(readlink "$PID_FILE" | tr -dc 0-9) ;; esac
 fi
 BACKOFF_S=${DEPLOYCTL_LAUNCH_BACKOFF_S:-5}
 MAX_BACKOFF_S=60
@@ -90,17 +90,17 @@ supervisor_pid() {
 # on stderr. Returns 1 when something is still alive 5 s after the SIGKILL (a process stuck in the kernel).
 end_leftovers() {
   local pids i msg
-  pids=$(engine_pids "$DEPLOY_ROOT" "$1"); [ -n "$pids" ] || return 0
+  pids=$(engine_pids "$INSTANCE_ROOT" "$1"); [ -n "$pids" ] || return 0
   kill -TERM $pids 2>/dev/null
   for ((i = 0; i < ${2%.*} * 10; i++)); do
-    pids=$(engine_pids "$DEPLOY_ROOT" "$1"); [ -n "$pids" ] || return 0; sleep 0.1
+    pids=$(engine_pids "$INSTANCE_ROOT" "$1"); [ -n "$pids" ] || return 0; sleep 0.1
   done
-  pids=$(engine_pids "$DEPLOY_ROOT" "$1"); [ -n "$pids" ] || return 0
+  pids=$(engine_pids "$INSTANCE_ROOT" "$1"); [ -n "$pids" ] || return 0
   msg="killed leftovers of the engine${1:+ on port $1} after ${2%.*}s: $(describe_pids $pids)"
   kill -KILL $pids 2>/dev/null
   log "$msg"; echo "launch.sh: $msg" >&2
-  for ((i = 0; i < 50; i++)); do [ -z "$(engine_pids "$DEPLOY_ROOT" "$1")" ] && return 0; sleep 0.1; done
-  pids=$(engine_pids "$DEPLOY_ROOT" "$1")
+  for ((i = 0; i < 50; i++)); do [ -z "$(engine_pids "$INSTANCE_ROOT" "$1")" ] && return 0; sleep 0.1; done
+  pids=$(engine_pids "$INSTANCE_ROOT" "$1")
   log "still alive after SIGKILL: $(describe_pids $pids)"; echo "launch.sh: still alive after SIGKILL: $(describe_pids $pids)" >&2
   return 1
 }
@@ -139,7 +139,7 @@ run() {
   echo $$ >"$PID_FILE"
   # a supervisor killed before its cleanup (kill -9, OOM killer) left its engine running: end it first (it holds the
   # port and, on a GPU, the memory this start needs)
-  end_leftovers "$PORT" "$STOP_TIMEOUT_S"
+  end_leftovers "$INSTANCE_PORT" "$STOP_TIMEOUT_S"
   cd "$RELEASE_DIR" || exit 1
   set -a; . "$RELEASE_DIR/runtime.env"; set +a
   export PYTHONUNBUFFERED=1
@@ -163,7 +163,7 @@ run() {
         if [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "$$" ]; then  # the runtime's leftovers in our group
           for p in $(pgrep -g "$$"); do [ "$p" = "$$" ] || [ "$p" = "$BASHPID" ] || kill -KILL "$p" 2>/dev/null; done
         fi
-        left=$(engine_pids "$DEPLOY_ROOT" "$PORT")  # and those that left the group (setsid)
+        left=$(engine_pids "$INSTANCE_ROOT" "$INSTANCE_PORT")  # and those that left the group (setsid)
         [ -z "$left" ] || { log "SIGKILL to the engine's leftovers: $(describe_pids $left)"; kill -KILL $left 2>/dev/null; } ) &
       killer=$!
     fi
@@ -180,7 +180,7 @@ run() {
     started=$(date +%s)
     sha256sum /models/llm-7b-chat/manifest.sha256 >/opt/deployctl/chat-7b/shared/run/runtime.model.sha256 2>/dev/null || rm -f /opt/deployctl/chat-7b/shared/run/runtime.model.sha256
     log "starting runtime: ${ENGINE_CMD[*]}"
-    DEPLOYCTL_INSTANCE="$DEPLOY_ROOT" DEPLOYCTL_INSTANCE_PORT="$PORT" "${ENGINE_CMD[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+    DEPLOYCTL_INSTANCE="$INSTANCE_ROOT" DEPLOYCTL_INSTANCE_PORT="$INSTANCE_PORT" "${ENGINE_CMD[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
     child=$!
     echo "$child" >"$CHILD_PID_FILE"
     # `wait` returns early when a trapped signal arrives: keep waiting until the child is gone.
@@ -194,11 +194,11 @@ run() {
       [ -n "${killer:-}" ] && { kill "$killer" 2>/dev/null; wait "$killer" 2>/dev/null; }
       # the runtime is gone: its workers get what is left of the drain bound, then SIGKILL
       left_s=$(( STOP_TIMEOUT_S - ($(date +%s) - stop_at) )); [ "$left_s" -ge 1 ] || left_s=1
-      end_leftovers "$PORT" "$left_s"
+      end_leftovers "$INSTANCE_PORT" "$left_s"
       log "runtime stopped (exit $rc)"; break
     fi
     # a runtime that exited (crash, kill -9) may leave workers holding the port and the GPU memory
-    end_leftovers "$PORT" $(( STOP_TIMEOUT_S < 5 ? STOP_TIMEOUT_S : 5 ))
+    end_leftovers "$INSTANCE_PORT" $(( STOP_TIMEOUT_S < 5 ? STOP_TIMEOUT_S : 5 ))
     if [ "$rc" = 0 ]; then log "runtime exited cleanly"; break; fi
     if [ "$rc" = "$CONFIG_ERROR_EXIT" ]; then
       log "runtime exited with $rc (configuration error); not restarting, giving up"; rm -f "$PID_FILE"; exit "$rc"
@@ -227,7 +227,7 @@ case "${1:-run}" in
     echo "launch.sh: supervisor did not start; see $LOG_FILE" >&2; exit 1 ;;
   stop)
     rc=0
-    stop_supervisor "$PID_FILE" "$PORT" || rc=1
+    stop_supervisor "$PID_FILE" "$INSTANCE_PORT" || rc=1
     if [ -z "${DEPLOYCTL_LAUNCH_PORT:-}" ]; then
       # the standby: the previous release asleep on the other port (deployctl.rollout.standby)
       standby=$(sed -n 's/.*"port": *\([0-9][0-9]*\).*/\1/p' "$RUN_DIR/standby.json" 2>/dev/null)
