@@ -35,7 +35,8 @@ LAUNCHER_NAMES = frozenset({
     # the engine's marker (hostscripts/snippets.py SH_ENGINE_PIDS) and where launch.sh keeps it
     "DEPLOYCTL_INSTANCE", "DEPLOYCTL_INSTANCE_PORT", "INSTANCE_PORT", "INSTANCE_ROOT", "RUN_DIR",
     "child", "d", "deadline", "delay", "failures", "i", "keeper", "killer", "m", "pgid", "pid", "rc", "s", "size",
-    "sleeper", "started", "stopping", "supervisor", "left", "left_s", "msg", "pids", "standby", "stop_at",
+    "sleeper", "started", "stopping", "supervisor", "left", "left_s", "msg", "n", "other", "p", "pids", "standby",
+    "stop_at",
     "IFS", "PATH", "HOME", "SHELL", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "OLDPWD", "PWD"})
 CACHE_SUBDIRS = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm",
                  "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}

@@ -248,3 +248,16 @@ def test_standby_stop_command_stops_the_standby_inside_its_window_and_records_it
     r = deployctl("standby", "stop", "-c", str(deploy_yaml))  # nothing left to stop: says so, exit 0
     assert r.returncode == 0 and "h: no standby" in r.stdout, r.stdout + r.stderr
     assert _launch(rel, "stop").returncode == 0
+
+
+def test_a_start_never_ends_the_engine_of_another_live_supervisor_on_its_port(rel):
+    """The leftovers a start ends are those of a dead supervisor: a live one serving the same port (here one started
+    with DEPLOYCTL_LAUNCH_PORT=8080 beside a plain start on the configured 8080) keeps its engine."""
+    first = _start(rel, env={**rel["env"], "DEPLOYCTL_LAUNCH_PORT": "8080"})
+    engine = _pids(rel)
+    second = _start(rel, 2)
+    assert second != first
+    assert _survivors(engine + [first]) == engine + [first]
+    assert f"port 8080 is served by supervisor pid {first}: its engine is left alone" in rel["log"].read_text()
+    assert _launch(rel, "stop").returncode == 0  # the documented stop: every supervisor of the root, both here
+    assert _survivors(_pids(rel) + [first, second]) == []

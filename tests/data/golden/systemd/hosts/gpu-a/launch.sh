@@ -8,8 +8,9 @@
 #   launch.sh stop    SIGTERM the supervisor and wait up to 50 s; exit 1 if it is still there.
 #                     Then what is left of the engine (found by its environment marker, below) gets SIGKILL, named
 #                     on stderr and in the log. Without DEPLOYCTL_LAUNCH_PORT it stops everything of this deploy
-#                     root: the serving supervisor, the standby asleep on the other port (shared/run/standby.json,
-#                     removed) and any engine process of the root left over; nothing runs after it
+#                     root: the serving supervisor, every other one (runtime.<port>.pid: the standby asleep on the
+#                     other port, its shared/run/standby.json removed) and any engine process of the root left over;
+#                     nothing runs after it
 #   launch.sh status  exit 0 while the supervisor runs
 #   launch.sh rotate-log  the log cap once (what run's keeper does every LOG_CHECK_S s; systemd: a timer)
 # Pidfile (supervisor): /opt/deployctl/chat-7b/shared/run/runtime.pid · runtime pid: /opt/deployctl/chat-7b/shared/run/runtime.child.pid · log: /opt/deployctl/chat-7b/shared/logs/runtime.log
@@ -85,11 +86,30 @@ supervisor_pid() {
   [ -n "$pid" ] && ours "$pid" "${RELEASE_DIR%/releases/*}" && echo "$pid"
 }
 
+# another live supervisor of this deploy root serving PORT (not this one, not $2): its pid. runtime.pid serves
+# 8080 (or, as a link, its target's port), runtime.<port>.pid that port.
+port_supervisor() {
+  local f p n
+  for f in "$RUN_DIR"/runtime.pid "$RUN_DIR"/runtime.[0-9]*.pid; do
+    [ -e "$f" ] || continue
+    n=$(basename "$(readlink "$f" 2>/dev/null || echo "$f")"); n=${n#runtime.}; n=${n%pid}; n=${n%.}
+    [ -n "$n" ] || n=8080
+    [ "$n" = "$1" ] || continue
+    p=$(supervisor_pid "$f") || continue
+    [ "$p" != "$$" ] && [ "$p" != "${2:-}" ] && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
 # end_leftovers PORT GRACE_S: the marked engine processes of PORT ("": of any port of this deploy root) get
 # SIGTERM, up to GRACE_S s (whole seconds) to exit, then SIGKILL; what needed the SIGKILL is named in the log and
-# on stderr. Returns 1 when something is still alive 5 s after the SIGKILL (a process stuck in the kernel).
+# on stderr. Not while another live supervisor serves PORT (they are its engine, not leftovers). Returns 1 when
+# something is still alive 5 s after the SIGKILL (a process stuck in the kernel).
 end_leftovers() {
-  local pids i msg
+  local pids i msg other
+  if [ -n "$1" ] && other=$(port_supervisor "$1" "${3:-}"); then
+    log "port $1 is served by supervisor pid $other: its engine is left alone"; return 0
+  fi
   pids=$(engine_pids "$INSTANCE_ROOT" "$1"); [ -n "$pids" ] || return 0
   kill -TERM $pids 2>/dev/null
   for ((i = 0; i < ${2%.*} * 10; i++)); do
@@ -114,7 +134,7 @@ stop_supervisor() {
     kill -TERM "$pid"
     for ((i = 0; i < (STOP_TIMEOUT_S + 5) * 10; i++)); do alive "$pid" || break; sleep 0.1; done
     if alive "$pid"; then echo "launch.sh: pid $pid still running after $((STOP_TIMEOUT_S + 5))s" >&2; return 1; fi
-    end_leftovers "$2" 1
+    end_leftovers "$2" 1 "$pid"
   else
     end_leftovers "$2" "$STOP_TIMEOUT_S"
   fi
@@ -229,12 +249,15 @@ case "${1:-run}" in
     rc=0
     stop_supervisor "$PID_FILE" "$INSTANCE_PORT" || rc=1
     if [ -z "${DEPLOYCTL_LAUNCH_PORT:-}" ]; then
-      # the standby: the previous release asleep on the other port (deployctl.rollout.standby)
+      # every other supervisor of this deploy root: the standby (the previous release asleep on the other port,
+      # deployctl.rollout.standby) and any started beside the service (runtime.<port>.pid)
+      for f in "$RUN_DIR"/runtime.[0-9]*.pid; do
+        [ -e "$f" ] || continue
+        n=${f##*/runtime.}; n=${n%.pid}
+        stop_supervisor "$f" "$n" || rc=1
+      done
       standby=$(sed -n 's/.*"port": *\([0-9][0-9]*\).*/\1/p' "$RUN_DIR/standby.json" 2>/dev/null)
-      if [ -n "$standby" ]; then
-        stop_supervisor "$RUN_DIR/runtime.$standby.pid" "$standby" || rc=1
-        rm -f "$RUN_DIR/standby.json"; log "stopped the standby on port $standby"
-      fi
+      if [ -n "$standby" ]; then rm -f "$RUN_DIR/standby.json"; log "stopped the standby on port $standby"; fi
       end_leftovers "" 1 || rc=1  # anything of this deploy root's engines, whatever its port
     fi
     exit $rc ;;
