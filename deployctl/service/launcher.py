@@ -236,7 +236,8 @@ finish() {{ tail -c +$((off + 1)) {log} 2>/dev/null | sed -n -e "s/.*killed left
 pid=$(cat "$pidf" 2>/dev/null)
 case "$pid" in ''|*[!0-9]*) pid="";; esac
 if [ -z "$pid" ] || ! kill -0 -- "-$pid" 2>/dev/null || ! group_ours "$pid" {root}; then
-  if [ -e "$pidf" ] || [ -L "$pidf" ]; then rm -f "$pidf"; fi
+  # a stale file (or a link to one) goes; a dangling runtime.pid link still names the active port (load_port)
+  if [ -f "$pidf" ]; then rm -f "$pidf"; fi
   if [ -n "$(engine_pids {root} {int(port)})" ]; then sweep; echo killed; else echo "not running"; fi; exit 0
 fi
 listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
