@@ -110,6 +110,9 @@ class EngineConfig(_Frozen):
         return v
 
 
+ENGINE_STALL_TIMEOUT_S = 120.0  # the bundled runtime's own default (--engine-stall-timeout-s) is the same
+
+
 class ServerConfig(_Frozen):
     bind: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
@@ -131,6 +134,10 @@ class ServerConfig(_Frozen):
     # The runtime's SSE comment interval while a stream waits (queue, long prefill); 0: off. Below
     # request_timeout_s, so below nginx's proxy_read_timeout (request_timeout_s + 30 s).
     sse_keepalive_s: float = Field(15, ge=0, le=MAX_SECONDS)
+    # The bundled runtime's progress watchdog: with requests open and no engine step completed for this long it
+    # answers 503 engine_stalled and exits 4 (its supervisor restarts it); the systemd unit's WatchdogSec= is this
+    # plus render.release.WATCHDOG_MARGIN_S (the runtime pings WATCHDOG=1 from its engine loop). 0: both off.
+    engine_stall_timeout_s: float = Field(ENGINE_STALL_TIMEOUT_S, ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _keepalive_below_timeout(self) -> "ServerConfig":

@@ -25,9 +25,10 @@ SETTINGS = ("model", "served_model_name", "host", "port", "dtype", "device", "ma
 DEFAULT_UNRENDERED = {"kv_cache_dtype": "auto", "enforce_eager": False}
 
 # Metric roles: ttft/tpot/itl/e2e/queue_time are histograms (seconds); kv_usage, waiting, running gauges
-# (kv_usage 0-1); preemptions, success, rejected counters.
+# (kv_usage 0-1); preemptions, success, rejected counters; generation_tokens a counter that grows while output
+# tokens come out (each step or streamed chunk, not only when a request ends: the engine-stall alert reads it).
 METRIC_ROLES = ("ttft", "tpot", "itl", "e2e", "queue_time", "kv_usage", "waiting", "running", "preemptions",
-                "success", "rejected")
+                "success", "rejected", "generation_tokens")
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,11 @@ LAUNCHER_NAMES = frozenset({
     "BACKOFF_S", "CHILD_PID_FILE", "CONFIG_ERROR_EXIT", "DEPLOYCTL_LAUNCH_PORT", "ENGINE_CMD", "GPU_WAIT_S",
     "LOG_BACKUPS", "LOG_CHECK_S", "LOG_FILE", "LOG_MAX_BYTES", "MAX_BACKOFF_S", "MAX_FAILURES", "PID_FILE",
     "RELEASE_DIR", "STABLE_AFTER_S", "STOP_TIMEOUT_S", "KillMode",
+    # the engine's marker (hostscripts/snippets.py SH_ENGINE_PIDS) and where launch.sh keeps it
+    "DEPLOYCTL_INSTANCE", "DEPLOYCTL_INSTANCE_PORT", "INSTANCE_PORT", "INSTANCE_ROOT", "RUN_DIR",
     "child", "d", "deadline", "delay", "failures", "i", "keeper", "killer", "m", "pgid", "pid", "rc", "s", "size",
-    "sleeper", "started", "stopping", "supervisor",
+    "sleeper", "started", "stopping", "supervisor", "left", "left_s", "msg", "n", "other", "p", "pids", "standby",
+    "stop_at",
     "IFS", "PATH", "HOME", "SHELL", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "OLDPWD", "PWD"})
 CACHE_SUBDIRS = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm",
                  "TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}

@@ -31,6 +31,7 @@ ADAPTER = Adapter(
         "preemptions": _P + "num_preemptions_total",
         "success": _P + "request_success_total",
         "rejected": _P + "request_rejected_total",
+        "generation_tokens": _P + "generation_tokens_total",  # server/generation.py: each chunk's new tokens
     }),
     ready_log="ready: serving model",
     drain="SIGTERM: /readyz answers 503 and new requests 503 while in-flight requests finish, up to "

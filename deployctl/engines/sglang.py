@@ -50,6 +50,11 @@ ADAPTER = Adapter(
         "preemptions": None,
         "success": None,
         "rejected": None,
+        # not sglang:generation_tokens_total: metrics/collector.py adds a request's tokens to it in
+        # observe_one_finished_request, when the request ends, so a long answer looks like no progress;
+        # observe_inter_token_latency adds each batch of new tokens to the histogram's buckets as they arrive, so
+        # its _count grows by every token after a request's first
+        "generation_tokens": "sglang:inter_token_latency_seconds_count",
     }),
     fixed_args=("--enable-metrics",),
     # observability/http_request_metrics.py: sglang:http_responses_total{endpoint=<path>, status_code="500", ...}

@@ -48,6 +48,7 @@ ADAPTER = Adapter(
         "preemptions": "vllm:num_preemptions_total",
         "success": "vllm:request_success_total",
         "rejected": None,
+        "generation_tokens": "vllm:generation_tokens_total",  # v1/metrics/loggers.py: each iteration's new tokens
     }),
     # v1/metrics/loggers.py: vllm:request_success counts every finished request by finished_reason;
     # v1/engine/__init__.py FinishReason.ERROR is "always converted to 500 Internal Server Error" (abort: the client)

@@ -86,7 +86,7 @@ def probe_fake_gpu(path: str) -> dict:
         for pid, a in sorted((data.get("allocations") or {}).items()):
             if _running(int(pid)):
                 procs.append({"pid": int(pid), "name": _proc_name(int(pid)), "cmdline": _proc_cmdline(int(pid)),
-                              "used_memory": int(a["bytes"]), "what": a.get("what")})
+                              "used_memory": int(a["bytes"]), "what": a.get("what"), **_proc_origin(int(pid))})
     except (OSError, ValueError, KeyError, TypeError) as exc:
         out["error"] = "%s=%s: %s" % (FAKE_GPU_ENV, path, exc)
         return out
@@ -173,7 +173,8 @@ def probe_nvidia(fake_gpu_memory: str = "") -> dict:
                 seen.add(p.pid)
                 used = getattr(p, "usedGpuMemory", None)
                 gpu["processes"].append({"pid": int(p.pid), "name": _proc_name(p.pid), "cmdline": _proc_cmdline(p.pid),
-                                         "used_memory": int(used) if isinstance(used, int) else None})
+                                         "used_memory": int(used) if isinstance(used, int) else None,
+                                         **_proc_origin(int(p.pid))})
             out["gpus"].append(gpu)
         out["available"] = True
     except Exception as exc:
@@ -287,6 +288,27 @@ def _proc_cmdline(pid: int) -> str:
         return ""
 
 
+def _proc_origin(pid: int) -> dict:
+    """Where a GPU process comes from: ``cwd`` (/proc/PID/cwd, "" when unreadable) and ``instance``: the marker
+    deployctl's launch.sh puts in an engine's environment (DEPLOYCTL_INSTANCE deploy root, DEPLOYCTL_INSTANCE_PORT),
+    as ``{"root", "port"}``, or None (no marker, or the environment is not readable: another user's process)."""
+    try:
+        cwd = os.readlink("/proc/%d/cwd" % pid)
+    except OSError:
+        cwd = ""
+    instance = None
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+        root = env.get(b"DEPLOYCTL_INSTANCE")
+        if root:
+            port = env.get(b"DEPLOYCTL_INSTANCE_PORT", b"")
+            instance = {"root": root.decode(errors="replace"), "port": int(port) if port.isdigit() else None}
+    except OSError:
+        pass
+    return {"cwd": cwd, "instance": instance}
+
+
 def _parse_addr(hex_addr: str) -> str:
     ip_hex, port_hex = hex_addr.split(":")
     raw = bytes.fromhex(ip_hex)
@@ -393,12 +415,29 @@ def _unit_pids(unit: str) -> list:
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and in_unit(e)]
 
 
+def _standby_pids(deploy_root: str) -> list:
+    """The sleeping standby's supervisor and descendants: the port in ``shared/run/standby.json``, the pid in
+    ``shared/run/runtime.<port>.pid`` (deployctl.rollout.standby); [] without one."""
+    run = os.path.join(deploy_root, "shared", "run")
+    try:
+        with open(os.path.join(run, "standby.json")) as f:
+            port = int(json.load(f)["port"])
+        with open(os.path.join(run, "runtime.%d.pid" % port)) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return sorted(set(_descendants(pid))) if _running(pid) else []
+
+
 def probe_service(deploy_root: str, unit: str = "") -> dict:
     """The running release's pid (``<deploy_root>/shared/run/runtime.pid``) and its descendants; with ``unit`` (a
-    systemd unit name) also every pid in that unit's cgroup."""
-    out = {"pid_file": None, "pid": None, "alive": False, "pids": _unit_pids(unit) if unit else []}
+    systemd unit name) also every pid in that unit's cgroup. ``standby_pids``: the sleeping standby's
+    (``_standby_pids``)."""
+    out = {"pid_file": None, "pid": None, "alive": False, "pids": _unit_pids(unit) if unit else [],
+           "standby_pids": []}
     if not deploy_root:
         return out
+    out["standby_pids"] = _standby_pids(deploy_root)
     pid_file = os.path.join(deploy_root, "shared", "run", "runtime.pid")
     out["pid_file"] = pid_file
     try:

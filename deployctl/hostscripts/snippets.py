@@ -71,6 +71,27 @@ done; return 1; }
 group_ours() { local p; ours "$1" "$2" && return 0
   for p in $(pgrep -g "$1" 2>/dev/null); do ours "$p" "$2" && return 0; done; return 1; }"""
 
+# The marker launch.sh puts in the environment of the engine it starts (and so of every process the engine starts,
+# whatever its process group or session: a worker that calls setsid keeps it): ``DEPLOYCTL_INSTANCE=<deploy_root>``
+# (as deploy.yaml gives it) and ``DEPLOYCTL_INSTANCE_PORT=<the port that supervisor serves on>``. The supervisor
+# itself and its helpers do not carry it (they are found by their pidfile and SH_OURS).
+INSTANCE_ENV, INSTANCE_PORT_ENV = "DEPLOYCTL_INSTANCE", "DEPLOYCTL_INSTANCE_PORT"
+
+# Shell functions (after SH_ALIVE): ``engine_pids ROOT [PORT]`` prints the live pids whose environment at exec
+# (/proc/PID/environ: readable for the processes of the same user) has DEPLOYCTL_INSTANCE=ROOT and, with PORT,
+# DEPLOYCTL_INSTANCE_PORT=PORT: the engine processes of that deploy root (and port) that are left when their
+# supervisor or main process is gone. Exact whole-entry matches (grep -z -x -F): ``/a/b`` never matches the replica
+# root ``/a/b/r1``. The caller ($$) is never listed. ``describe_pids PID...``: "PID (comm), PID (comm)" for those
+# still there.
+SH_ENGINE_PIDS = r"""engine_pids() { local f p files
+  files=$(grep -lzsxF -e "DEPLOYCTL_INSTANCE=$1" /proc/[0-9]*/environ 2>/dev/null); [ -n "$files" ] || return 0
+  if [ -n "${2:-}" ]; then
+    files=$(grep -lzsxF -e "DEPLOYCTL_INSTANCE_PORT=$2" $files 2>/dev/null); [ -n "$files" ] || return 0
+  fi
+  for f in $files; do p=${f#/proc/}; p=${p%/environ}; [ "$p" != "$$" ] && alive "$p" && echo "$p"; done; return 0; }
+describe_pids() { local p c s=""; for p; do c=$(cat "/proc/$p/comm" 2>/dev/null) || continue
+  printf '%s%s (%s)' "$s" "$p" "$c"; s=", "; done; }"""
+
 # Is the pidfile's process alive?
 PROCESS_ALIVE = r"""
 import json, os, sys

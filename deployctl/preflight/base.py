@@ -30,3 +30,8 @@ def gpu_of(facts: dict, host, index: Optional[int] = None) -> Optional[dict]:
 def service_pids(facts: dict) -> set:
     """Pids of this service's running release (the probe's ``service`` section)."""
     return set((facts.get("service") or {}).get("pids") or [])
+
+
+def standby_pids(facts: dict) -> set:
+    """Pids of this service's sleeping standby (the probe's ``service.standby_pids``; empty in older facts)."""
+    return set((facts.get("service") or {}).get("standby_pids") or [])

@@ -16,6 +16,7 @@ from deployctl.preflight.base import Check, service_pids as _service_pids
 from deployctl.preflight.capacity import check_capacity, check_gpu_ids, check_gpu_memory, plan_from_facts
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.preflight.gpuhealth import check_gpu_health
+from deployctl.preflight.gpuprocs import check_gpu_processes
 from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
 from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
@@ -243,7 +244,7 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "gpu_processes", "capacity", "port", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu",  # hosts with spare_port only
                     "login_shell")  # SSH hosts only
@@ -268,6 +269,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         *([check_gpu_ids(cfg, host)] if cfg.engine.device == "cuda" else []),
         check_gpu_health(cfg, host, facts),
         check_gpu_memory(cfg, host, facts, sized),
+        check_gpu_processes(cfg, host, facts),
         capacity,
         check_port(cfg, host, facts),
         check_disk(cfg, host, facts),

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from deployctl import settings
 from deployctl.config import layout
+from deployctl.config.models import ENGINE_STALL_TIMEOUT_S
 from deployctl.errors import ConfigError
-from deployctl.hostscripts.snippets import SH_ALIVE, SH_OURS
+from deployctl.hostscripts.snippets import SH_ALIVE, SH_ENGINE_PIDS, SH_OURS
 from deployctl.engines.keepalive import keepalive
 
 if TYPE_CHECKING:  # pydantic models are imported lazily by callers
@@ -36,6 +37,9 @@ START_LIMIT_INTERVAL_S = 600
 CONFIG_ERROR_EXIT = 2
 GPU_WAIT_S = 120  # bounded wait for the GPU before start (cuda only)
 STOP_MARGIN_S = 15  # TimeoutStopSec = engines.command.stop_wait_s (drain + the engine's exit) + this
+# systemd WatchdogSec = server.engine_stall_timeout_s + this: the runtime's own watchdog (503 engine_stalled to the
+# open requests, exit 4, restarted) acts first; systemd's SIGABRT catches an engine loop wedged where that cannot
+WATCHDOG_MARGIN_S = 30
 READ_TIMEOUT_MARGIN_S = 30  # nginx proxy_read_timeout = request_timeout_s + this
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:,=-]+$")  # interpolated unquoted into systemd and sh
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._~+/=:,-]+$")
@@ -150,6 +154,9 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
     for key in ("max_prompt_tokens", "max_completion_tokens"):  # only when set: older runtime.yaml files stay as they were
         if getattr(cfg.server, key) is not None:
             args[key] = getattr(cfg.server, key)
+    # only when it differs from the runtime's own default (the same 120 s): runtime.yaml files stay as they were
+    if cfg.server.engine_stall_timeout_s != ENGINE_STALL_TIMEOUT_S:
+        args["engine_stall_timeout_s"] = cfg.server.engine_stall_timeout_s
     if e.num_gpu_blocks_override is not None:
         args["num_gpu_blocks_override"] = e.num_gpu_blocks_override
     if e.kv_cache_memory is not None:
@@ -160,6 +167,20 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
             raise ConfigError(f"runtime argument {key!r} is not a serve flag name", fix="use lower_snake_case names")
         args[key] = value
     return args
+
+
+def watchdog_sec(cfg: DeployConfig) -> int:
+    """The systemd unit's WatchdogSec= in whole seconds: ceil(server.engine_stall_timeout_s) + WATCHDOG_MARGIN_S for
+    the bundled runtime (the only engine that sends WATCHDOG=1, from its engine loop); 0 (no watchdog, Type=exec)
+    for the other engines or a stall timeout of 0. A unit with a watchdog is Type=notify with NotifyAccess=main: its
+    start completes at the runtime's READY=1, so the model load is bounded by TimeoutStartSec, never by the
+    watchdog."""
+    from deployctl.engines import adapter
+
+    stall = cfg.server.engine_stall_timeout_s
+    if stall <= 0 or adapter(cfg.engine.kind).kind != "deployctl-runtime":
+        return 0
+    return math.ceil(stall) + WATCHDOG_MARGIN_S
 
 
 def _check_api_key(api_key: str | None) -> None:
@@ -202,8 +223,9 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
         "gpu_wait_s": GPU_WAIT_S, "config_error_exit": CONFIG_ERROR_EXIT,
         "timeout_start_s": math.ceil(cfg.server.startup_timeout_s) + (GPU_WAIT_S if is_cuda else 0),
         "timeout_stop_s": stop_wait_s(cfg) + STOP_MARGIN_S,
-        "port": layout.configured_port(cfg, host), "sh_alive": SH_ALIVE, "sh_ours": SH_OURS, "logs": cfg.logs,
-        "log_cap_units": layout.log_cap_units(cfg, host),
+        "port": layout.configured_port(cfg, host), "sh_alive": SH_ALIVE, "sh_ours": SH_OURS,
+        "sh_engine_pids": SH_ENGINE_PIDS, "logs": cfg.logs,
+        "log_cap_units": layout.log_cap_units(cfg, host), "watchdog_sec": watchdog_sec(cfg),
     } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
                        port=layout.configured_port(cfg, host), api_key=api_key, standby=standby)
 

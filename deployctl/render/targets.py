@@ -93,6 +93,11 @@ def _error_terms(a, job: str) -> dict | None:
     return {"failed": failed, "all": everything}
 
 
+# DeployctlEngineStalled: requests running or waiting through this whole window and no token generated in it
+# (runbooks/engine-stalled.yaml); a Prometheus duration
+STALL_WINDOW = "2m"
+
+
 def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
     """Prometheus alert rules from deploy.yaml ``slo:`` (prometheus/alerts.rules.yaml). ``per_host``: the rules
     that name deploy.yaml's hosts by the ``deployctl_host`` label of prometheus/scrape.yaml (a host's target gone,
@@ -108,7 +113,8 @@ def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
            "length_reasons": LENGTH_REASONS, "client_reasons": CLIENT_REASONS, "tls": None,
            "hosts": [h.name for h in cfg.hosts] if per_host else [], "node_job": cfg.slo.prometheus_node_job,
            "pseudo_fs": PSEUDO_FILESYSTEMS, "disk_fail": DISK_FAIL_BYTES, "disk_warn": DISK_WARN_BYTES,
-           "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES)}
+           "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES),
+           "stall_window": STALL_WINDOW}
     ctx["errors"] = _error_terms(a, ctx["job"])
     from deployctl.render.watch import alert_context
 

@@ -4,7 +4,9 @@
 shared/run/runtime.pid, log shared/logs/runtime.log, restart on failure with backoff) run as ``launch.sh start``
 (it detaches itself with setsid, stdin /dev/null, output to the log) with PYTHONPATH removed so the installed wheel
 is what runs. Stop: SIGTERM to the supervisor (it forwards one SIGTERM to the runtime, which drains), wait up to
-the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group.
+the drain timeout + 5 s for the whole process group to exit, then SIGKILL the group and the engine's processes
+outside it (launch.sh marks them by their environment: hostscripts.snippets SH_ENGINE_PIDS); ``StopResult`` says
+what had to be killed.
 ``launcher: systemd``: the release's unit installed under /etc/systemd/system and ``sudo -n systemctl``
 (``reset-failed`` before every start, so a unit left failed by a crash loop or a configuration error starts again).
 """
@@ -14,7 +16,7 @@ import posixpath
 import shlex
 from typing import Optional
 
-from deployctl.hostscripts.snippets import SH_ALIVE, SH_OURS
+from deployctl.hostscripts.snippets import SH_ALIVE, SH_ENGINE_PIDS, SH_OURS
 from deployctl.config import DeployConfig, layout
 from deployctl.config.layout import (child_pid_file, configured_port, current_link, log_file, pid_file, runtime_address,
                                      service_port, shared_dir, spare_pid_file)
@@ -69,7 +71,11 @@ def start(host, cfg: DeployConfig, *, port: Optional[int] = None) -> int:
         host.sudo(["systemctl", "enable", "--now", logs[1]], check=False)
         # a unit left failed (start limit hit, RestartPreventExitStatus) refuses or miscounts the next start
         host.sudo(["systemctl", "reset-failed", unit], check=False)
-        host.sudo(["systemctl", "restart", unit], timeout=120)
+        # a Type=notify unit (the bundled runtime with its watchdog) is started only at READY=1, after the model
+        # load: queue the restart and leave the wait to the readiness check (service.verify), as for Type=exec
+        from deployctl.render.release import watchdog_sec
+
+        host.sudo(["systemctl", "restart", *(["--no-block"] if watchdog_sec(cfg) else []), unit], timeout=120)
         return offset
     q = shlex.quote
     log = q(log_file(h))
@@ -161,53 +167,106 @@ def adopt(host, cfg: DeployConfig, port: int) -> None:
     h._active_port = port
 
 
+class StopResult(str):
+    """What ``stop`` did, as the string existing callers compare: "stopped", "killed" or "not running".
+
+    ``drained``: the runtime's main process ended within the drain bound (False: it was wedged and got SIGKILL; the
+    caller may want to say so: its in-flight requests were cut). ``killed``: the processes that got SIGKILL after the drain bound or
+    were found outside the supervisor's process group afterwards (a worker in a session of its own, the orphans of
+    a killed supervisor), each "PID (name)"; they make the value "killed" too. ``detail``: one line for a person."""
+
+    drained: bool
+    killed: tuple[str, ...]
+
+    def __new__(cls, value: str, *, drained: bool = True, killed: tuple[str, ...] = ()) -> "StopResult":
+        obj = super().__new__(cls, value)
+        obj.drained, obj.killed = drained, tuple(killed)
+        return obj
+
+    @property
+    def detail(self) -> str:
+        if self == "not running":
+            return "not running"
+        why = "drained" if self.drained else "did not drain within the drain bound: SIGKILL"
+        return f"{self} ({why})" + (f"; killed {', '.join(self.killed)}" if self.killed else "")
+
+
 def stop(host, cfg: DeployConfig, *, timeout: float | None = None, port: Optional[int] = None,
-         beside: bool = False) -> str:
+         beside: bool = False) -> StopResult:
     """Stop the runtime: SIGTERM to the supervisor (the runtime drains: /readyz 503, in-flight requests finish),
     then wait for the process group to exit, up to engines.command.stop_wait_s (server.drain_timeout_s + the
     engine's exit after its drain) + 5 s unless ``timeout``, then
     SIGKILL. Once the runtime's port stops accepting connections the drain is over (the listener closes after the
-    last request) and what is left of the process group is killed rather than waited for.
+    last request) and what is left of the process group is killed rather than waited for. Then the engine's
+    processes outside the group (marked by launch.sh: hostscripts.snippets SH_ENGINE_PIDS, deploy root and
+    ``port``) get SIGKILL too, also when the pidfile names no live group (a supervisor killed with its group
+    leader gone, a worker that called setsid).
     ``port``: the port that runtime listens on (default: the one it serves on); ``beside``: the supervisor
     started on ``port`` beside the service (``start``'s ``port``) rather than the service's own.
-    Returns "stopped", "killed" or "not running". Raises RemoteError."""
+    Returns a StopResult: "stopped", "killed" (the drain bound passed, or leftovers outside the group were
+    killed; ``.killed`` names them, ``.drained`` says which) or "not running". Raises RemoteError."""
     h = host.config
     from deployctl.engines.command import stop_wait_s
 
     wait = stop_wait_s(cfg) + 5 if timeout is None else timeout
     if h.launcher == "systemd":
         host.sudo(["systemctl", "stop", _unit(cfg, host.config)], timeout=wait + 30)
-        return "stopped"
+        return StopResult("stopped")
     pidf = shlex.quote(spare_pid_file(h, port) if beside and port else pid_file(h))
+    childf = shlex.quote(spare_pid_file(h, port, True) if beside and port else child_pid_file(h))
     ticks = max(1, int(wait * 10))
     port = port or service_port(cfg, h)
     addr = runtime_address(cfg)
+    root = shlex.quote(h.deploy_root)
+    log = shlex.quote(log_file(h))
     script = f"""
 {SH_ALIVE}
 {SH_OURS}
+{SH_ENGINE_PIDS}
 pidf={pidf}
-[ -f "$pidf" ] || {{ echo "not running"; exit 0; }}
-pid=$(cat "$pidf")
-case "$pid" in ''|*[!0-9]*) rm -f "$pidf"; echo "not running"; exit 0;; esac
+off=$(stat -c %s {log} 2>/dev/null || echo 0)
+# the engine's processes outside the group (a worker in a session of its own, a killed supervisor's orphans)
+sweep() {{ local left; left=$(engine_pids {root} {int(port)}); [ -n "$left" ] || return 0
+  echo "killed: $(describe_pids $left)"; kill -KILL $left 2>/dev/null; sleep 0.1; }}
+# what the supervisor itself killed during this stop (launch.sh logs it), then the verdict
+finish() {{ tail -c +$((off + 1)) {log} 2>/dev/null | sed -n -e "s/.*killed leftovers of the engine[^:]*: /killed: /p" \
+    -e "s/.*SIGKILL to the engine's leftovers: /killed: /p" -e "s/.*runtime pid .* still running after .*: SIGKILL$/wedged/p"
+  echo "$1"; exit 0; }}
 # a group none of whose processes is this deploy root's: the pidfile is stale and its number another's now
-if ! kill -0 -- "-$pid" 2>/dev/null || ! group_ours "$pid" {shlex.quote(h.deploy_root)}; then
-  rm -f "$pidf"; echo "not running"; exit 0
+pid=$(cat "$pidf" 2>/dev/null)
+case "$pid" in ''|*[!0-9]*) pid="";; esac
+if [ -z "$pid" ] || ! kill -0 -- "-$pid" 2>/dev/null || ! group_ours "$pid" {root}; then
+  # a stale file (or a link to one) goes; a dangling runtime.pid link still names the active port (load_port)
+  if [ -f "$pidf" ]; then rm -f "$pidf"; fi
+  if [ -n "$(engine_pids {root} {int(port)})" ]; then sweep; echo killed; else echo "not running"; fi; exit 0
 fi
 listening() {{ (exec 3<>/dev/tcp/{addr}/{port}) 2>/dev/null; }}
 was=0; listening && was=1
 # the supervisor forwards one SIGTERM to the runtime; a runtime left without it (supervisor killed) gets it directly
-kill -TERM "$pid" 2>/dev/null || kill -TERM -- "-$pid" 2>/dev/null
+# (a dead supervisor may still be a zombie, which kill -0 and kill accept: ask alive)
+{{ alive "$pid" && kill -TERM "$pid" 2>/dev/null; }} || kill -TERM -- "-$pid" 2>/dev/null
 i=0; closed=0
 while kill -0 -- "-$pid" 2>/dev/null; do
   sleep 0.1; i=$((i+1))
   if [ $was = 1 ] && ! listening; then closed=$((closed+1)); else closed=0; fi
-  if [ $closed -ge 3 ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.1; rm -f "$pidf"; echo stopped; exit 0; fi
-  if [ $i -ge {ticks} ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.2; rm -f "$pidf"; echo killed; exit 0; fi
+  if [ $closed -ge 3 ]; then kill -KILL -- "-$pid" 2>/dev/null; sleep 0.1; rm -f "$pidf"; sweep; finish stopped; fi
+  if [ $i -ge {ticks} ]; then
+    left=$( (pgrep -g "$pid"; engine_pids {root} {int(port)}) | sort -un)
+    echo "killed: $(describe_pids $left)"
+    main=$(cat {childf} 2>/dev/null); [ -n "$main" ] && alive "$main" && echo wedged  # the runtime itself did not end
+    kill -KILL -- "-$pid" 2>/dev/null; sleep 0.2; rm -f "$pidf"; sweep; finish killed
+  fi
 done
-rm -f "$pidf"; echo stopped
+rm -f "$pidf"; sweep; finish stopped
 """
     r = host.run(["bash", "-c", script], timeout=wait + 30)  # bash: /dev/tcp
-    return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "stopped"
+    lines = r.stdout.strip().splitlines()
+    killed = tuple(n.strip() for line in lines if line.startswith("killed: ")
+                   for n in line[len("killed: "):].split(", ") if n.strip())
+    value = lines[-1] if lines else "stopped"
+    if killed and value == "stopped":
+        value = "killed"
+    return StopResult(value, drained="wedged" not in lines, killed=tuple(dict.fromkeys(killed)))
 
 
 def kill_pid(host, pid: int, *, timeout: float = 30) -> str:
@@ -247,7 +306,12 @@ def is_running(host, cfg: DeployConfig) -> bool:
     """Whether the runtime's process group (or systemd unit) is alive."""
     h = host.config
     if h.launcher == "systemd":
-        return host.sudo(["systemctl", "is-active", "--quiet", _unit(cfg, host.config)], check=False).exit_code == 0
+        # active, or still starting (a Type=notify unit is "activating" until the runtime's READY=1); not the
+        # "activating (auto-restart)" pause between two runs of a crash loop
+        r = host.sudo(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", _unit(cfg, host.config)], check=False)
+        state = dict(line.partition("=")[::2] for line in (r.stdout or "").splitlines())
+        return state.get("ActiveState") in ("active", "reloading") or (
+            state.get("ActiveState") == "activating" and state.get("SubState", "").startswith("start"))
     pidf = shlex.quote(pid_file(h))
     r = host.run(f'{SH_ALIVE}; {SH_OURS}; [ -f {pidf} ] && p=$(cat {pidf}) && [ -n "$p" ] && '
                  f'kill -0 -- "-$p" 2>/dev/null && group_ours "$p" {shlex.quote(h.deploy_root)}',

@@ -154,12 +154,13 @@ def test_rendered_commands_parse_with_every_value(tmp_path, kind):
 
 
 def _metric_names_in_source(package: str) -> set[str]:
-    """Every ``"<package>:name"`` string in the installed package's Python source (counters also as name_total)."""
+    """Every ``"<package>:name"`` string in the installed package's Python source (counters also as name_total,
+    histograms also as name_count)."""
     names: set[str] = set()
     for path in (SITE / package).rglob("*.py"):
         for m in re.finditer(rf'"({package}:[a-z0-9_]+)"', path.read_text(errors="replace")):
             names.add(m.group(1))
-    return names | {n + "_total" for n in names}
+    return names | {n + "_total" for n in names} | {n + "_count" for n in names}
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])

@@ -225,7 +225,7 @@ def test_cli_table_and_summary_line():
         _print_report(rep)
     text = cap.get()
     assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
-    assert "preflight FAILED on gpu-a: 1 host(s), 10 pass, 0 warn, 1 fail" in text
+    assert "preflight FAILED on gpu-a: 1 host(s), 10 pass, 1 warn, 1 fail" in text  # gpu_processes names the sharers
 
 
 def test_port_check_uses_the_hosts_own_server_port():

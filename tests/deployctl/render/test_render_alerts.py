@@ -33,7 +33,7 @@ def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
     rules_path = tmp_path / "alerts.rules.yaml"
     rules_path.write_text(rendered.content)
     checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 19 rules found" in checked.output, checked.output
+    assert checked.ok and "SUCCESS: 20 rules found" in checked.output, checked.output
     rules = yaml.safe_load(rendered.content)
     m = "deployctl_runtime_"
     tests = [

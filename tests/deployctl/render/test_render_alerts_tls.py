@@ -31,7 +31,7 @@ def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
     rules_path = tmp_path / "alerts.rules.yaml"
     rules_path.write_text(rendered.content)
     checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 22 rules found" in checked.output, checked.output
+    assert checked.ok and "SUCCESS: 23 rules found" in checked.output, checked.output
     rules = yaml.safe_load(rendered.content)
     ours_20d, ours_3d = "https://llm.example.com:443", "https://llm.example.com/v1/models"
     tests = [
