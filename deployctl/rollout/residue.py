@@ -48,10 +48,10 @@ class Residue:
                 **({"engine_resident_bytes": self.reported} if self.reported is not None else {})}
 
     def text(self) -> str:
-        """``GPU 0 1.0 GiB (stand-in GPU ledger)`` or ``unknown``."""
+        """``GPU 0: 1.0 GiB (stand-in GPU ledger)`` or ``unknown``."""
         if not self.bytes:
             return "unknown"
-        return ", ".join(f"GPU {g} {format_bytes(b)}" for g, b in sorted(self.bytes.items())) + f" ({self.how})"
+        return ", ".join(f"GPU {g}: {format_bytes(b)}" for g, b in sorted(self.bytes.items())) + f" ({self.how})"
 
 
 def reported_bytes(body: Optional[dict]) -> Optional[dict]:

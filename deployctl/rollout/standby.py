@@ -228,7 +228,7 @@ def _keep(host, cfg: DeployConfig, was: str, port: int, res, say) -> None:
     now = time.time()
     _write(host, Standby(was, port, now, now + cfg.rollout.standby_s, res.to_json() if res.known else None))
     if say:
-        say("host", f"{host.name}: {was} asleep on port {port}, GPU residue {res.text()}", host=host.name,
+        say("host", f"{host.name}: {was} asleep on port {port}, measured GPU residue {res.text()}", host=host.name,
             residue=res.to_json())
 
 

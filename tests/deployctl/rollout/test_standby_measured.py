@@ -123,3 +123,85 @@ def test_a_release_that_does_not_fit_beside_the_measured_residue_drops_the_stand
     assert "sleeps before" not in r.stderr, r.stderr
     for n in env.names:
         assert env.current(n) == v2 and _serving_pid(env, n) == pids[n] and served(hosts[n]["spare_port"]) == v2
+
+
+def _stream(port: int, out: dict, max_tokens: int = 230) -> None:
+    """One long streamed completion straight to the runtime on ``port`` (as a client whose request started before
+    the host left nginx): ``out`` gets status, chunks, finish (the last finish_reason), end (Unix s) or error."""
+    body = {"model": "tiny-chat", "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    try:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=180) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    out["chunks"] = out.get("chunks", 0) + 1
+                    choice = (json.loads(line[6:]).get("choices") or [{}])[0]
+                    out["finish"] = choice.get("finish_reason") or out.get("finish")
+    except httpx.HTTPError as e:
+        out["error"] = repr(e)
+    out["end"] = time.time()
+
+
+def _stream_when_switched(env, deploy, name: str, release_before: str, port: int) -> tuple[threading.Thread, dict]:
+    """Once the deploy switched ``current`` on ``name`` (the host is out of nginx, the new release starting beside
+    the old one), open a long stream to the old release on ``port``."""
+    end = time.monotonic() + 240
+    while env.current(name) == release_before:
+        assert deploy.poll() is None and time.monotonic() < end, deploy.communicate()
+        time.sleep(0.05)
+    out: dict = {}
+    t = threading.Thread(target=_stream, args=(port, out), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_the_old_release_sleeps_once_its_streams_end_or_says_why_there_is_no_standby(rollout_env, tmp_path):
+    env = rollout_env(2, steps=[100], pause_s=0,
+                      analysis={"interval_s": 2, "min_requests": 20, "outputs": {"enabled": False}})
+    a, b = env.names
+    hosts = {h["name"]: h for h in env.cfg["hosts"]}
+    for h in hosts.values():  # every engine step takes 80 ms: a 230-token stream runs for about 20 s
+        _fake_gpu(tmp_path, h, "token_delay_ms=80")
+        h["spare_port"] = free_port()
+    env.cfg["rollout"]["standby_drain_s"] = 120
+    env.write()
+    r = env.cli("deploy", "--yes")
+    assert r.returncode == 0, r.stderr
+    v1 = env.current(a)
+
+    # a stream on the canary's v1 when it leaves nginx: v1 sleeps once it ended (409s retried), the stream whole
+    deploy = env.popen("deploy", "--yes")
+    t, out = _stream_when_switched(env, deploy, a, v1, hosts[a]["server_port"])
+    _, err = deploy.communicate(timeout=480)
+    t.join(timeout=120)
+    print("deploy, drain 120 s:", err, out)
+    assert deploy.returncode == 0, err
+    v2 = env.current(a)
+    assert out.get("status") == 200 and "error" not in out and out.get("finish") == "length", out
+    rec = _json(_run(env, a) / "standby.json")
+    assert rec["release"] == v1 and rec["since"] >= out["end"] - 1, (rec, out)
+    assert rec["residue_bytes"] and rec["measured"]["how"] == "stand-in GPU ledger"
+    assert "no standby" not in err
+    st = {h["host"]: h for h in env.status()["hosts"]}
+    assert st[a]["standby"]["asleep"] and st[a]["standby"]["residue_bytes"] == rec["residue_bytes"]
+    assert "GPU residue 0:" in env.cli("status").stdout
+    assert _last(env)["standby"][a] == {"standby": True, "residue_bytes": rec["residue_bytes"]}
+
+    # a bound shorter than the stream: no standby, said in the output, status and history
+    env.cfg["rollout"]["standby_drain_s"] = 2
+    env.write()
+    deploy = env.popen("deploy", "--yes")
+    t, out = _stream_when_switched(env, deploy, a, v2, hosts[a]["spare_port"])
+    _, err = deploy.communicate(timeout=480)
+    t.join(timeout=120)
+    print("deploy, drain 2 s:", err, out)
+    assert deploy.returncode == 0, err
+    assert f"{a}: no standby: requests were still in flight" in err and "2 s after it left the router" in err, err
+    assert _json(_run(env, a) / "standby.json") is None
+    st = {h["host"]: h for h in env.status()["hosts"]}
+    assert st[a]["standby"] is None and "still in flight" in st[a]["no_standby"]["why"]
+    assert st[b]["standby"]["release"] == v2  # b had no stream: its v2 sleeps
+    rec = _last(env)
+    assert rec["standby"][a]["standby"] is False and "still in flight" in rec["standby"][a]["why"], rec
+    assert "no standby on " + a in rec["reason"]
