@@ -201,6 +201,8 @@ def test_where_two_copies_do_not_fit_the_rollback_stops_the_bad_release_before_t
     assert set(batches[0]["hosts"][a]) >= {"stop_s", "wake_s", "ready_s", "verify_s"}
     assert batches[1]["hosts"][b].get("cold_start") is True and set(doc["phases"]["wake_failed"]) == {b}
     assert "the wake failed, cold-started instead" in r.stderr and "fail_wake" in r.stderr
+    rec = [x for x in env.history() if x["action"] == "rollback"][-1]  # each host's path, in the history too
+    assert rec["paths"] == paths, rec
     for n in env.names:
         assert env.current(n) == v1 and _standby(env, n) is None
         assert peaks[n] <= one + one // 2, (n, peaks[n], one)

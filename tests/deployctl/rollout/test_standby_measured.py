@@ -205,3 +205,11 @@ def test_the_old_release_sleeps_once_its_streams_end_or_says_why_there_is_no_sta
     rec = _last(env)
     assert rec["standby"][a]["standby"] is False and "still in flight" in rec["standby"][a]["why"], rec
     assert "no standby on " + a in rec["reason"]
+
+    # the rollback's paths reach its history record: b wakes its standby, a (none kept) starts cold
+    r = env.cli("rollback", "--json")
+    assert r.returncode == 0, r.stderr
+    paths = json.loads(r.stdout)["phases"]["paths"]
+    rec = _last(env, "rollback")
+    assert rec["paths"] == paths and rec["paths"][b]["path"] == "wake", rec
+    assert rec["paths"][a] == {"path": "start", "why": "no standby on the host"}, rec
