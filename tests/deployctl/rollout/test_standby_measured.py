@@ -187,6 +187,10 @@ def test_the_old_release_sleeps_once_its_streams_end_or_says_why_there_is_no_sta
     assert st[a]["standby"]["asleep"] and st[a]["standby"]["residue_bytes"] == rec["residue_bytes"]
     assert "GPU residue 0:" in env.cli("status").stdout
     assert _last(env)["standby"][a] == {"standby": True, "residue_bytes": rec["residue_bytes"]}
+    # a stand-alone preflight: server_port is held by the host's own sleeping v1 (v2 serves on spare_port): ours
+    r = env.cli("preflight", "--json", "--host", a, "--skip-weights")
+    port = next(c for c in json.loads(r.stdout)["hosts"][0]["checks"] if c["name"] == "port")
+    assert port["status"] == "pass" and f"sleeping standby of {v1}" in port["message"], port
 
     # a bound shorter than the stream: no standby, said in the output, status and history
     env.cfg["rollout"]["standby_drain_s"] = 2
