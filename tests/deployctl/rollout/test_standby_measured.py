@@ -125,6 +125,14 @@ def test_a_release_that_does_not_fit_beside_the_measured_residue_drops_the_stand
         assert env.current(n) == v2 and _serving_pid(env, n) == pids[n] and served(hosts[n]["spare_port"]) == v2
 
 
+def _sleeping(port: int):
+    """The runtime on ``port``: True asleep, False awake, None nothing listens."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/is_sleeping", timeout=10).json()["is_sleeping"]
+    except httpx.TransportError:
+        return None
+
+
 def _stream(port: int, out: dict, max_tokens: int = 230) -> None:
     """One long streamed completion straight to the runtime on ``port`` (as a client whose request started before
     the host left nginx): ``out`` gets status, chunks, finish (the last finish_reason), end (Unix s) or error."""
@@ -209,6 +217,18 @@ def test_the_old_release_sleeps_once_its_streams_end_or_says_why_there_is_no_sta
     rec = _last(env)
     assert rec["standby"][a]["standby"] is False and "still in flight" in rec["standby"][a]["why"], rec
     assert "no standby on " + a in rec["reason"]
+
+    # a rollback whose nginx switch fails (nginx -t refuses the main conf): b's woken standby sleeps again, the
+    # bad release serves on
+    sb = _json(_run(env, b) / "standby.json")
+    good = env.nginx.conf_path.read_text()
+    env.nginx.conf_path.write_text(good + "\nnot_a_directive on;\n")
+    r = env.cli("rollback", "--json")
+    env.nginx.conf_path.write_text(good)
+    print("rollback, nginx broken:", r.stderr)
+    assert r.returncode != 0 and "sleeps again" in r.stderr, r.stderr
+    assert _sleeping(sb["port"]) is True and _json(_run(env, b) / "standby.json")["release"] == v2
+    assert env.current(b) != v2
 
     # the rollback's paths reach its history record: b wakes its standby, a (none kept) starts cold
     r = env.cli("rollback", "--json")
