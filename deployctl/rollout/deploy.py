@@ -307,14 +307,17 @@ class Deployment(WeightSteps):
         return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
 
     # ------------------------------------------------------------------------------------------ modes
-    def _activate(self, names: list[str], release_id: str) -> None:
+    def _activate(self, names: list[str], release_id: str, *, route_first: bool = False) -> None:
+        """Switch ``names`` to ``release_id``. ``route_first`` (in place: the one host is not drained): the router
+        moves to the new release once it is verified beside the old one, before the old one sleeps."""
         hosts = [self.fleet.hosts[n] for n in names]
         for n in names:
             self.say("host", f"{n}: switching to {release_id}, restarting, verifying", host=n)
+        ready = (lambda n: self._route(Split((n,), (), 0))) if route_first else None
 
         def act(h):  # the old release sleeps beside the new one when it can (deployctl.rollout.standby)
             return standby.activate(h, self.cfg, release_id, should_stop=self.check, on_switch=self.switched.add,
-                                    say=self.say)
+                                    say=self.say, on_ready=ready)
 
         ok, bad = self.fleet.on_hosts(hosts, act, deadline_s=hostops.activate_deadline_s(self.cfg),
                                    what=f"switching to {release_id}")
@@ -332,7 +335,8 @@ class Deployment(WeightSteps):
         names = plan.stable
         if plan.mode == "in-place":
             self.say("info", f"one host: no canary possible; verified in-place switch on {names[0]}")
-        self._step("activate", lambda: self._activate(names, plan.release.id), switch=names)
+        in_place = plan.mode == "in-place" and bool(self.cfg.router)  # the only host: moved before its old one sleeps
+        self._step("activate", lambda: self._activate(names, plan.release.id, route_first=in_place), switch=names)
         if self.cfg.router:
             self._step("route", lambda: self._route(Split(tuple(names), (), 0)))
         self._save(step_index=0, weight=100)

@@ -50,7 +50,7 @@ class Residue:
     def text(self) -> str:
         """``GPU 0: 1.0 GiB (stand-in GPU ledger)`` or ``unknown``."""
         if not self.bytes:
-            return "unknown"
+            return "unknown (the host's GPU memory per process could not be read: no GPU, or NVML without it)"
         return ", ".join(f"GPU {g}: {format_bytes(b)}" for g, b in sorted(self.bytes.items())) + f" ({self.how})"
 
 

@@ -161,7 +161,8 @@ def _own_pidfiles(host, port: int) -> None:
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
              on_switch: Optional[Callable[[str], None]] = None,
-             say: Optional[Callable[..., None]] = None) -> Verified:
+             say: Optional[Callable[..., None]] = None,
+             on_ready: Optional[Callable[[str], None]] = None) -> Verified:
     """Make ``release_id`` run on ``host`` for a deploy: a standby found there is stopped first (the release it
     kept is older than the one now serving); then, when ``keeps``, the new release starts beside the serving one
     and the old one goes to sleep (timings gain ``sleep_s``) — or, where two copies do not fit on the host's GPU
@@ -169,7 +170,10 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     (``_sleep_then_start``); else ``hostops.activate`` (stop, start). The sleep waits for the old release's
     in-flight requests (``_sleep_drained``); the sleeper's GPU residue is measured (rollout.residue) and recorded.
     A standby that could not be made is said through ``say`` (event data ``no_standby``: why) and noted on the
-    host (``read_none``), never silently turned into a stop. Raises RemoteError (4), HealthError (5), CheckFailed
+    host (``read_none``), never silently turned into a stop. ``on_ready(host name)``: called once the new release
+    is verified beside the old one, before the old one sleeps, with the host's active port already the new one —
+    a deploy whose old release is still in the router (in place, one host) moves the router there, so that the old
+    release's weight is 0 before it sleeps. Raises RemoteError (4), HealthError (5), CheckFailed
     (1: rollout.standby_misfit ``fail`` and the new release does not fit beside the sleeper)."""
     h = host.config
     old = read(host)
@@ -194,6 +198,8 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop, on_progress=progress)
     _own_pidfiles(host, old_port)
     timings = dict(v.timings)
+    if on_ready:
+        _route_first(host, cfg, was, old_port, new_port, on_ready)
     try:
         sleep_s, body = _sleep_drained(host, cfg, old_port)
     except DeployctlError as e:
@@ -204,6 +210,21 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
         _keep(host, cfg, was, old_port, _measure(host, old_port, body), say)
     launcher.adopt(host, cfg, new_port)
     return replace(v, timings=timings)
+
+
+def _route_first(host, cfg: DeployConfig, was: str, old_port: int, new_port: int,
+                 on_ready: Callable[[str], None]) -> None:
+    """Point the host's active port at the verified new release and let ``on_ready`` move the router there. When
+    that fails the new release is stopped and ``current`` put back: the old one serves as before; then raise."""
+    h = host.config
+    h._active_port = new_port
+    try:
+        on_ready(host.name)
+    except BaseException:
+        h._active_port = old_port
+        launcher.stop(host, cfg, port=new_port, beside=True)
+        release.switch_current(host, was)
+        raise
 
 
 def _no_standby(host, was: str, why: str, say, residue: Optional[dict] = None) -> None:

@@ -237,3 +237,31 @@ def test_the_old_release_sleeps_once_its_streams_end_or_says_why_there_is_no_sta
     rec = _last(env, "rollback")
     assert rec["paths"] == paths and rec["paths"][b]["path"] == "wake", rec
     assert rec["paths"][a] == {"path": "start", "why": "no standby on the host"}, rec
+
+
+def test_one_host_under_traffic_moves_nginx_to_the_new_release_before_the_old_one_sleeps(rollout_env):
+    """In place (one host, no canary): the new release starts beside the old one, nginx moves to it (the old
+    one's weight 0), then the old one sleeps once idle: no request reaches a sleeping runtime."""
+    from deployctl.demo.run import Traffic
+
+    env = rollout_env(1, steps=[100], pause_s=0)
+    [a] = env.names
+    env.cfg["hosts"][0]["spare_port"] = free_port()
+    env.write()
+    assert env.cli("deploy", "--yes").returncode == 0
+    v1 = env.current(a)
+    traffic = Traffic(env.url, "tiny-chat", workers=2, completion_workers=1).start()
+    try:
+        time.sleep(2)
+        r = env.cli("deploy", "--yes", timeout=480)
+    finally:
+        traffic.stop()
+    print("deploy in place:", r.stderr)
+    assert r.returncode == 0, r.stderr
+    v2 = env.current(a)
+    assert "no standby" not in r.stderr, r.stderr
+    assert _json(_run(env, a) / "standby.json")["release"] == v1
+    assert served(env.host(a)["spare_port"]) == v2 and _sleeping(env.host(a)["server_port"]) is True
+    ok, failed = traffic.snapshot()
+    print(f"traffic through nginx: {dict(ok)}, failed {dict(failed)}, retried {traffic.retried}")
+    assert not failed and ok[v1] > 0 and ok[v2] > 0
