@@ -251,7 +251,7 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "capacity", "port", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
-                    "standby_ram", "spare_port_gpu",  # hosts with spare_port only
+                    "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
                     "login_shell")  # SSH hosts only
 
 

@@ -94,7 +94,7 @@ def standby_facts(host) -> Optional[dict]:
         r = host.run(f"cat {shlex.quote(layout.standby_file(host.config))} 2>/dev/null || true", timeout=15)
         d = json.loads(r.stdout) if r.stdout.strip() else None
         if not isinstance(d, dict) or not d.get("port"):
-            return None
+            return _no_standby_facts(host)
         pidf = shlex.quote(layout.spare_pid_file(host.config, int(d["port"])))
         r = host.run(f'p=$(cat {pidf} 2>/dev/null) && [ -n "$p" ] && pgrep -g "$p" || true', timeout=15)
         pids = [int(x) for x in r.stdout.split() if x.isdigit()]
@@ -103,6 +103,21 @@ def standby_facts(host) -> Optional[dict]:
                 "measured": d.get("measured")}
     except (DeployctlError, ValueError, TypeError):
         return None
+
+
+def _no_standby_facts(host) -> Optional[dict]:
+    """Without a standby: the residue measured at the host's last sleep from its no-standby note
+    (layout.no_standby_file, written by deployctl.rollout.standby.note_none) as ``{"release", "port": None, "pids":
+    [], "residue_bytes", "measured", "no_standby": why}``, or None."""
+    import shlex
+
+    r = host.run(f"cat {shlex.quote(layout.no_standby_file(host.config))} 2>/dev/null || true", timeout=15)
+    note = json.loads(r.stdout) if r.stdout.strip() else None
+    rb = note.get("residue_bytes") if isinstance(note, dict) else None
+    if not isinstance(rb, dict) or not rb:
+        return None
+    return {"release": note.get("release"), "port": None, "pids": [], "residue_bytes": rb,
+            "measured": note.get("measured"), "no_standby": note.get("why")}
 
 
 def _verify(host, cfg: DeployConfig, total: int, advance: Callable[[int], None]) -> dict:

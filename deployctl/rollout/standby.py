@@ -89,7 +89,7 @@ def _clear(host) -> None:
 
 def _none_file(h) -> str:
     """Why the last deploy on the host made no standby: shared/run/no-standby.json."""
-    return layout.shared_dir(h, "run", "no-standby.json")
+    return layout.no_standby_file(h)
 
 
 def note_none(host, release_id: str, why: str, residue: Optional[dict] = None) -> None:

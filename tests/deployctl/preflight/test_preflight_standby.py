@@ -154,3 +154,21 @@ def test_a_residue_measured_on_the_host_replaces_the_adapters_estimate_in_the_pl
     assert sized.standby_residue_bytes == 3 * GiB
     assert none.plan.kv_budget_bytes - sized.plan.kv_budget_bytes == 3 * GiB
     assert any("measured on gpu-a after the last sleep (nvml)" in n for n in sized.notes), sized.notes
+
+
+def test_a_residue_measured_at_the_last_sleep_that_leaves_no_room_warns_or_fails_per_standby_misfit():
+    f = copy.deepcopy(facts())
+    gpu = f["nvidia"]["gpus"][0]
+    gpu.update(memory_total=80 * GiB, memory_used=76 * GiB, memory_free=4 * GiB,
+               processes=[{"pid": 500, "used_memory": 72 * GiB}, {"pid": 700, "used_memory": 2 * GiB}])
+    # the standby the deploy stops first (pid 700, 2 GiB) counts as free: 6 GiB of room, a 9 GiB residue
+    f["standby"] = {"release": "r1", "port": 8081, "pids": [700], "residue_bytes": {"0": 9 * GiB},
+                    "measured": {"how": "nvml"}}
+    c = checks(config(), f)["standby_fit"]
+    assert c.status == "warn" and "9.0 GiB, is more than the 6.0 GiB free" in c.message and "drops the standby" in c.message
+    c = checks(config(rollout="rollout: {standby_misfit: fail}"), f)["standby_fit"]
+    assert c.status == "fail" and "stops there" in c.message and "standby_misfit: drop" in c.fix
+    f["standby"]["residue_bytes"] = {"0": 5 * GiB}
+    assert checks(config(rollout="rollout: {standby_misfit: fail}"), f)["standby_fit"].status == "pass"
+    f["standby"] = None  # nothing measured: no check (the capacity plan uses the adapter's estimate)
+    assert "standby_fit" not in checks(config(), f)

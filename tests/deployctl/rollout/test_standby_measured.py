@@ -123,6 +123,10 @@ def test_a_release_that_does_not_fit_beside_the_measured_residue_drops_the_stand
     assert "sleeps before" not in r.stderr, r.stderr
     for n in env.names:
         assert env.current(n) == v2 and _serving_pid(env, n) == pids[n] and served(hosts[n]["spare_port"]) == v2
+    # and a stand-alone preflight says so before any deploy: standby_fit fails with both numbers
+    r = env.cli("preflight", "--json", "--host", a, "--skip-weights")
+    fit = next(c for c in json.loads(r.stdout)["hosts"][0]["checks"] if c["name"] == "standby_fit")
+    assert r.returncode != 0 and fit["status"] == "fail" and "measured at the last sleep" in fit["message"], fit
 
 
 def _sleeping(port: int):
