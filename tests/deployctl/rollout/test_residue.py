@@ -110,3 +110,22 @@ def test_a_residue_recorded_at_the_last_sleep_predicts_the_misfit_before_anythin
     assert residue.predicted_misfit(None, 1) is None and residue.predicted_misfit({"0": 1}, None) is None
     assert residue.reported_bytes({"resident_bytes": {"0": 5, 1: "6"}}) == {"0": 5, "1": 6}
     assert residue.reported_bytes({"resident_bytes": [1]}) is None and residue.reported_bytes(None) is None
+
+
+def test_the_misfit_and_drain_settings_default_to_drop_and_the_servers_drain_and_refuse_other_values():
+    from deployctl.errors import ConfigError
+    from deployctl.rollout.standby import drain_bound_s
+
+    base = """
+service: {name: chat}
+model: {path: /models/m}
+server: {port: 8080, drain_timeout_s: 7}
+hosts: [{name: a, address: 10.0.0.1, deploy_root: /opt/d, python: /usr/bin/python3, spare_port: 8081}]
+"""
+    cfg = parse_config(base)
+    assert cfg.rollout.standby_misfit == "drop" and drain_bound_s(cfg) == 7
+    cfg = parse_config(base + "rollout: {standby_misfit: fail, standby_drain_s: 10m}\n")
+    assert cfg.rollout.standby_misfit == "fail" and drain_bound_s(cfg) == 600
+    with pytest.raises((ConfigError, ValueError)) as e:
+        parse_config(base + "rollout: {standby_misfit: keep}\n")
+    assert "standby_misfit" in str(e.value)
