@@ -78,6 +78,8 @@ def test_standby_sleeps_on_deploy_wakes_on_abort_and_rollback_without_losing_a_r
         assert env.current(a) == v1 and _served(port[a]) == v1 and _sleeping(port[a]) is False
         assert _served(spare[a]) is None and _standby(env, a) is None
         assert f":{port[a]}" in env.upstream_conf()
+        aborted = [x for x in env.history() if x["action"] == "deploy" and x["result"] == "aborted"][-1]
+        assert aborted["paths"][a]["path"] == "wake", aborted  # the abort's path per host, in the history
 
         # deploy v3 and promote: every host serves v3 on its second port, v1 asleep on the first
         deploy, v3 = _to_canary(env, v2)
