@@ -232,7 +232,10 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         engine = " ".join(x for x in (h.get("engine"), h.get("engine_version")) if x) or "-"
         sb = h.get("standby")
         sbt = "-" if not sb else (f"{sb['release']} :{sb['port']} until {sb['expires']}"
-                                  + (" EXPIRED" if sb["expired"] else "") + ("" if sb["asleep"] else " (not asleep)"))
+                                  + (" EXPIRED" if sb["expired"] else "") + ("" if sb["asleep"] else " (not asleep)")
+                                  + _residue_text(sb))
+        if not sb and h.get("no_standby"):
+            sbt = f"no standby: {h['no_standby']['why']}"
         table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
                       h.get("detail", ""))
     out_console.print(table)
@@ -255,6 +258,17 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     for d in doc.get("differences", []):
         out_console.print(f"{'differs (the rollout in progress)' if live else 'inconsistent'}: {d}", markup=False)
     _status_check(doc, check)
+
+
+def _residue_text(sb: dict) -> str:
+    """', GPU residue 0: 1.0 GiB (nvml)' from a standby's measured residue, '' when none was measured."""
+    from deployctl.config.units import format_bytes
+
+    rb = sb.get("residue_bytes")
+    if not rb:
+        return ""
+    how = (sb.get("measured") or {}).get("how") or "measured"
+    return ", GPU residue " + ", ".join(f"{g}: {format_bytes(int(b))}" for g, b in sorted(rb.items())) + f" ({how})"
 
 
 def _where(jr: dict) -> str:

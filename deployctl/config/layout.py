@@ -117,6 +117,11 @@ def standby_file(h: HostConfig) -> str:
     return shared_dir(h, "run", "standby.json")
 
 
+def no_standby_file(h: HostConfig) -> str:
+    """Why the last deploy kept no standby on the host, with the residue it measured (deployctl.rollout.standby)."""
+    return shared_dir(h, "run", "no-standby.json")
+
+
 def hash_cache(h: HostConfig) -> str:
     """Preflight's weight-hash cache on the host."""
     return shared_dir(h, "hash-cache.json")

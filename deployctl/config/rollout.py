@@ -116,6 +116,12 @@ class RolloutConfig(_Frozen):
     # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
     # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
     standby_s: Duration = 86400
+    # When the next release does not fit on the GPU beside the sleeping standby's measured residue (rollout.residue):
+    # drop: stop the standby first, say so, start cold (no standby this time); fail: refuse before anything changes.
+    standby_misfit: Literal["drop", "fail"] = "drop"
+    # Seconds the old release gets to finish its in-flight requests (out of the router) before it sleeps; unset:
+    # server.drain_timeout_s. Past it: no standby (said in the deploy's output, status and history).
+    standby_drain_s: Optional[Duration] = None
     # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
     # the bound of deployctl's pool of SSH workers.
     parallel_hosts: int = Field(8, ge=1, le=256, strict=True)

@@ -42,10 +42,15 @@ def plan_from_facts(cfg: DeployConfig, host: HostConfig, facts: dict):
         path.write_text(json.dumps(model["config"]))
         host_weights = int(model["weights_bytes"]) if model.get("weights_bytes") else None
         residue = standby_residue_bytes(cfg, [host])
+        source = of(cfg).sleep.residue_source if residue else ""
+        measured = ((facts.get("standby") or {}).get("residue_bytes") or {}) if residue else {}
+        if measured:  # the host measured its sleeper (rollout.residue): that figure, not the adapter's estimate
+            residue = max(int(v) for v in measured.values())
+            how = ((facts.get("standby") or {}).get("measured") or {}).get("how") or "the host"
+            source = f"measured on {host.name} after the last sleep ({how})"
         sized = size_plan(cfg.engine, None, model_config=path, dtype=cfg.model.dtype, gpu_memory=gpu_total,
                           weights=host_weights, weights_source="safetensors headers on host" if host_weights else None,
-                          standby_residue=residue,
-                          standby_source=of(cfg).sleep.residue_source if residue else "")
+                          standby_residue=residue, standby_source=source)
     return sized, None
 
 

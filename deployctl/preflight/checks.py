@@ -106,7 +106,13 @@ def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
         return Check("port", "pass", f"{where} is free")
     holders = port.get("holders") or []
     ours = _service_pids(facts)
-    foreign = [h for h in holders if h.get("pid") not in ours]
+    sb = facts.get("standby") or {}
+    asleep = set(sb.get("pids") or []) if sb.get("port") == number else set()
+    foreign = [h for h in holders if h.get("pid") not in ours | asleep]
+    if holders and not foreign and any(h.get("pid") in asleep for h in holders):
+        return Check("port", "pass", f"{where} is held by this service's sleeping standby of {sb.get('release')} "
+                     f"(pid {holders[0]['pid']}, shared/run/standby.json), kept by the last deploy for a rollback; "
+                     "the next deploy stops it before it starts there")
     if holders and not foreign:
         return Check("port", "pass", f"{where} is held by the running release (pid {holders[0]['pid']}), which the rollout replaces")
     if foreign:
@@ -246,7 +252,7 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "gpu_processes", "capacity", "port", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
-                    "standby_ram", "spare_port_gpu",  # hosts with spare_port only
+                    "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
                     "login_shell")  # SSH hosts only
 
 

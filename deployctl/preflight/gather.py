@@ -65,6 +65,7 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
                           fix="set hosts[].python to a working Python 3.8+ there (the runtime environment's "
                               "python)") from None
     facts = _parse_json(res.stdout, hc.name, "the probe")
+    facts["standby"] = standby_facts(host) if hc.spare_port else None
     if not hc.is_local:
         from deployctl.preflight import shell
 
@@ -81,6 +82,42 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
         facts["weights"] = {"error": f"model directory {cfg.model.path} does not exist"}
     report(hc.name, "done", 0, None)
     return facts
+
+
+def standby_facts(host) -> Optional[dict]:
+    """The host's own sleeping standby (shared/run/standby.json, deployctl.rollout.standby): ``{"release", "port",
+    "pids", "residue_bytes": {"<gpu>": bytes}|None, "measured"}`` (pids: its supervisor's process group, ``pgrep -g``), or None when there is none or it cannot be
+    read. Two commands, the second only where a standby is recorded."""
+    import shlex
+
+    try:
+        r = host.run(f"cat {shlex.quote(layout.standby_file(host.config))} 2>/dev/null || true", timeout=15)
+        d = json.loads(r.stdout) if r.stdout.strip() else None
+        if not isinstance(d, dict) or not d.get("port"):
+            return _no_standby_facts(host)
+        pidf = shlex.quote(layout.spare_pid_file(host.config, int(d["port"])))
+        r = host.run(f'p=$(cat {pidf} 2>/dev/null) && [ -n "$p" ] && pgrep -g "$p" || true', timeout=15)
+        pids = [int(x) for x in r.stdout.split() if x.isdigit()]
+        rb = d.get("residue_bytes") if isinstance(d.get("residue_bytes"), dict) else None
+        return {"release": d.get("release"), "port": int(d["port"]), "pids": pids, "residue_bytes": rb,
+                "measured": d.get("measured")}
+    except (DeployctlError, ValueError, TypeError):
+        return None
+
+
+def _no_standby_facts(host) -> Optional[dict]:
+    """Without a standby: the residue measured at the host's last sleep from its no-standby note
+    (layout.no_standby_file, written by deployctl.rollout.standby.note_none) as ``{"release", "port": None, "pids":
+    [], "residue_bytes", "measured", "no_standby": why}``, or None."""
+    import shlex
+
+    r = host.run(f"cat {shlex.quote(layout.no_standby_file(host.config))} 2>/dev/null || true", timeout=15)
+    note = json.loads(r.stdout) if r.stdout.strip() else None
+    rb = note.get("residue_bytes") if isinstance(note, dict) else None
+    if not isinstance(rb, dict) or not rb:
+        return None
+    return {"release": note.get("release"), "port": None, "pids": [], "residue_bytes": rb,
+            "measured": note.get("measured"), "no_standby": note.get("why")}
 
 
 def _verify(host, cfg: DeployConfig, total: int, advance: Callable[[int], None]) -> dict:

@@ -7,7 +7,12 @@ needs there, over the host's facts.
 - ``spare_port_gpu``: without a sleeping standby (standby_s 0, or an engine without a sleep mode) a deploy or
   rollback on a cuda host starts the second release *beside* the serving one, awake: refused unless the plan
   shows two full copies (weights + KV pool + overhead each, per GPU) fit in the GPU's memory.
-Hosts without spare_port get neither check.
+- ``standby_fit``: where the host measured its sleeper's GPU residue at the last sleep (``facts["standby"]``:
+  gather.standby_facts, from standby.json or the no-standby note), the serving release will leave that much behind
+  when it sleeps; if that is more than the GPU has free beside the serving release (counting the standby the
+  deploy stops first as free), the next release does not fit beside it: a fail with ``rollout.standby_misfit:
+  fail`` (the deploy would stop there), a warn with ``drop`` (it drops the standby and starts cold).
+Hosts without spare_port get none of these checks.
 """
 from __future__ import annotations
 
@@ -79,12 +84,47 @@ def check_spare_port_gpu(cfg: DeployConfig, host: HostConfig, facts: dict, sized
                  f"({parts})")
 
 
+def check_standby_fit(cfg: DeployConfig, host: HostConfig, facts: dict) -> Optional[Check]:
+    """The measured residue against the GPU's room beside the serving release (see module doc); None when no
+    residue was measured on the host."""
+    sb = facts.get("standby") or {}
+    recorded = sb.get("residue_bytes") or {}
+    if not recorded:
+        return None
+    gpus = {g.get("index"): g for g in (facts.get("nvidia") or {}).get("gpus") or []}
+    indices = host.gpu_ids if cfg.engine.device == "cuda" else sorted(gpus)[:1]
+    fail = cfg.rollout.standby_misfit == "fail"
+    fix = (f"lower engine.gpu_memory_utilization on {host.name} so that the residue fits beside the next release, "
+           + ("or set rollout.standby_misfit: drop (the deploy stops the standby and starts cold), "
+              if fail else "") + "or set rollout.standby_s: 0")
+    asleep = set(sb.get("pids") or [])
+    for index in indices:
+        gpu = gpus.get(index)
+        kept = recorded.get(str(index))
+        if gpu is None or kept is None:
+            continue
+        freed = sum(p.get("used_memory") or 0 for p in gpu.get("processes") or [] if p.get("pid") in asleep)
+        room = int(gpu["memory_free"]) + freed
+        if room < int(kept):
+            then = ("the deploy stops there (rollout.standby_misfit: fail)" if fail
+                    else "the deploy drops the standby and starts the new release cold (rollout.standby_misfit: drop)")
+            return Check("standby_fit", "fail" if fail else "warn",
+                         f"GPU {index} on {host.name}: the sleeping standby's residue measured at the last sleep, "
+                         f"{format_bytes(int(kept))}, is more than the {format_bytes(room)} free beside the serving "
+                         f"release: the next release will not fit beside it; {then}", fix)
+    how = (sb.get("measured") or {}).get("how") or "the host"
+    figures = ", ".join(f"GPU {g}: {format_bytes(int(b))}" for g, b in sorted(recorded.items()))
+    return Check("standby_fit", "pass", f"the sleeping standby's measured residue ({figures}, {how}) fits beside "
+                 f"the serving release on {host.name}")
+
+
 def standby_checks(cfg: DeployConfig, host: HostConfig, facts: dict, sized) -> list[Check]:
     """The checks that apply to ``host``: none without spare_port; standby_ram with a sleeping standby whose
     weights go to host RAM; spare_port_gpu on a cuda host without one."""
     if not host.spare_port:
         return []
     if standby_enabled(cfg):
-        return [check_standby_ram(cfg, host, facts, sized)] if of(cfg).sleep.weights_in_host_ram \
-            else []
+        fit = check_standby_fit(cfg, host, facts)
+        return ([check_standby_ram(cfg, host, facts, sized)] if of(cfg).sleep.weights_in_host_ram else []) \
+            + ([fit] if fit else [])
     return [check_spare_port_gpu(cfg, host, facts, sized)] if cfg.engine.device == "cuda" else []

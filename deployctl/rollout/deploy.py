@@ -72,7 +72,10 @@ class Deployment(WeightSteps):
         # deploy --validate: called with the canary host names once they serve the new release, before the first
         # weight step; a returned reason aborts the rollout (exit 6), None goes on
         self.canary_check = canary_check
-        self.say = emitter(progress)
+        # per host, from the events of standby.activate / restore: the standby kept or why none, the abort's path
+        self.standbys: dict[str, dict] = {}
+        self.paths: dict[str, dict] = {}
+        self.say = self._noting(emitter(progress))
         self.confirm = confirm
         # DEPLOYCTL_SKIP_PREFLIGHT=1: tests that exercise other parts skip the gate's few seconds per deploy
         self.skip_preflight = settings.current().skip_preflight if skip_preflight is None else skip_preflight
@@ -88,6 +91,28 @@ class Deployment(WeightSteps):
         # Ctrl-C is cooperative (deployctl.rollout.interrupt): the handler records it, check() acts on it
         self.interruption = Interruption("stopping at the next safe point, then aborting back to the previous release",
                                          on_force=self._left_undone)
+
+    def _noting(self, say: Callable[..., None]) -> Callable[..., None]:
+        """``say`` that also keeps, per host, what the history records: a standby kept (event data ``residue``)
+        or not (``no_standby``: why) by standby.activate, the path an abort took (``path``, ``why``) by
+        standby.restore."""
+
+        def noting(kind: str, message: str, **data) -> None:
+            host = data.get("host")
+            if host and "no_standby" in data:
+                self.standbys[host] = {"standby": False, "why": data["no_standby"]}
+            elif host and "residue" in data:
+                self.standbys[host] = {"standby": True, "residue_bytes": (data["residue"] or {}).get("residue_bytes")}
+            if host and "path" in data:
+                self.paths[host] = {"path": data["path"], "why": data.get("why")}
+            say(kind, message, **data)
+
+        return noting
+
+    def _standby_note(self) -> str:
+        """'no standby on a: why; ...' for the hosts where the deploy kept none, '' when none is missing."""
+        return "; ".join(f"no standby on {h}: {d['why']}" for h, d in sorted(self.standbys.items())
+                         if not d["standby"])
 
     # ------------------------------------------------------------------------------------------ control
     def check(self, *, every_host: bool = False) -> None:
@@ -268,24 +293,31 @@ class Deployment(WeightSteps):
             self._abort(plan, str(e), cause=e)
         self._step("prune", lambda: fl.prune(plan))
         note = changed_note(self.verdicts)  # outputs.on_change report: the differences it let by
+        note = "; ".join(x for x in (note, self._standby_note()) if x) or None
         self._save(status="done", step_index=len(plan.steps) - 1, weight=100, reason=note)
         dur = time.monotonic() - t0
         outputs = history_outputs(self.verdicts)
         fl.store.append_history("deploy", release=plan.release.id, result="ok", from_release=plan.from_release,
                                 duration_s=round(dur, 1), **({"outputs": outputs} if outputs else {}),
+                                **({"standby": self.standbys} if self.standbys else {}),
                                 **({"reason": note} if note else {}))
-        self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)")
+        missing = self._standby_note()
+        self.say("done", f"release {plan.release.id} serves all traffic ({dur:.1f} s)"
+                 + (f"; {missing}" if missing else ""))
         return DeployResult(plan.release.id, plan.from_release, plan.mode, self.verdicts, dur)
 
     # ------------------------------------------------------------------------------------------ modes
-    def _activate(self, names: list[str], release_id: str) -> None:
+    def _activate(self, names: list[str], release_id: str, *, route_first: bool = False) -> None:
+        """Switch ``names`` to ``release_id``. ``route_first`` (in place: the one host is not drained): the router
+        moves to the new release once it is verified beside the old one, before the old one sleeps."""
         hosts = [self.fleet.hosts[n] for n in names]
         for n in names:
             self.say("host", f"{n}: switching to {release_id}, restarting, verifying", host=n)
+        ready = (lambda n: self._route(Split((n,), (), 0))) if route_first else None
 
         def act(h):  # the old release sleeps beside the new one when it can (deployctl.rollout.standby)
             return standby.activate(h, self.cfg, release_id, should_stop=self.check, on_switch=self.switched.add,
-                                    say=self.say)
+                                    say=self.say, on_ready=ready)
 
         ok, bad = self.fleet.on_hosts(hosts, act, deadline_s=hostops.activate_deadline_s(self.cfg),
                                    what=f"switching to {release_id}")
@@ -303,7 +335,8 @@ class Deployment(WeightSteps):
         names = plan.stable
         if plan.mode == "in-place":
             self.say("info", f"one host: no canary possible; verified in-place switch on {names[0]}")
-        self._step("activate", lambda: self._activate(names, plan.release.id), switch=names)
+        in_place = plan.mode == "in-place" and bool(self.cfg.router)  # the only host: moved before its old one sleeps
+        self._step("activate", lambda: self._activate(names, plan.release.id, route_first=in_place), switch=names)
         if self.cfg.router:
             self._step("route", lambda: self._route(Split(tuple(names), (), 0)))
         self._save(step_index=0, weight=100)
@@ -384,7 +417,8 @@ class Deployment(WeightSteps):
         try:
             self._save(status=status, reason=reason)
             fl.store.append_history("deploy", release=plan.release.id, result=status, reason=reason,
-                                    problems=problems, verdict=verdict)
+                                    problems=problems, verdict=verdict, paths=self.paths,
+                                    **({"standby": self.standbys} if self.standbys else {}))
         except Exception as e:  # state is best effort once we are aborting
             self.say("warn", f"could not record the abort on every host: {e}")
         where = f"traffic back on {plan.from_release}" if plan.from_release else "nothing serves"

@@ -39,12 +39,14 @@ def _held(gpu: dict, pids: set) -> Optional[int]:
     return sum(used)
 
 
-def decide(cfg: DeployConfig, host_cfg, facts: dict, serving_pids: set, standby_pids: Optional[set]) -> WakeFit:
+def decide(cfg: DeployConfig, host_cfg, facts: dict, serving_pids: set, standby_pids: Optional[set],
+           recorded: Optional[dict] = None) -> WakeFit:
     """The decision from probe facts (pure; ``facts``: ``{"nvidia": probe_nvidia's section}``); ``standby_pids``
     None: a new start beside, which holds nothing yet. No GPU visible
     and ``engine.device`` cpu: beside (both copies in host RAM). A GPU whose per-process memory is unknown: one
     copy is taken as ``gpu_memory_utilization`` × total (vLLM's share) and the standby's hold as its adapter's
-    ``gpu_residue_bytes``. NVML unreadable on a cuda host: stop first (the order that never needs two copies)."""
+    ``gpu_residue_bytes`` — or, when the host measured it after the sleep (``recorded``: the standby record's
+    ``residue_bytes``, ``{"<gpu>": bytes}``, rollout.residue), that figure. NVML unreadable on a cuda host: stop first (the order that never needs two copies)."""
     from deployctl.engines import of
 
     nv = facts.get("nvidia") or {}
@@ -64,7 +66,8 @@ def decide(cfg: DeployConfig, host_cfg, facts: dict, serving_pids: set, standby_
         total, free = int(gpu["memory_total"]), int(gpu["memory_free"])
         copy = _held(gpu, serving_pids) or int(total * cfg.engine.gpu_memory_utilization)
         kept = 0 if standby_pids is None else _held(gpu, standby_pids)
-        kept = residue if kept is None else kept
+        if kept is None:
+            kept = int(recorded[str(index)]) if recorded and str(index) in recorded else residue
         need = max(0, copy - kept)
         fits = free >= need
         why = (f"GPU {index}: {format_bytes(free)} free of {format_bytes(total)}, the wake needs {format_bytes(need)} "
@@ -74,18 +77,26 @@ def decide(cfg: DeployConfig, host_cfg, facts: dict, serving_pids: set, standby_
     return min(found, key=lambda f: (f.beside, f.free_bytes - f.need_bytes))  # the tightest GPU decides
 
 
-def wake_fit(host, cfg: DeployConfig, standby_port: Optional[int], *, timeout: float = 30) -> WakeFit:
-    """Run the probe's ``nvidia`` and ``pids`` sections on ``host`` (one SSH round trip) and ``decide``.
-    ``standby_port``: the port the standby sleeps on (its pidfile ``runtime.<port>.pid``); None: a deploy's new
-    release, which holds nothing yet (a second copy must fit whole). Raises RemoteError."""
+def probe_gpu(host, pid_files: list[str], *, timeout: float = 30) -> dict:
+    """The probe's ``nvidia`` and ``pids`` sections on ``host`` (one SSH round trip): ``{"nvidia": {...}, "pids":
+    {pid file: [pids]}}`` (NVML, or the stand-in ledger in tests; bytes). Raises RemoteError."""
     from deployctl.hostscripts import probe
     from deployctl.hostscripts.snippets import module_argv
 
+    params = {"sections": ["nvidia", "pids"], "pid_files": pid_files}
+    r = host.run(module_argv(host.config.python, probe, json.dumps(params)), timeout=timeout)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def wake_fit(host, cfg: DeployConfig, standby_port: Optional[int], *, timeout: float = 30,
+             recorded: Optional[dict] = None) -> WakeFit:
+    """Run the probe's ``nvidia`` and ``pids`` sections on ``host`` (one SSH round trip) and ``decide``.
+    ``standby_port``: the port the standby sleeps on (its pidfile ``runtime.<port>.pid``); None: a deploy's new
+    release, which holds nothing yet (a second copy must fit whole). Raises RemoteError."""
     h = host.config
     serving = layout.pid_file(h)
     standby = layout.spare_pid_file(h, standby_port) if standby_port else None
-    params = {"sections": ["nvidia", "pids"], "pid_files": [serving] + ([standby] if standby else [])}
-    r = host.run(module_argv(h.python, probe, json.dumps(params)), timeout=timeout)
-    facts = json.loads(r.stdout.strip().splitlines()[-1])
+    facts = probe_gpu(host, [serving] + ([standby] if standby else []), timeout=timeout)
     pids = facts.get("pids") or {}
-    return decide(cfg, h, facts, set(pids.get(serving) or []), set(pids.get(standby) or []) if standby else None)
+    return decide(cfg, h, facts, set(pids.get(serving) or []), set(pids.get(standby) or []) if standby else None,
+                  recorded)

@@ -111,7 +111,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             cur = release.current_release(h)
             wakeable = (rec is not None and rec.release == target and not rec.expired and cur != target
                         and standby.asleep(h, cfg, rec))
-            fit = gpufit.wake_fit(h, cfg, rec.port) if wakeable else None
+            fit = gpufit.wake_fit(h, cfg, rec.port, recorded=rec.residue_bytes) if wakeable else None
             served = _served(h, cfg)
             return _Look(cur, h.exists(rdir + "/release.json"), launcher.supports_beside(h, cfg, rdir), rec, wakeable,
                          fit, served, served is not None or launcher.is_running(h, cfg))
@@ -219,6 +219,9 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         phases["paths"].update({n: {"path": "start", "why": f"the wake failed: {phases['wake_failed'][n]}"}
                                 for n in cold if n in phases.get("wake_failed", {})})
     if fleet.router and not on_target and others and all(beside.get(n) for n in others):
+        phases.setdefault("paths", {}).update(
+            {n: {"path": "beside", "why": f"{(phases['paths'].get(n) or {}).get('why') or 'no standby to wake'}: "
+                                          f"started beside the serving release on port {beside[n]}"} for n in others})
         problems = rollback_beside.start_beside(fleet, cfg, target, current, others, beside, say, route, phases)
         return _finish(fleet, st, target, current, changed, problems, say, t0, phases)
     serving = list(on_target)
@@ -255,7 +258,7 @@ def _finish(fleet: Fleet, st: RolloutState, target: str, current: dict, others: 
     dur = time.monotonic() - t0
     fleet.store.append_history("rollback", release=target, result="ok" if not problems else "failed",
                                reason="; ".join(problems), from_release=st.from_release, duration_s=round(dur, 2),
-                               hosts=others)
+                               hosts=others, paths=phases.get("paths") or {})
     phases["record_s"] = time.monotonic() - trec
     phases.update({k: round(v, 2) for k, v in phases.items() if isinstance(v, float)})
     dur = time.monotonic() - t0

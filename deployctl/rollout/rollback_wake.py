@@ -78,11 +78,35 @@ def wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route, 
     except BaseException:
         for n, p in olds.items():  # nothing moved: the bad release serves on; the woken ones sleep again
             fleet.hosts[n].config._active_port = p
+        back_to_sleep(fleet, cfg, {n: recs[n] for n in ok}, say, phases)
         raise
     td = time.monotonic()
     _, failed = fleet.on_hosts([fleet.hosts[n] for n in ok], lambda h: standby.retire(h, cfg, recs[h.name]))
     phases["drain_s"] = round(time.monotonic() - td, 2)
     return list(ok), [f"{about(n, e)} (stopping the bad release; the woken one serves)" for n, e in failed.items()]
+
+
+def back_to_sleep(fleet: Fleet, cfg, recs: dict, say, phases: dict) -> None:
+    """Put the standbys ``recs`` ({host: Standby}) woken for a router switch that failed back to sleep (they hold
+    the GPU memory of a full copy beside the bad release, which serves on); their records stay. A host whose sleep
+    fails is said and listed in ``phases["resleep_failed"]``. Never raises."""
+    from deployctl.service import standby as svc
+
+    def one(h):
+        r = svc.sleep(h, cfg, recs[h.name].port)
+        if not r.ok:
+            raise DeployctlError(f"sleep on port {recs[h.name].port} failed: {r.reason}")
+
+    try:
+        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], one)
+    except Exception as e:  # noqa: BLE001 - the router's error is the one the caller raises
+        ok, bad = {}, {n: e for n in recs}
+    for n in ok:
+        say("host", f"{n}: the router did not move: the standby of {recs[n].release} sleeps again on port "
+                    f"{recs[n].port}", host=n)
+    for n, e in bad.items():
+        say("warn", f"{n}: the router did not move and the woken standby could not sleep again: {e}", host=n)
+    phases["resleep_failed"] = {n: str(e) for n, e in bad.items()}
 
 
 def batch_size(num_hosts: int) -> int:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from deployctl.config import DeployConfig, layout
 from deployctl.engines import standby_enabled
-from deployctl.errors import DeployctlError, HealthError
+from deployctl.errors import CheckFailed, DeployctlError, HealthError
 from deployctl.rollout import hostops, release
 from deployctl.service import launcher
 from deployctl.service import standby as svc
@@ -35,17 +35,26 @@ class Standby:
     port: int
     since: float  # Unix seconds
     expires_at: float  # Unix seconds
+    # rollout.residue.Residue.to_json(): {"residue_bytes": {"<gpu>": bytes}, "measured": {"how", "reads", "seconds",
+    # "stable", "free_bytes"}, "engine_resident_bytes"?}; None: not measured (a record of an older deployctl)
+    residue: Optional[dict] = None
 
     @property
     def expired(self) -> bool:
         return time.time() >= self.expires_at
+
+    @property
+    def residue_bytes(self) -> Optional[dict]:
+        """The measured residue per GPU (``{"<gpu>": bytes}``), None when not measured."""
+        rb = (self.residue or {}).get("residue_bytes")
+        return rb or None
 
     def to_json(self) -> dict:
         from datetime import datetime, timezone
 
         iso = datetime.fromtimestamp(self.expires_at, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
         return {"release": self.release, "port": self.port, "since": self.since, "expires_at": self.expires_at,
-                "expires": iso, "expired": self.expired}
+                "expires": iso, "expired": self.expired, **(self.residue or {"residue_bytes": None})}
 
 
 def keeps(cfg: DeployConfig, host, release_id: str) -> bool:
@@ -62,17 +71,53 @@ def read(host) -> Optional[Standby]:
     r = host.run(f"cat {shlex.quote(layout.standby_file(host.config))} 2>/dev/null || true", timeout=15)
     try:
         d = json.loads(r.stdout)
-        return Standby(str(d["release"]), int(d["port"]), float(d["since"]), float(d["expires_at"]))
-    except (ValueError, KeyError, TypeError):
+        residue = {k: d[k] for k in ("residue_bytes", "measured", "engine_resident_bytes") if d.get(k) is not None}
+        return Standby(str(d["release"]), int(d["port"]), float(d["since"]), float(d["expires_at"]),
+                       residue if residue.get("residue_bytes") else None)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def _write(host, rec: Standby) -> None:
     host.put_text(json.dumps(rec.to_json(), sort_keys=True) + "\n", layout.standby_file(host.config), mode=0o644)
+    host.run(["rm", "-f", _none_file(host.config)], timeout=15)
 
 
 def _clear(host) -> None:
     host.run(["rm", "-f", layout.standby_file(host.config)], timeout=15)
+
+
+def _none_file(h) -> str:
+    """Why the last deploy on the host made no standby: shared/run/no-standby.json."""
+    return layout.no_standby_file(h)
+
+
+def note_none(host, release_id: str, why: str, residue: Optional[dict] = None) -> None:
+    """Record that ``release_id`` was not kept asleep on ``host`` and why (``status`` shows "no standby: <why>"); a
+    residue measured on the way (Residue.to_json) is kept for the next deploy's fit. Raises RemoteError."""
+    doc = {"release": release_id, "why": why, "at": time.time(), **(residue or {})}
+    host.put_text(json.dumps(doc, sort_keys=True) + "\n", _none_file(host.config), mode=0o644)
+
+
+def read_none(host) -> Optional[dict]:
+    """The host's no-standby note (``{"release", "why", "at", "residue_bytes"?, ...}``), or None. Raises
+    RemoteError."""
+    r = host.run(f"cat {shlex.quote(_none_file(host.config))} 2>/dev/null || true", timeout=15)
+    try:
+        d = json.loads(r.stdout)
+        return d if isinstance(d, dict) and d.get("why") else None
+    except ValueError:
+        return None
+
+
+def recorded_residue(host, rec: Optional[Standby] = None) -> Optional[dict]:
+    """The residue per GPU measured at this host's last sleep (the standby record ``rec``, else the no-standby
+    note), or None. Raises RemoteError."""
+    if rec is not None and rec.residue_bytes:
+        return rec.residue_bytes
+    note = read_none(host)
+    rb = (note or {}).get("residue_bytes")
+    return rb if isinstance(rb, dict) and rb else None
 
 
 def asleep(host, cfg: DeployConfig, rec: Standby) -> bool:
@@ -116,15 +161,23 @@ def _own_pidfiles(host, port: int) -> None:
 
 def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[Callable[[], None]] = None,
              on_switch: Optional[Callable[[str], None]] = None,
-             say: Optional[Callable[..., None]] = None) -> Verified:
+             say: Optional[Callable[..., None]] = None,
+             on_ready: Optional[Callable[[str], None]] = None) -> Verified:
     """Make ``release_id`` run on ``host`` for a deploy: a standby found there is stopped first (the release it
     kept is older than the one now serving); then, when ``keeps``, the new release starts beside the serving one
     and the old one goes to sleep (timings gain ``sleep_s``) — or, where two copies do not fit on the host's GPU
     (rollout.gpufit), the drained old one sleeps first and the new one starts beside the sleeper
-    (``_sleep_then_start``); else ``hostops.activate`` (stop, start). A sleep after the start that fails stops the
-    old runtime instead (said through ``say``). Raises RemoteError (4) or HealthError (5)."""
+    (``_sleep_then_start``); else ``hostops.activate`` (stop, start). The sleep waits for the old release's
+    in-flight requests (``_sleep_drained``); the sleeper's GPU residue is measured (rollout.residue) and recorded.
+    A standby that could not be made is said through ``say`` (event data ``no_standby``: why) and noted on the
+    host (``read_none``), never silently turned into a stop. ``on_ready(host name)``: called once the new release
+    is verified beside the old one, before the old one sleeps, with the host's active port already the new one —
+    a deploy whose old release is still in the router (in place, one host) moves the router there, so that the old
+    release's weight is 0 before it sleeps. Raises RemoteError (4), HealthError (5), CheckFailed
+    (1: rollout.standby_misfit ``fail`` and the new release does not fit beside the sleeper)."""
     h = host.config
     old = read(host)
+    recorded = recorded_residue(host, old) if standby_enabled(cfg) else None
     if old is not None:
         stop(host, cfg, old)
         if say:
@@ -141,56 +194,154 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
 
     fit = wake_fit(host, cfg, None)
     if not fit.beside:
-        return _sleep_then_start(host, cfg, was, release_id, old_port, new_port, fit, should_stop, say)
+        return _sleep_then_start(host, cfg, was, release_id, old_port, new_port, fit, should_stop, say, recorded)
     v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop, on_progress=progress)
     _own_pidfiles(host, old_port)
     timings = dict(v.timings)
+    if on_ready:
+        _route_first(host, cfg, was, old_port, new_port, on_ready)
     try:
-        t0 = time.monotonic()
-        _do(host, cfg, "sleep", old_port)
-        timings["sleep_s"] = round(time.monotonic() - t0, 2)
-        now = time.time()
-        _write(host, Standby(was, old_port, now, now + cfg.rollout.standby_s))
+        sleep_s, body = _sleep_drained(host, cfg, old_port)
     except DeployctlError as e:
         launcher.stop(host, cfg, port=old_port, beside=True)
-        if say:
-            say("warn", f"{host.name}: {was} could not sleep, stopped instead ({e})", host=host.name)
+        _no_standby(host, was, f"{e.message}; {was} was stopped instead", say)
+    else:
+        timings["sleep_s"] = sleep_s
+        _keep(host, cfg, was, old_port, _measure(host, old_port, body), say)
     launcher.adopt(host, cfg, new_port)
     return replace(v, timings=timings)
 
 
-def _sleep_drained(host, cfg: DeployConfig, port: int) -> float:
-    """Sleep the drained runtime on ``port``, retrying while requests are still in flight there (409
-    ``requests_in_flight``, up to server.drain_timeout_s). Returns the seconds. Raises HealthError."""
+def _route_first(host, cfg: DeployConfig, was: str, old_port: int, new_port: int,
+                 on_ready: Callable[[str], None]) -> None:
+    """Point the host's active port at the verified new release and let ``on_ready`` move the router there. When
+    that fails the new release is stopped and ``current`` put back: the old one serves as before; then raise."""
+    h = host.config
+    h._active_port = new_port
+    try:
+        on_ready(host.name)
+    except BaseException:
+        h._active_port = old_port
+        launcher.stop(host, cfg, port=new_port, beside=True)
+        release.switch_current(host, was)
+        raise
+
+
+def _no_standby(host, was: str, why: str, say, residue: Optional[dict] = None) -> None:
+    """Say and note that ``was`` is not kept asleep on ``host`` (``no_standby`` in the event's data)."""
+    note_none(host, was, why, residue)
+    if say:
+        say("warn", f"{host.name}: no standby: {why}", host=host.name, no_standby=why)
+
+
+def _measure(host, port: int, body: Optional[dict]):
+    """rollout.residue.measure of the sleeper on ``port``, an unknown Residue when the host cannot be read."""
+    from deployctl.rollout import residue as rs
+
+    try:
+        return rs.measure(host, port, reported=rs.reported_bytes(body))
+    except DeployctlError:
+        return rs.Residue(reported=rs.reported_bytes(body))
+
+
+def _keep(host, cfg: DeployConfig, was: str, port: int, res, say) -> None:
+    """Record ``was`` asleep on ``port`` with its measured residue ``res`` (rollout.residue.Residue)."""
+    now = time.time()
+    _write(host, Standby(was, port, now, now + cfg.rollout.standby_s, res.to_json() if res.known else None))
+    if say:
+        say("host", f"{host.name}: {was} asleep on port {port}, measured GPU residue {res.text()}", host=host.name,
+            residue=res.to_json())
+
+
+def drain_bound_s(cfg: DeployConfig) -> float:
+    """Seconds the old release gets to end its in-flight requests before it sleeps: rollout.standby_drain_s, else
+    server.drain_timeout_s (at least 1)."""
+    bound = cfg.rollout.standby_drain_s if cfg.rollout.standby_drain_s is not None else cfg.server.drain_timeout_s
+    return max(1.0, float(bound))
+
+
+def _sleep_drained(host, cfg: DeployConfig, port: int) -> tuple[float, dict]:
+    """Sleep the drained runtime on ``port`` (out of the router), retrying while requests are still in flight there
+    (409 ``requests_in_flight``) up to ``drain_bound_s``. Returns (seconds, the engine's answer). Raises
+    HealthError naming the requests still running past the bound, or the engine's reason."""
     t0 = time.monotonic()
-    end = t0 + max(1.0, cfg.server.drain_timeout_s)
+    bound = drain_bound_s(cfg)
     while True:
         r = svc.sleep(host, cfg, port)
         if r.ok:
-            return round(time.monotonic() - t0, 2)
-        if r.code != "requests_in_flight" or time.monotonic() > end:
+            return round(time.monotonic() - t0, 2), dict(r.body or {})
+        if r.code != "requests_in_flight":
             raise HealthError(f"{host.name}: sleep of the runtime on port {port} failed: {r.reason}",
                               fix=f"see the runtime log on {host.name}")
+        if time.monotonic() - t0 > bound:
+            raise HealthError(f"requests were still in flight on port {port} {bound:g} s after it left the router "
+                              f"({r.reason})", fix="raise rollout.standby_drain_s (default server.drain_timeout_s) "
+                                                   "above your longest streams to keep a standby")
         time.sleep(0.2)
 
 
+def _drop_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_port: int, new_port: int, why: str,
+                     should_stop, say, residue: Optional[dict] = None) -> Verified:
+    """No standby (``why``): stop the old runtime on ``old_port`` (asleep or awake, drained) and start the new
+    release beside nothing on ``new_port`` — a cold start. Raises RemoteError / HealthError."""
+    _no_standby(host, was, why, say, residue)
+    t0 = time.monotonic()
+    launcher.stop(host, cfg, port=old_port, beside=True)
+    stop_s = round(time.monotonic() - t0, 2)
+    v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop,
+                                on_progress=hostops.install_progress(host, say))
+    launcher.adopt(host, cfg, new_port)
+    return replace(v, timings={"stop_s": stop_s, **v.timings})
+
+
+def _misfit_error(host, cfg: DeployConfig, why: str, was: str) -> CheckFailed:
+    return CheckFailed(f"{host.name}: {why}; rollout.standby_misfit is fail: the deploy stops here, {was} serves "
+                       "as before",
+                       fix="set rollout.standby_misfit: drop (the standby is stopped and the new release starts "
+                           "cold), lower engine.gpu_memory_utilization, or set rollout.standby_s: 0")
+
+
 def _sleep_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_port: int, new_port: int, fit,
-                      should_stop, say) -> Verified:
+                      should_stop, say, recorded: Optional[dict] = None) -> Verified:
     """Two copies do not fit on the host's GPU (``fit``, rollout.gpufit): the drained old runtime sleeps first
-    (its GPU memory freed but the residue), then the new release starts beside it. A start that fails wakes the
-    old one again before the error is raised: the host is as it was. Raises RemoteError / HealthError."""
+    (its GPU memory freed but the residue), its residue is measured, then the new release starts beside it. Where
+    the new release does not fit beside the residue (measured now, or ``recorded`` at the host's last sleep and
+    known before anything changes): rollout.standby_misfit ``drop`` stops the old runtime and starts cold (said),
+    ``fail`` raises CheckFailed with the old release serving (woken again when it had slept). A start that fails
+    wakes the old one again before the error is raised: the host is as it was. Raises RemoteError / HealthError /
+    CheckFailed."""
+    from deployctl.rollout import residue as rs
+
+    _own_pidfiles(host, old_port)
+    ahead = rs.predicted_misfit(recorded, fit.free_bytes)
+    if ahead:
+        if cfg.rollout.standby_misfit == "fail":
+            raise _misfit_error(host, cfg, ahead, was)
+        return _drop_then_start(host, cfg, was, release_id, old_port, new_port,
+                                f"{ahead}: {was} stopped, {release_id} starts cold", should_stop, say)
     if say:
         say("host", f"{host.name}: {fit.why}: {was} sleeps before {release_id} starts beside it", host=host.name)
-    _own_pidfiles(host, old_port)
-    sleep_s = _sleep_drained(host, cfg, old_port)
+    try:
+        sleep_s, body = _sleep_drained(host, cfg, old_port)
+    except DeployctlError as e:
+        return _drop_then_start(host, cfg, was, release_id, old_port, new_port,
+                                f"{e.message}; {was} stopped, {release_id} starts cold", should_stop, say)
+    res = _measure(host, old_port, body)
+    why = rs.misfit(res, fit.need_bytes)
+    if why:
+        if cfg.rollout.standby_misfit == "fail":
+            _do(host, cfg, "wake", old_port)
+            note_none(host, was, why, res.to_json())  # the next deploy knows before it changes anything
+            raise _misfit_error(host, cfg, why, was)
+        return _drop_then_start(host, cfg, was, release_id, old_port, new_port,
+                                f"{why}: {was} stopped, {release_id} starts cold", should_stop, say, res.to_json())
     try:
         v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop,
                                     on_progress=hostops.install_progress(host, say))
     except BaseException:
         _do(host, cfg, "wake", old_port)  # activate_beside stopped the new one: the old one serves as before
         raise
-    now = time.time()
-    _write(host, Standby(was, old_port, now, now + cfg.rollout.standby_s))
+    _keep(host, cfg, was, old_port, res, say)
     launcher.adopt(host, cfg, new_port)
     return replace(v, timings={**v.timings, "sleep_s": sleep_s})
 
@@ -250,16 +401,44 @@ def wake_back(host, cfg: DeployConfig, rec: Standby, *, timeout: float = 120) ->
 
 
 def restore(host, cfg: DeployConfig, release_id: str, *, say: Optional[Callable[..., None]] = None) -> Verified:
-    """Put ``release_id`` back on ``host`` (abort): by waking its standby when one sleeps there, else (a standby
-    of another release stopped first) ``hostops.activate``. A wake that fails falls back to the start, said
-    through ``say``. Raises RemoteError / HealthError."""
+    """Put ``release_id`` back on ``host`` (abort): by waking its standby when one sleeps there; else, when the
+    host already serves ``release_id`` (``current`` names it and the runtime answers with it: a sleep-first start
+    that failed woke it again, or the switch never happened), by verifying it as it is — not restarted; else (a
+    standby of another release stopped first) ``hostops.activate``. A wake that fails falls back to the start.
+    Each host's path is said through ``say`` (event data ``path``: "wake", "serving" or "start", and ``why``).
+    Raises RemoteError / HealthError."""
+    def path(kind: str, why: str) -> None:
+        if say:
+            say("host", f"{host.name}: back to {release_id} by {kind}: {why}", host=host.name, path=kind, why=why)
+
     rec = read(host)
+    failed = ""
     if rec is not None and rec.release == release_id and asleep(host, cfg, rec):
         try:
-            return wake_back(host, cfg, rec)
+            v = wake_back(host, cfg, rec)
+            path("wake", f"its standby slept on port {rec.port}")
+            return v
         except DeployctlError as e:
+            failed = f"waking {release_id} failed ({e}); "
             if say:
                 say("warn", f"{host.name}: waking {release_id} failed ({e}); starting it instead", host=host.name)
     if read(host) is not None:
         stop(host, cfg, read(host))
-    return hostops.activate(host, cfg, release_id, golden="after the abort's restart")
+    if not failed and release.current_release(host) == release_id and launcher.is_running(host, cfg):
+        from deployctl.service.http import http
+        from deployctl.service.verify import RELEASE_HEADER
+
+        if http(host, cfg, "GET", "/healthz", timeout=5).header(RELEASE_HEADER) == release_id:
+            try:
+                v = verify(host, cfg, timeout=60, expect_release=release_id)
+                # it may have been woken again after a failed sleep-first start: its answers are checked too
+                hostops.golden_check(host, cfg, release_id, layout.service_port(cfg, host.config),
+                                     "as it serves after the abort")
+                path("serving", f"{release_id} already serves there: verified, not restarted")
+                return v
+            except HealthError as e:
+                failed = f"{e}; "
+    v = hostops.activate(host, cfg, release_id, golden="after the abort's restart")
+    path("start", failed + ("no standby of it asleep there" if rec is None or rec.release != release_id
+                            else "its standby was not asleep"))
+    return v

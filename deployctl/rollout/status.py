@@ -28,13 +28,16 @@ def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
                   f"`deployctl runbook run connection-resets --host {h.name}` restarts it")
     rec = standby.read(h)
     sb = None if rec is None else {**rec.to_json(), "asleep": standby.asleep(h, cfg, rec)}
-    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb}
+    none = standby.read_none(h) if rec is None else None
+    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb,
+            "no_standby": none}
 
 
 def status(cfg: DeployConfig) -> dict[str, Any]:
     """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail", "supervised", "runtime_running",
     "engine", "engine_version", "model_manifest", "config_hash", "standby": {"release", "port", "since",
-    "expires_at", "expires", "expired", "asleep"}|None, ...}], "rollout": {...}|None, "lock": {...}|None,
+    "expires_at", "expires", "expired", "asleep", "residue_bytes": {"<gpu>": bytes}|None, "measured"?}|None,
+    "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""

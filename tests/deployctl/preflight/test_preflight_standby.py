@@ -123,3 +123,52 @@ def test_plan_cli_takes_the_residue_off_with_spare_port_and_says_so(tmp_path):
     assert docs["kept"]["standby_residue_bytes"] == 2 * GiB and docs["none"]["standby_residue_bytes"] == 0
     assert docs["none"]["kv_budget_bytes"] - docs["kept"]["kv_budget_bytes"] == 2 * GiB
     assert any("vLLM tests/basic_correctness/test_cumem.py" in n for n in docs["kept"]["notes"])
+
+
+def test_the_port_held_by_the_hosts_own_sleeping_standby_passes_naming_it_and_a_stranger_still_fails():
+    """After a deploy that kept the old release asleep on server.port (every other deploy), the serving runtime is
+    on spare_port: the holder of server.port is this service's standby (gather.standby_facts: standby.json and its
+    supervisor's process group), not a foreign process to kill."""
+    cfg = config()
+    f = copy.deepcopy(facts())
+    f["service"] = {"pids": [500, 501]}
+    f["port"] = {"port": 8080, "free": False, "bind_error": "Address already in use (errno 98)",
+                 "holders": [{"address": "0.0.0.0:8080", "pid": 701, "name": "python", "cmdline": "python -m x"}]}
+    f["standby"] = {"release": "20260101T000000Z-aaaa", "port": 8080, "pids": [700, 701], "residue_bytes": None}
+    c = checks(cfg, f)["port"]
+    assert c.status == "pass" and "sleeping standby of 20260101T000000Z-aaaa" in c.message and "701" in c.message
+    # the standby sleeps on another port: whoever holds this one is a stranger
+    f["standby"]["port"] = 8081
+    c = checks(cfg, f)["port"]
+    assert c.status == "fail" and "kill 701" in c.fix
+    f["standby"] = None
+    assert checks(cfg, f)["port"].status == "fail"
+
+
+def test_a_residue_measured_on_the_host_replaces_the_adapters_estimate_in_the_plan():
+    f = copy.deepcopy(facts())
+    f["standby"] = {"release": "r1", "port": 8081, "pids": [], "residue_bytes": {"0": 3 * GiB},
+                    "measured": {"how": "nvml"}}
+    sized, _ = plan_from_facts(config(), config().hosts[0], f)
+    none, _ = plan_from_facts(config("server_port: 8080"), config("server_port: 8080").hosts[0], facts())
+    assert sized.standby_residue_bytes == 3 * GiB
+    assert none.plan.kv_budget_bytes - sized.plan.kv_budget_bytes == 3 * GiB
+    assert any("measured on gpu-a after the last sleep (nvml)" in n for n in sized.notes), sized.notes
+
+
+def test_a_residue_measured_at_the_last_sleep_that_leaves_no_room_warns_or_fails_per_standby_misfit():
+    f = copy.deepcopy(facts())
+    gpu = f["nvidia"]["gpus"][0]
+    gpu.update(memory_total=80 * GiB, memory_used=76 * GiB, memory_free=4 * GiB,
+               processes=[{"pid": 500, "used_memory": 72 * GiB}, {"pid": 700, "used_memory": 2 * GiB}])
+    # the standby the deploy stops first (pid 700, 2 GiB) counts as free: 6 GiB of room, a 9 GiB residue
+    f["standby"] = {"release": "r1", "port": 8081, "pids": [700], "residue_bytes": {"0": 9 * GiB},
+                    "measured": {"how": "nvml"}}
+    c = checks(config(), f)["standby_fit"]
+    assert c.status == "warn" and "9.0 GiB, is more than the 6.0 GiB free" in c.message and "drops the standby" in c.message
+    c = checks(config(rollout="rollout: {standby_misfit: fail}"), f)["standby_fit"]
+    assert c.status == "fail" and "stops there" in c.message and "standby_misfit: drop" in c.fix
+    f["standby"]["residue_bytes"] = {"0": 5 * GiB}
+    assert checks(config(rollout="rollout: {standby_misfit: fail}"), f)["standby_fit"].status == "pass"
+    f["standby"] = None  # nothing measured: no check (the capacity plan uses the adapter's estimate)
+    assert "standby_fit" not in checks(config(), f)

@@ -56,3 +56,14 @@ def test_no_gpu_on_a_cpu_fleet_wakes_beside_but_unknown_gpu_memory_on_cuda_stops
     c = cfg()
     fit = decide(c, c.hosts[0], {"nvidia": {"available": False, "error": "Driver Not Loaded"}}, set(), set())
     assert not fit.beside and "Driver Not Loaded" in fit.why
+
+
+def test_a_residue_measured_after_the_sleep_replaces_the_adapters_estimate_where_nvml_has_no_per_process_memory():
+    c = cfg()  # the adapter says 2 GiB; the host measured 9 GiB after the sleep (standby.json residue_bytes)
+    facts = gpu(80 * GiB, [(100, None), (200, None)], used=74 * GiB)
+    fit = decide(c, c.hosts[0], facts, {100}, {200}, recorded={"0": 9 * GiB})
+    assert fit.need_bytes == int(80 * GiB * 0.9) - 9 * GiB and "the 9.0 GiB already held" in fit.why
+    # a per-process figure NVML gives now wins over both
+    fit = decide(c, c.hosts[0], gpu(80 * GiB, [(100, 72 * GiB), (200, 3 * GiB)]), {100}, {200},
+                 recorded={"0": 9 * GiB})
+    assert fit.need_bytes == 69 * GiB

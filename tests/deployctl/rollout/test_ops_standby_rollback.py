@@ -78,6 +78,8 @@ def test_standby_sleeps_on_deploy_wakes_on_abort_and_rollback_without_losing_a_r
         assert env.current(a) == v1 and _served(port[a]) == v1 and _sleeping(port[a]) is False
         assert _served(spare[a]) is None and _standby(env, a) is None
         assert f":{port[a]}" in env.upstream_conf()
+        aborted = [x for x in env.history() if x["action"] == "deploy" and x["result"] == "aborted"][-1]
+        assert aborted["paths"][a]["path"] == "wake", aborted  # the abort's path per host, in the history
 
         # deploy v3 and promote: every host serves v3 on its second port, v1 asleep on the first
         deploy, v3 = _to_canary(env, v2)
@@ -201,6 +203,8 @@ def test_where_two_copies_do_not_fit_the_rollback_stops_the_bad_release_before_t
     assert set(batches[0]["hosts"][a]) >= {"stop_s", "wake_s", "ready_s", "verify_s"}
     assert batches[1]["hosts"][b].get("cold_start") is True and set(doc["phases"]["wake_failed"]) == {b}
     assert "the wake failed, cold-started instead" in r.stderr and "fail_wake" in r.stderr
+    rec = [x for x in env.history() if x["action"] == "rollback"][-1]  # each host's path, in the history too
+    assert rec["paths"] == paths, rec
     for n in env.names:
         assert env.current(n) == v1 and _standby(env, n) is None
         assert peaks[n] <= one + one // 2, (n, peaks[n], one)
