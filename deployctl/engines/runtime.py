@@ -8,6 +8,8 @@ ADAPTER = Adapter(
     kind="deployctl-runtime",
     distribution=None,  # the release's own wheel (built from runtime/), installed by rollout.release
     module="deployctl_runtime",
+    # who the process is (release, replica, instance, pid): deployctl asks it host-side before every control call
+    control_routes=("/identity",),
     image=None,  # built from the release's Dockerfile
     argv=("{python}", "-m", "deployctl_runtime", "serve"),
     flags={name: Flag("--" + name.replace("_", "-")) for name in (

@@ -162,6 +162,8 @@ def runtime_args(cfg: DeployConfig, host: HostConfig, release_id: str, extra: Ma
     if e.kv_cache_memory is not None:
         args["kv_cache_memory"] = e.kv_cache_memory
     args["release_id"] = release_id
+    if host.replica is not None:  # which replica this engine is: GET /identity, checked before every control call
+        args["replica_index"] = host.replica
     for key, value in (extra or {}).items():
         if not re.match(r"^[a-z][a-z0-9_]*$", key):
             raise ConfigError(f"runtime argument {key!r} is not a serve flag name", fix="use lower_snake_case names")

@@ -118,9 +118,11 @@ def save(hosts: dict, rec: Optional[Record], *, workers: int = 8, only_missing: 
         write(h, rec)
         return True
 
-    from deployctl.rollout.hostops import on_hosts
+    from deployctl.hosts import run_on_hosts
 
-    ok, bad = on_hosts(list(hosts.values()), one, workers=workers)
+    outcomes = run_on_hosts(list(hosts.values()), one, max_workers=workers) if hosts else []
+    ok = {o.host: o.value for o in outcomes if o.error is None}
+    bad = {o.host: o.error for o in outcomes if o.error is not None}
     for n, e in bad.items():
         if say:
             say("warn", f"{n}: could not record the golden answers of {rec.release}: {e}", host=n)

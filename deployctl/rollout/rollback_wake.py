@@ -93,7 +93,7 @@ def back_to_sleep(fleet: Fleet, cfg, recs: dict, say, phases: dict) -> None:
     from deployctl.service import standby as svc
 
     def one(h):
-        r = svc.sleep(h, cfg, recs[h.name].port)
+        r = svc.sleep(h, cfg, recs[h.name].port, release=recs[h.name].release)
         if not r.ok:
             raise DeployctlError(f"sleep on port {recs[h.name].port} failed: {r.reason}")
 

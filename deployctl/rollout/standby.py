@@ -125,9 +125,10 @@ def asleep(host, cfg: DeployConfig, rec: Standby) -> bool:
     return standby_enabled(cfg) and svc.is_sleeping(host, cfg, rec.port) is True
 
 
-def _do(host, cfg: DeployConfig, action: str, port: int) -> float:
-    """svc.sleep / svc.wake on ``port``; the engine's seconds. Raises HealthError with the engine's reason."""
-    r = (svc.sleep if action == "sleep" else svc.wake)(host, cfg, port)
+def _do(host, cfg: DeployConfig, action: str, port: int, release: str) -> float:
+    """svc.sleep / svc.wake on ``port`` of the engine of ``release`` (its identity checked first); the engine's
+    seconds. Raises HealthError with the engine's reason (identity.IdentityMismatch: another engine is there)."""
+    r = (svc.sleep if action == "sleep" else svc.wake)(host, cfg, port, release=release)
     if not r.ok:
         raise HealthError(f"{host.name}: {action} of the runtime on port {port} failed: {r.reason}",
                           fix=f"see the runtime log on {host.name}")
@@ -201,7 +202,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     if on_ready:
         _route_first(host, cfg, was, old_port, new_port, on_ready)
     try:
-        sleep_s, body = _sleep_drained(host, cfg, old_port)
+        sleep_s, body = _sleep_drained(host, cfg, old_port, was)
     except DeployctlError as e:
         launcher.stop(host, cfg, port=old_port, beside=True)
         _no_standby(host, was, f"{e.message}; {was} was stopped instead", say)
@@ -260,14 +261,14 @@ def drain_bound_s(cfg: DeployConfig) -> float:
     return max(1.0, float(bound))
 
 
-def _sleep_drained(host, cfg: DeployConfig, port: int) -> tuple[float, dict]:
+def _sleep_drained(host, cfg: DeployConfig, port: int, release: str) -> tuple[float, dict]:
     """Sleep the drained runtime on ``port`` (out of the router), retrying while requests are still in flight there
     (409 ``requests_in_flight``) up to ``drain_bound_s``. Returns (seconds, the engine's answer). Raises
     HealthError naming the requests still running past the bound, or the engine's reason."""
     t0 = time.monotonic()
     bound = drain_bound_s(cfg)
     while True:
-        r = svc.sleep(host, cfg, port)
+        r = svc.sleep(host, cfg, port, release=release)
         if r.ok:
             return round(time.monotonic() - t0, 2), dict(r.body or {})
         if r.code != "requests_in_flight":
@@ -322,7 +323,7 @@ def _sleep_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_po
     if say:
         say("host", f"{host.name}: {fit.why}: {was} sleeps before {release_id} starts beside it", host=host.name)
     try:
-        sleep_s, body = _sleep_drained(host, cfg, old_port)
+        sleep_s, body = _sleep_drained(host, cfg, old_port, was)
     except DeployctlError as e:
         return _drop_then_start(host, cfg, was, release_id, old_port, new_port,
                                 f"{e.message}; {was} stopped, {release_id} starts cold", should_stop, say)
@@ -330,7 +331,7 @@ def _sleep_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_po
     why = rs.misfit(res, fit.need_bytes)
     if why:
         if cfg.rollout.standby_misfit == "fail":
-            _do(host, cfg, "wake", old_port)
+            _do(host, cfg, "wake", old_port, was)
             note_none(host, was, why, res.to_json())  # the next deploy knows before it changes anything
             raise _misfit_error(host, cfg, why, was)
         return _drop_then_start(host, cfg, was, release_id, old_port, new_port,
@@ -339,7 +340,7 @@ def _sleep_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_po
         v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop,
                                     on_progress=hostops.install_progress(host, say))
     except BaseException:
-        _do(host, cfg, "wake", old_port)  # activate_beside stopped the new one: the old one serves as before
+        _do(host, cfg, "wake", old_port, was)  # activate_beside stopped the new one: the old one serves as before
         raise
     _keep(host, cfg, was, old_port, res, say)
     launcher.adopt(host, cfg, new_port)
@@ -366,7 +367,7 @@ def wake(host, cfg: DeployConfig, rec: Standby, *, timeout: float = 120) -> Veri
     waited for only when that fails: ``_verify_woken``). The serving runtime is left alone: ``retire`` once the
     router moved. Timings: wake_s, ready_s, verify_s (seconds). Raises HealthError naming why."""
     t0 = time.monotonic()
-    _do(host, cfg, "wake", rec.port)
+    _do(host, cfg, "wake", rec.port, rec.release)
     t1 = time.monotonic()
     v = _verify_woken(host, cfg, rec, timeout)
     t2 = time.monotonic()

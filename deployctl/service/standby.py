@@ -66,23 +66,32 @@ def _result(action: str, r: HttpResult, path: str) -> SleepResult:
 
 
 def _call(host, cfg: DeployConfig, route: tuple[str, str], action: str, port: Optional[int],
-          timeout: float) -> SleepResult:
+          timeout: float, release: Optional[str]) -> SleepResult:
+    from deployctl.config.layout import service_port
+    from deployctl.service import identity
+
+    # the engine on that port must be this host's (replica) and run ``release``: else nothing is sent (identity.py)
+    identity.expect(host, cfg, port or service_port(cfg, host.config), release=release, action=action)
     method, path = route
     # SGLang's release/resume routes read a JSON body (tags optional); the others take none
     body = {} if cfg.engine.kind == "sglang" else None
     return _result(action, http(host, cfg, method, path, body, timeout=timeout, port=port), path)
 
 
-def sleep(host, cfg: DeployConfig, port: Optional[int] = None, *, timeout: float = SLEEP_TIMEOUT_S) -> SleepResult:
+def sleep(host, cfg: DeployConfig, port: Optional[int] = None, *, timeout: float = SLEEP_TIMEOUT_S,
+          release: Optional[str] = None) -> SleepResult:
     """Put the runtime on ``host`` (at ``port``) to sleep: level 1 (weights to host RAM, KV cache discarded).
-    Raises ConfigError for an engine without a sleep mode, RemoteError on SSH trouble."""
-    return _call(host, cfg, _sleep_mode(cfg).sleep, "sleep", port, timeout)
+    ``release``: the release that engine must run (identity.expect, checked first with the host's replica index).
+    Raises ConfigError for an engine without a sleep mode, identity.IdentityMismatch (5) when another engine
+    holds the port (nothing sent), RemoteError on SSH trouble."""
+    return _call(host, cfg, _sleep_mode(cfg).sleep, "sleep", port, timeout, release)
 
 
-def wake(host, cfg: DeployConfig, port: Optional[int] = None, *, timeout: float = WAKE_TIMEOUT_S) -> SleepResult:
+def wake(host, cfg: DeployConfig, port: Optional[int] = None, *, timeout: float = WAKE_TIMEOUT_S,
+         release: Optional[str] = None) -> SleepResult:
     """Wake the runtime on ``host`` (at ``port``): weights back on the GPU, a new (empty) KV pool. A wake that no
     longer fits (another process took the memory) is ``ok`` False with the engine's reason. Raises as sleep()."""
-    return _call(host, cfg, _sleep_mode(cfg).wake, "wake", port, timeout)
+    return _call(host, cfg, _sleep_mode(cfg).wake, "wake", port, timeout, release)
 
 
 def is_sleeping(host, cfg: DeployConfig, port: Optional[int] = None, *, timeout: float = 10) -> Optional[bool]:

@@ -38,13 +38,14 @@ def make_tiny_model(directory: Path) -> Path:
 
 @contextlib.contextmanager
 def serve_runtime(model: Path, log_path: Path, *args: str, env: dict[str, str] | None = None,
-                  ready_s: float = 180) -> Iterator[str]:
-    """``python -m deployctl_runtime serve --model MODEL --device cpu ARGS`` on a free loopback port, its log in
-    ``log_path``; yields the base URL once /readyz answers 200; terminates it on exit."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+                  ready_s: float = 180, port: int | None = None) -> Iterator[str]:
+    """``python -m deployctl_runtime serve --model MODEL --device cpu ARGS`` on ``port`` (default a free loopback
+    port), its log in ``log_path``; yields the base URL once /readyz answers 200; terminates it on exit."""
+    if port is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
     full_env = {**subprocess_env(), "OMP_NUM_THREADS": "1", **(env or {})}  # torch's spinning threads starve the loop
     log = open(log_path, "w+")
     proc = subprocess.Popen([sys.executable, "-m", "deployctl_runtime", "serve", "--model", str(model), "--port",

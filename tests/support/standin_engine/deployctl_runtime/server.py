@@ -3,7 +3,7 @@
 It answers what deployctl asks a runtime (deployctl.service.verify, rollout.analysis, rollout.golden, probes,
 standby) and nothing more: ``/healthz``, ``/readyz`` (503 while draining or asleep), ``/health``, ``/metrics``
 (the deployctl_runtime_* series the analysis reads), ``/v1/models``, ``/v1/completions`` and
-``/v1/chat/completions`` (plain and ``stream: true`` SSE), ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``;
+``/v1/chat/completions`` (plain and ``stream: true`` SSE), ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``, ``/identity``;
 the ``X-Deployctl-Release`` header on every answer; ``Authorization: Bearer`` checked against
 DEPLOYCTL_RUNTIME_API_KEY like the runtime's auth.py. SIGTERM drains as the runtime does (503 for new requests,
 in-flight ones finish, up to drain_timeout_s), then exit 0. Standard library plus PyYAML (runtime.yaml); starts
@@ -70,6 +70,8 @@ class State:
             ("itl", "inter_token_latency_seconds", TPOT_BUCKETS), ("e2e", "e2e_request_latency_seconds", E2E_BUCKETS),
             ("queue", "request_queue_time_seconds", TPOT_BUCKETS))}
         self.started = time.time()
+        self.instance = uuid.uuid4().hex  # this start (GET /identity, X-Deployctl-Instance)
+        self.port = 0  # the bound port, set once listening
         self.keys = [k.strip() for k in os.environ.get("DEPLOYCTL_RUNTIME_API_KEY", "").split(",") if k.strip()]
         self.token_s = float(os.environ.get("DEPLOYCTL_STANDIN_TOKEN_S", "0.002"))
 
@@ -111,6 +113,7 @@ class Handler(BaseHTTPRequestHandler):
         rel = self.st.cfg.get("release_id")
         if rel:
             self.send_header("X-Deployctl-Release", str(rel))
+        self.send_header("X-Deployctl-Instance", self.st.instance)
         self.send_header("X-Request-Id", self.headers.get("X-Request-Id") or uuid.uuid4().hex)
         if length is None:
             self.send_header("Transfer-Encoding", "chunked")
@@ -151,6 +154,10 @@ class Handler(BaseHTTPRequestHandler):
             if st.cfg.get("release_id"):
                 body["release"] = st.cfg["release_id"]
             return self._json(200 if st.phase == "ready" else 503, body)
+        if path == "/identity":  # open, as the runtime's: who this process is
+            return self._json(200, {"release": st.cfg.get("release_id"), "replica": int(st.cfg.get("replica_index") or 0),
+                                    "instance": st.instance, "pid": os.getpid(), "port": st.port,
+                                    "started_at": st.started, "phase": st.phase})
         if path == "/metrics":
             if not st.cfg.get("metrics_public") and not self._authorized():
                 return
@@ -294,6 +301,7 @@ def serve(argv: list[str]) -> int:
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.allow_reuse_address = True
     httpd = ThreadingHTTPServer((str(cfg.get("host") or "127.0.0.1"), int(cfg.get("port") or 8000)), handler)
+    st.port = httpd.server_address[1]
     done = threading.Event()
 
     def on_term(signum, frame):
