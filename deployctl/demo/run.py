@@ -181,11 +181,11 @@ def keep_stop_hint(cfg) -> str:
 
 def stop_runtimes(cfg) -> None:
     from deployctl.hosts import Host
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     for hc in cfg.hosts:
         with Host.from_config(hc) as h:
-            launcher.stop(h, cfg, timeout=10)
+            Engine(h, cfg).stop(timeout=10)
 
 
 def _validate(res, cfg, say) -> None:

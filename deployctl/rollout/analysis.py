@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from deployctl.config import DeployConfig
-from deployctl.service.http import http
+from deployctl.service.engine import Engine
 from deployctl.rollout.accesslog import count_access_log, upstream_map
 from deployctl.rollout.canaryrules import canary_failure
 from deployctl.rollout.verdicts import combine, low_traffic
@@ -120,7 +120,7 @@ def scrape(host, cfg: DeployConfig, kind: Optional[str] = None) -> Optional[list
     if route is None:  # an engine without metrics (Analyzer(metrics=False) never asks)
         return None
     try:
-        r = http(host, cfg, "GET", route, timeout=5)
+        r = Engine(host, cfg).http("GET", route, timeout=5)
     except Exception:
         return None
     if r.status != 200:

@@ -10,6 +10,7 @@ from deployctl.engines.command import stop_wait_s
 from deployctl.errors import DeployctlError, ExitCode, RemoteError, about
 from deployctl.rollout import hostops, release, standby
 from deployctl.service import launcher
+from deployctl.service.engine import Engine
 from deployctl.rollout.lock import DeployLock, describe
 from deployctl.rollout.router import Router, Split, router_host_config
 from deployctl.rollout.state import StateStore
@@ -208,7 +209,7 @@ class Fleet:
                 self.say("host", f"{h.name}: had no release before: stopping it", host=h.name)
 
             def stop_bare(h):
-                launcher.stop(h, self.cfg)
+                Engine(h, self.cfg).stop()
                 if plan.from_release:  # a new host beside serving ones: it serves nothing again, and says so
                     release.clear_current(h)
 

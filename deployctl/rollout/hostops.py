@@ -10,7 +10,8 @@ from deployctl.config import DeployConfig
 from deployctl.config.layout import service_port
 from deployctl.service import launcher
 from deployctl.rollout import release
-from deployctl.service.verify import Verified, verify
+from deployctl.service.engine import Engine
+from deployctl.service.verify import Verified
 
 
 def checkpoint_bytes(host, cfg: DeployConfig) -> Optional[int]:
@@ -85,13 +86,13 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
         on_switch(host.name)
     release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s, on_progress=on_progress)
     t.append(time.monotonic())
-    launcher.stop(host, cfg)
+    Engine(host, cfg).stop()
     t.append(time.monotonic())
-    offset = launcher.start(host, cfg)
+    new = Engine(host, cfg, release=release_id)
+    offset = new.start()
     t.append(time.monotonic())
     timeout, why = verify_timeout(cfg, host)
-    v = verify(host, cfg, timeout=timeout, expect_release=release_id, should_stop=should_stop, log_offset=offset,
-               deadline_why=why)
+    v = new.verify(timeout=timeout, should_stop=should_stop, log_offset=offset, deadline_why=why)
     t.append(time.monotonic())
     from deployctl.service.startlog import start_phases
 
@@ -126,16 +127,16 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
     t = [time.monotonic()]
     release.switch_and_install(host, release_id, timeout=cfg.engine.install_timeout_s, on_progress=on_progress)
     t.append(time.monotonic())
+    new = Engine(host, cfg, port, release=release_id, beside=True)
     try:
-        offset = launcher.start(host, cfg, port=port)
+        offset = new.start()
         t.append(time.monotonic())
         timeout, why = verify_timeout(cfg, host)
-        v = verify(host, cfg, timeout=timeout, expect_release=release_id, log_offset=offset, deadline_why=why,
-                   port=port, should_stop=should_stop)
+        v = new.verify(timeout=timeout, log_offset=offset, deadline_why=why, should_stop=should_stop)
         golden_s = golden_check(host, cfg, release_id, port, golden) if golden else None
     except BaseException:
         try:
-            launcher.stop(host, cfg, port=port, beside=True, timeout=5)
+            new.stop(timeout=5)
         finally:
             if was:
                 release.switch_current(host, was)
@@ -156,7 +157,7 @@ def retire(host, cfg: DeployConfig, port: int, old_port: int) -> float:
     (``launcher.stop``), then make the one on ``port`` the service (``launcher.adopt``). Returns the seconds it
     took. Raises RemoteError."""
     t0 = time.monotonic()
-    launcher.stop(host, cfg, port=old_port)
+    Engine(host, cfg, old_port).stop()
     launcher.adopt(host, cfg, port)
     return round(time.monotonic() - t0, 2)
 

@@ -21,6 +21,7 @@ from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
 from deployctl.rollout import gpufit, hostops, release, rollback_beside, rollback_wake, standby
 from deployctl.service import launcher
+from deployctl.service.engine import Engine
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, majority
 from deployctl.config.layout import release_dir
@@ -114,7 +115,7 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
             fit = gpufit.wake_fit(h, cfg, rec.port, recorded=rec.residue_bytes) if wakeable else None
             served = _served(h, cfg)
             return _Look(cur, h.exists(rdir + "/release.json"), launcher.supports_beside(h, cfg, rdir), rec, wakeable,
-                         fit, served, served is not None or launcher.is_running(h, cfg))
+                         fit, served, served is not None or Engine(h, cfg).running())
 
         found, bad = fleet.on_hosts(list(fleet.hosts.values()), look)
         if bad:
@@ -272,10 +273,10 @@ def _finish(fleet: Fleet, st: RolloutState, target: str, current: dict, others: 
 def _served(h, cfg: DeployConfig) -> Optional[str]:
     """The release the runtime on ``h`` answers with (X-Deployctl-Release of /healthz); None when it does not say
     (no answer, a foreign engine)."""
-    from deployctl.service.http import http
+    from deployctl.service.engine import Engine
     from deployctl.service.verify import RELEASE_HEADER
 
-    return http(h, cfg, "GET", "/healthz", timeout=5).header(RELEASE_HEADER)
+    return Engine(h, cfg).http("GET", "/healthz", timeout=5).header(RELEASE_HEADER)
 
 
 def signal(cfg: DeployConfig, command: str, *, progress: Optional[Progress] = None, wait_s: float = 120) -> str:

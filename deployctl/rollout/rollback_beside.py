@@ -9,7 +9,7 @@ from deployctl.config import layout
 from deployctl.errors import about
 from deployctl.rollout import hostops, release
 from deployctl.rollout.fleet import Fleet
-from deployctl.service import launcher
+from deployctl.service.engine import Engine
 
 
 def start_beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str], ports: dict, say, route,
@@ -42,7 +42,7 @@ def start_beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str]
         for n, p in olds.items():
             fleet.hosts[n].config._active_port = p
         for n in ok:  # nothing moved: the old runtimes serve on, as before the rollback
-            launcher.stop(fleet.hosts[n], cfg, port=ports[n], beside=True, timeout=5)
+            Engine(fleet.hosts[n], cfg, ports[n], beside=True).stop(timeout=5)
             release.switch_current(fleet.hosts[n], current[n])
         raise
     td = time.monotonic()

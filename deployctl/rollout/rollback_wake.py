@@ -90,10 +90,10 @@ def back_to_sleep(fleet: Fleet, cfg, recs: dict, say, phases: dict) -> None:
     """Put the standbys ``recs`` ({host: Standby}) woken for a router switch that failed back to sleep (they hold
     the GPU memory of a full copy beside the bad release, which serves on); their records stay. A host whose sleep
     fails is said and listed in ``phases["resleep_failed"]``. Never raises."""
-    from deployctl.service import standby as svc
+    from deployctl.service.engine import Engine
 
     def one(h):
-        r = svc.sleep(h, cfg, recs[h.name].port, release=recs[h.name].release)
+        r = Engine(h, cfg, recs[h.name].port, release=recs[h.name].release, role="standby").sleep()
         if not r.ok:
             raise DeployctlError(f"sleep on port {recs[h.name].port} failed: {r.reason}")
 

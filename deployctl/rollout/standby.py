@@ -25,8 +25,8 @@ from deployctl.engines import standby_enabled
 from deployctl.errors import CheckFailed, DeployctlError, HealthError
 from deployctl.rollout import hostops, release
 from deployctl.service import launcher
-from deployctl.service import standby as svc
-from deployctl.service.verify import Verified, verify
+from deployctl.service.engine import Engine
+from deployctl.service.verify import Verified
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,15 @@ def recorded_residue(host, rec: Optional[Standby] = None) -> Optional[dict]:
 
 def asleep(host, cfg: DeployConfig, rec: Standby) -> bool:
     """Whether the standby's runtime answers on its port and says it sleeps."""
-    return standby_enabled(cfg) and svc.is_sleeping(host, cfg, rec.port) is True
+    return standby_enabled(cfg) and Engine(host, cfg, rec.port, release=rec.release, role="standby").is_sleeping() is True
 
 
 def _do(host, cfg: DeployConfig, action: str, port: int, release: str) -> float:
-    """svc.sleep / svc.wake on ``port`` of the engine of ``release`` (its identity checked first); the engine's
-    seconds. Raises HealthError with the engine's reason (identity.IdentityMismatch: another engine is there)."""
-    r = (svc.sleep if action == "sleep" else svc.wake)(host, cfg, port, release=release)
+    """Engine.sleep / Engine.wake on ``port`` of the engine of ``release`` (its identity checked first); the
+    engine's seconds. Raises HealthError with the engine's reason (identity.IdentityMismatch: another engine is
+    there)."""
+    e = Engine(host, cfg, port, release=release, role="standby")
+    r = e.sleep() if action == "sleep" else e.wake()
     if not r.ok:
         raise HealthError(f"{host.name}: {action} of the runtime on port {port} failed: {r.reason}",
                           fix=f"see the runtime log on {host.name}")
@@ -140,7 +142,7 @@ def stop(host, cfg: DeployConfig, rec: Standby) -> float:
     ``runtime.pid`` link on exit: the serving runtime's link is made again. Returns the seconds. Raises
     RemoteError."""
     t0 = time.monotonic()
-    launcher.stop(host, cfg, port=rec.port, beside=True, timeout=5)
+    Engine(host, cfg, rec.port, beside=True).stop(timeout=5)
     _clear(host)
     active = host.config._active_port
     if active and active != rec.port:
@@ -185,7 +187,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
             say("host", f"{host.name}: stopped the standby of {old.release} (port {old.port})", host=host.name)
     was = release.current_release(host)
     progress = hostops.install_progress(host, say)
-    if not was or not keeps(cfg, host, release_id) or not launcher.is_running(host, cfg):
+    if not was or not keeps(cfg, host, release_id) or not Engine(host, cfg).running():
         return hostops.activate(host, cfg, release_id, should_stop=should_stop, on_switch=on_switch,
                                 on_progress=progress)
     old_port, new_port = layout.service_port(cfg, h), launcher.beside_port(cfg, h)
@@ -204,7 +206,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     try:
         sleep_s, body = _sleep_drained(host, cfg, old_port, was)
     except DeployctlError as e:
-        launcher.stop(host, cfg, port=old_port, beside=True)
+        Engine(host, cfg, old_port, beside=True).stop()
         _no_standby(host, was, f"{e.message}; {was} was stopped instead", say)
     else:
         timings["sleep_s"] = sleep_s
@@ -223,7 +225,7 @@ def _route_first(host, cfg: DeployConfig, was: str, old_port: int, new_port: int
         on_ready(host.name)
     except BaseException:
         h._active_port = old_port
-        launcher.stop(host, cfg, port=new_port, beside=True)
+        Engine(host, cfg, new_port, beside=True).stop()
         release.switch_current(host, was)
         raise
 
@@ -268,7 +270,7 @@ def _sleep_drained(host, cfg: DeployConfig, port: int, release: str) -> tuple[fl
     t0 = time.monotonic()
     bound = drain_bound_s(cfg)
     while True:
-        r = svc.sleep(host, cfg, port, release=release)
+        r = Engine(host, cfg, port, release=release, role="standby").sleep()
         if r.ok:
             return round(time.monotonic() - t0, 2), dict(r.body or {})
         if r.code != "requests_in_flight":
@@ -287,7 +289,7 @@ def _drop_then_start(host, cfg: DeployConfig, was: str, release_id: str, old_por
     release beside nothing on ``new_port`` — a cold start. Raises RemoteError / HealthError."""
     _no_standby(host, was, why, say, residue)
     t0 = time.monotonic()
-    launcher.stop(host, cfg, port=old_port, beside=True)
+    Engine(host, cfg, old_port, beside=True).stop()
     stop_s = round(time.monotonic() - t0, 2)
     v = hostops.activate_beside(host, cfg, release_id, new_port, should_stop=should_stop,
                                 on_progress=hostops.install_progress(host, say))
@@ -351,15 +353,14 @@ def _verify_woken(host, cfg: DeployConfig, rec: Standby, timeout: float) -> Veri
     """Verify a runtime whose wake answered 2xx: the engines' wake routes answer once the weights and the KV pool
     are back, so the sample request goes first (``ready_s`` 0: no /readyz round trip); an answer other than the
     release's 200 falls back to the full verify (wait for /readyz, then the sample). Raises HealthError."""
-    from deployctl.service.verify import sample_inference
-
+    e = Engine(host, cfg, rec.port, release=rec.release, role="standby", beside=True)
     try:
-        tokens, got, path = sample_inference(host, cfg, timeout=min(60.0, timeout), port=rec.port)
+        tokens, got, path = e.sample(timeout=min(60.0, timeout))
         if got is None or got == rec.release:
             return Verified(host.name, 0.0, tokens, got, endpoint=path)
     except HealthError:
         pass
-    return verify(host, cfg, timeout=timeout, expect_release=rec.release, port=rec.port)
+    return e.verify(timeout=timeout)
 
 
 def wake(host, cfg: DeployConfig, rec: Standby, *, timeout: float = 120) -> Verified:
@@ -382,7 +383,7 @@ def retire(host, cfg: DeployConfig, rec: Standby) -> float:
     seconds. Raises RemoteError."""
     t0 = time.monotonic()
     release.switch_and_install(host, rec.release)
-    launcher.stop(host, cfg)
+    Engine(host, cfg).stop()
     launcher.adopt(host, cfg, rec.port)
     _clear(host)
     return round(time.monotonic() - t0, 2)
@@ -392,7 +393,7 @@ def wake_back(host, cfg: DeployConfig, rec: Standby, *, timeout: float = 120) ->
     """Abort on a drained canary host: stop the new release first (on a GPU it holds the memory the wake needs),
     then wake the standby, verify it, make it current and the service. Raises HealthError / RemoteError."""
     t0 = time.monotonic()
-    launcher.stop(host, cfg)
+    Engine(host, cfg).stop()
     t1 = time.monotonic()
     v = wake(host, cfg, rec, timeout=timeout)
     release.switch_and_install(host, rec.release)
@@ -425,13 +426,13 @@ def restore(host, cfg: DeployConfig, release_id: str, *, say: Optional[Callable[
                 say("warn", f"{host.name}: waking {release_id} failed ({e}); starting it instead", host=host.name)
     if read(host) is not None:
         stop(host, cfg, read(host))
-    if not failed and release.current_release(host) == release_id and launcher.is_running(host, cfg):
-        from deployctl.service.http import http
+    if not failed and release.current_release(host) == release_id and Engine(host, cfg).running():
         from deployctl.service.verify import RELEASE_HEADER
 
-        if http(host, cfg, "GET", "/healthz", timeout=5).header(RELEASE_HEADER) == release_id:
+        serving = Engine(host, cfg, release=release_id)
+        if serving.http("GET", "/healthz", timeout=5).header(RELEASE_HEADER) == release_id:
             try:
-                v = verify(host, cfg, timeout=60, expect_release=release_id)
+                v = serving.verify(timeout=60)
                 # it may have been woken again after a failed sleep-first start: its answers are checked too
                 hostops.golden_check(host, cfg, release_id, layout.service_port(cfg, host.config),
                                      "as it serves after the abort")

@@ -10,7 +10,7 @@ from deployctl.rollout import standby
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
 from deployctl.rollout.fleetcheck import differences, snapshot
-from deployctl.service.http import http
+from deployctl.service.engine import Engine
 from deployctl.rollout.lock import describe
 from deployctl.rollout.state import IN_PROGRESS
 
@@ -20,7 +20,7 @@ def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     kind = snap.get("engine")
     a = adapter_for(cfg, kind if kind in KINDS else None)
     route = a.ready_route
-    r = http(h, cfg, "GET", route, timeout=max(3, a.probe_timeout_s))
+    r = Engine(h, cfg).http("GET", route, timeout=max(3, a.probe_timeout_s))
     detail = r.describe(route)
     if snap["runtime_running"] and not snap["supervised"]:
         detail = (f"unsupervised: the runtime (pid {snap.get('runtime_pid')}) serves but its supervisor "

@@ -93,27 +93,27 @@ def _stop_standby(t: Target) -> str:
 
 def _start(t: Target) -> str:
     """Start the release ``current`` points at on ``t``, on the port it serves on (the spare port after a rollback
-    there: launcher.start_in_place). Raises RemoteError."""
-    from deployctl.service import launcher
+    there: Engine.start_in_place). Raises RemoteError."""
+    from deployctl.service.engine import Engine
 
-    launcher.start_in_place(t.host, t.cfg)
+    Engine(t.host, t.cfg).start_in_place()
     return f"started the runtime on {t.host_cfg.name} ({t.host_cfg.launcher} launcher)"
 
 
 def _stop(t: Target) -> str:
     """Stop the runtime (drain, then SIGKILL to its process group after the drain timeout). Raises RemoteError."""
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
-    how = launcher.stop(t.host, t.cfg)
+    how = Engine(t.host, t.cfg).stop()
     return "the runtime was not running" if how == "not running" else f"runtime {how}"
 
 
 def _wait_ready(t: Target, timeout: float) -> str:
-    """Wait for /readyz 200 (deployctl.service.verify.wait_ready): a (re)start is done when the runtime serves.
+    """Wait for /readyz 200 (the engine handle's wait_ready): a (re)start is done when the runtime serves.
     Raises HealthError (exit 5)."""
-    from deployctl.service.verify import wait_ready
+    from deployctl.service.engine import Engine
 
-    return f"ready after {wait_ready(t.host, t.cfg, timeout=timeout):.1f} s"
+    return f"ready after {Engine(t.host, t.cfg).wait_ready(timeout=timeout):.1f} s"
 
 
 def _free_port(obs: Observation, t: Target) -> str:

@@ -55,10 +55,10 @@ class Target:
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     def http(self, path: str, *, method: str = "GET", body: Any = None, timeout: float = 10):
-        """One request to the runtime on this host (deployctl.service.http): an HttpResult."""
-        from deployctl.service.http import http
+        """One request to the runtime on this host (the engine handle's http): an HttpResult."""
+        from deployctl.service.engine import Engine
 
-        return http(self.host, self.cfg, method, path, body, timeout=timeout)
+        return Engine(self.host, self.cfg).http(method, path, body, timeout=timeout)
 
 
 def _http(t: Target, step: Step) -> Observation:
@@ -234,9 +234,9 @@ def _port(t: Target, step: Step) -> Observation:
 def _process(t: Target, step: Step) -> Observation:
     if t.host_cfg.launcher == "systemd":
         from deployctl.config.layout import unit_name
-        from deployctl.service import launcher
+        from deployctl.service.engine import Engine
 
-        alive = launcher.is_running(t.host, t.cfg)
+        alive = Engine(t.host, t.cfg).running()
         return Observation(alive, {"pid": None}, f"{unit_name(t.cfg, t.host_cfg)} is {'active' if alive else 'not active'}")
     r = t.script(remote.PROCESS_ALIVE, {"pid_file": t.variables["pid_file"],
                                         "child_pid_file": t.variables["child_pid_file"]}, step.timeout_s)

@@ -1,11 +1,10 @@
 """HTTP to the runtime from the host itself: the stdlib-only HTTP_PROBE (deployctl/hostscripts/snippets.py) run with
 the host's python over the Host layer, so rollout checks and runbooks work whatever the runtime binds (loopback
 included) and need no port opened to us. The one HTTP probe of the runtime: everything that asks a running
-runtime something goes through ``http``.
-
-``http(host, cfg, method, path, body=None, timeout=10)`` -> ``HttpResult`` (status, headers, body text, error,
-elapsed_s). The API key (``server.api_key_env`` from deployctl's environment) travels in the env file of Host.run;
-without it the probe reads the key from the release's runtime.env on the host.
+runtime something goes through the engine handle's ``Engine(host, cfg, port).http(method, path, body=None,
+timeout=10)`` (deployctl.service.engine), which calls ``request`` here -> ``HttpResult`` (status, headers, body
+text, error, elapsed_s). The API key (``server.api_key_env`` from deployctl's environment) travels in the env file
+of Host.run; without it the probe reads the key from the release's runtime.env on the host.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from typing import Any, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig
-from deployctl.config.layout import base_url, current_link
 from deployctl.hostscripts.snippets import HTTP_PROBE
 
 
@@ -49,15 +47,13 @@ def api_key(cfg: DeployConfig) -> Optional[str]:
     return settings.secret(cfg.server.api_key_env) if cfg.server.api_key_env else None
 
 
-def http(host, cfg: DeployConfig, method: str, path: str, body: Any = None, *, timeout: float = 10,
-         port: Optional[int] = None) -> HttpResult:
-    """One HTTP request (``body``: JSON-serialisable or None) to the runtime on ``host`` (at ``port`` when given,
-    else the port it serves on), made on that host, within ``timeout`` seconds. Connection failures are a status
-    of 0 with ``error``. Raises RemoteError (SSH trouble)."""
+def request(host, url: str, method: str, body: Any = None, *, timeout: float = 10, key: Optional[str] = None,
+            env_file: str = "") -> HttpResult:
+    """One HTTP request to ``url`` made on ``host`` (HTTP_PROBE run by the host's python), within ``timeout``
+    seconds; ``key`` the bearer key (else the probe reads DEPLOYCTL_RUNTIME_API_KEY from ``env_file`` on the host).
+    The engine handle's ``Engine.http`` is the one caller. Raises RemoteError (SSH trouble)."""
     h = host.config
-    req = {"url": base_url(cfg, h, port) + path, "method": method, "timeout": timeout, "json": body,
-           "env_file": f"{current_link(h)}/runtime.env"}
-    key = api_key(cfg)
+    req = {"url": url, "method": method, "timeout": timeout, "json": body, "env_file": env_file}
     env = {"DEPLOYCTL_PROBE_KEY": key} if key else None
     r = host.run([h.python, "-S", "-c", HTTP_PROBE, json.dumps(req)], timeout=timeout + 20, env=env)
     try:

@@ -97,7 +97,8 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
     """Kill ``victim`` (default: the last host) under load and judge (module doc). Raises RemoteError when a
     host cannot be reached."""
     from deployctl.rollout.fleet import Fleet
-    from deployctl.service import http, launcher
+    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     if len(cfg.hosts) < 2 or cfg.router is None:
         return LayerResult("failover", "skipped", "failover: needs two or more hosts behind the router")
@@ -124,7 +125,7 @@ def run_failover(cfg: DeployConfig, router_url: str, *, model: Optional[str], ap
                 p = launcher.runtime_pid(host, cfg)
                 if p is not None and p != pid:
                     new_pid, restart_s = p, time.monotonic() - kill_mono
-            elif http.http(host, cfg, "GET", "/readyz", timeout=5).status == 200:
+            elif Engine(host, cfg).http("GET", "/readyz", timeout=5).status == 200:
                 ready_s = time.monotonic() - kill_mono
                 break
             time.sleep(0.2)

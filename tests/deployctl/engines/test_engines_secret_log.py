@@ -22,7 +22,7 @@ import pytest
 from deployctl.config import HostConfig
 from deployctl.hosts import Host
 from deployctl.render import render_release
-from deployctl.service import launcher
+from deployctl.service.engine import Engine
 from support.ports import free_port
 from support.render import make_config
 
@@ -119,7 +119,7 @@ def _standin(tmp_path, monkeypatch, engine_extra: dict):
     host = Host.from_config(HostConfig(name="h", address="local", deploy_root=str(root), launcher="process",
                                        python=sys.executable, gpus=[0]))
     yield cfg, host, root, port
-    launcher.stop(host, cfg, timeout=5)
+    Engine(host, cfg).stop(timeout=5)
     host.close()
 
 
@@ -146,11 +146,11 @@ def _wait_last_words(root: Path, deadline_s: float = 15) -> None:
 
 def test_the_key_reaches_the_engine_but_no_file_the_run_wrote(sglang_standin):
     cfg, host, root, port = sglang_standin
-    launcher.start(host, cfg)
+    Engine(host, cfg).start()
     _wait_health(port)
     child = int((root / "shared" / "run" / "runtime.child.pid").read_text())
     assert KEY.encode() not in Path(f"/proc/{child}/cmdline").read_bytes()  # not on the command line (ps)
-    assert launcher.stop(host, cfg) == "stopped"
+    assert Engine(host, cfg).stop() == "stopped"
     _wait_last_words(root)  # the scrubber writes the engine's last lines once the engine is gone
     files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     leaked = [str(p.relative_to(root)) for p in files if p.name != "runtime.env" and KEY.encode() in p.read_bytes()]
@@ -171,7 +171,7 @@ def test_the_key_reaches_the_engine_but_no_file_the_run_wrote(sglang_standin):
 
 def test_engine_env_secrets_and_cache_dir_reach_the_engine_and_the_secret_no_other_file(sglang_standin_env, tmp_path):
     cfg, host, root, port = sglang_standin_env
-    launcher.start(host, cfg)
+    Engine(host, cfg).start()
     _wait_health(port)
     child = int((root / "shared" / "run" / "runtime.child.pid").read_text())
     environ = dict(kv.split("=", 1) for kv in Path(f"/proc/{child}/environ").read_text().split("\0") if "=" in kv)
@@ -182,7 +182,7 @@ def test_engine_env_secrets_and_cache_dir_reach_the_engine_and_the_secret_no_oth
     assert environ["TORCHINDUCTOR_CACHE_DIR"] == f"{cache}/torchinductor"
     assert Path(cache).is_dir()  # launch.sh made it before the start
     assert HF_TOKEN.encode() not in Path(f"/proc/{child}/cmdline").read_bytes()
-    assert launcher.stop(host, cfg) == "stopped"
+    assert Engine(host, cfg).stop() == "stopped"
     files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     leaked = [str(p.relative_to(root)) for p in files if p.name != "runtime.env" and HF_TOKEN.encode() in p.read_bytes()]
     assert not leaked, f"HF_TOKEN is in {leaked}"

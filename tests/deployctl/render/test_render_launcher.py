@@ -98,7 +98,7 @@ def test_a_stale_pidfile_whose_number_another_process_has_now_blocks_no_start_an
     stranger for the running supervisor and started nothing, and deployctl's stop SIGKILLed the stranger's
     process group."""
     from deployctl.hosts import Host
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     cfg = release["cfg"]
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)  # leads a process group, as setsid does
@@ -106,8 +106,8 @@ def test_a_stale_pidfile_whose_number_another_process_has_now_blocks_no_start_an
     try:
         release["pid"].parent.mkdir(parents=True, exist_ok=True)
         release["pid"].write_text(f"{stranger.pid}\n")
-        assert not launcher.is_running(host, cfg)
-        assert launcher.stop(host, cfg, timeout=3) == "not running"
+        assert not Engine(host, cfg).running()
+        assert Engine(host, cfg).stop(timeout=3) == "not running"
         assert stranger.poll() is None and not release["pid"].exists()  # the stranger lives; the stale file went
 
         release["pid"].write_text(f"{stranger.pid}\n")
@@ -117,8 +117,8 @@ def test_a_stale_pidfile_whose_number_another_process_has_now_blocks_no_start_an
         supervisor = int(started.stdout.strip())
         assert supervisor != stranger.pid and _alive(supervisor)
         _wait_for(release["state"] / "ready")  # a real start: the runtime runs
-        assert launcher.is_running(host, cfg)
-        assert launcher.stop(host, cfg, timeout=10) == "stopped" and not _alive(supervisor)
+        assert Engine(host, cfg).running()
+        assert Engine(host, cfg).stop(timeout=10) == "stopped" and not _alive(supervisor)
         assert stranger.poll() is None
     finally:
         host.close()

@@ -66,7 +66,7 @@ def test_a_stall_timeout_below_zero_is_refused(tmp_path):
 def test_systemd_start_of_a_notify_unit_does_not_wait_for_the_model_load():
     """`systemctl restart` of a Type=notify unit blocks until READY=1 (the whole load); deployctl queues it
     (--no-block) and the readiness check waits, as for Type=exec. A unit still loading counts as running."""
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     class Host:
         def __init__(self, cfg, state=""):
@@ -82,15 +82,15 @@ def test_systemd_start_of_a_notify_unit_does_not_wait_for_the_model_load():
     cfg = make_config(engine={"device": "cpu"}, hosts=[{"name": "a", "address": "10.0.0.1", "launcher": "systemd",
                                                         "deploy_root": "/opt/x", "python": "/usr/bin/python3"}])
     h = Host(cfg)
-    launcher.start(h, cfg)
+    Engine(h, cfg).start()
     assert ["systemctl", "restart", "--no-block", "chat-7b.service"] in h.calls
     off = make_config(engine={"device": "cpu"}, server={"engine_stall_timeout_s": 0},
                       hosts=[{"name": "a", "address": "10.0.0.1", "launcher": "systemd", "deploy_root": "/opt/x",
                               "python": "/usr/bin/python3"}])
     h = Host(off)
-    launcher.start(h, off)
+    Engine(h, off).start()
     assert ["systemctl", "restart", "chat-7b.service"] in h.calls
     for state, running in (("ActiveState=activating\nSubState=start\n", True), ("ActiveState=active\nSubState=running\n", True),
                            ("ActiveState=activating\nSubState=auto-restart\n", False),
                            ("ActiveState=failed\nSubState=failed\n", False)):
-        assert launcher.is_running(Host(cfg, state), cfg) is running, state
+        assert Engine(Host(cfg, state), cfg).running() is running, state

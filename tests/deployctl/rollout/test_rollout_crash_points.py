@@ -210,7 +210,7 @@ def test_a_rollback_killed_between_its_stop_and_its_start_is_recovered_by_the_ne
     from deployctl.config import load_config
     from deployctl.hosts import Host
     from deployctl.rollout import release as rel
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     env, traffic = _fleet(rollout_env, "chat-tiny", local=True)
     try:
@@ -221,7 +221,7 @@ def test_a_rollback_killed_between_its_stop_and_its_start_is_recovered_by_the_ne
         host = Host.from_config(cfg.hosts[0])
         try:
             rel.switch_current(host, first)  # as the killed rollback left gpu-a: switched, stopped, not started
-            assert launcher.stop(host, cfg) == "stopped"
+            assert Engine(host, cfg).stop() == "stopped"
         finally:
             host.close()
         r = env.cli("rollback")

@@ -18,7 +18,7 @@ from deployctl.config import parse_config
 from deployctl.hosts.host import Host
 from deployctl.rollout import standby as rollout_standby
 from deployctl.service import identity
-from deployctl.service import standby
+from deployctl.service.engine import Engine
 from support.runtime import make_tiny_model, serve_runtime
 
 
@@ -59,11 +59,11 @@ def test_a_sleep_on_a_swapped_port_is_refused_naming_both_instances(tmp_path):
                        port=p), \
             serve_runtime(model, tmp_path / "r8.log", *common, "--release-id", "r8", "--replica-index", "1",
                           port=p + 1) as url8:
-        found = identity.read(r1, cfg, p + 1)
+        found = Engine(r1, cfg, p + 1).identity()
         assert (found.release, found.replica, found.source) == ("r8", 1, "route") and found.instance and found.pid
         # replica 0's run files say it serves on p + 1 (swapped): the sleep meant for r7 is refused there
         with pytest.raises(identity.IdentityMismatch) as e:
-            standby.sleep(r0, cfg, p + 1, release="r7")
+            Engine(r0, cfg, p + 1, release="r7").sleep()
         msg = str(e.value)
         assert f"m-r0: refusing to sleep the engine on port {p + 1}: expected m-r0's engine, release r7, replica 0, " \
                f"found release r8, replica 1, instance {found.instance[:12]}, pid {found.pid} (release and replica " \
@@ -74,9 +74,9 @@ def test_a_sleep_on_a_swapped_port_is_refused_naming_both_instances(tmp_path):
         with pytest.raises(identity.IdentityMismatch, match="refusing to wake the engine"):
             rollout_standby.wake(r0, cfg, rec)
         # the right engine: the call goes through
-        s = standby.sleep(r1, cfg, p + 1, release="r8")
+        s = Engine(r1, cfg, p + 1, release="r8").sleep()
         assert s.ok and httpx.get(url8 + "/is_sleeping", timeout=10).json()["is_sleeping"] is True
-        assert standby.wake(r1, cfg, p + 1, release="r8").ok
+        assert Engine(r1, cfg, p + 1, release="r8").wake().ok
 
 
 class _Stranger(http.server.BaseHTTPRequestHandler):
@@ -112,7 +112,7 @@ def test_an_engine_without_identity_must_hold_the_port_from_our_supervisor(tmp_p
                        "server_port": port}]}), "deploy.yaml")
         host = Host.from_config(cfg.hosts[0])
         with pytest.raises(identity.IdentityMismatch) as e:
-            standby.sleep(host, cfg, port, release="r7")
+            Engine(host, cfg, port, release="r7").sleep()
         import os
 
         assert f"found pid {os.getpid()} (" in str(e.value) and "holding the port; nothing was sent" in str(e.value)

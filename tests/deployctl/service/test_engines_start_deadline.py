@@ -21,8 +21,7 @@ from deployctl.errors import HealthError
 from deployctl.hosts import Host
 from deployctl.render import render_release
 from deployctl.rollout import hostops
-from deployctl.service import launcher
-from deployctl.service.verify import verify
+from deployctl.service.engine import Engine
 from support.ports import free_port
 from support.render import make_config
 
@@ -72,7 +71,7 @@ def hung_tp2_release(tmp_path, monkeypatch):
     host = Host.from_config(HostConfig(name="h", address="local", deploy_root=str(root), launcher="process",
                                        python=sys.executable, gpus=[0, 1]))
     yield cfg, host, root
-    launcher.stop(host, cfg, timeout=5)
+    Engine(host, cfg).stop(timeout=5)
     host.close()
 
 
@@ -84,10 +83,10 @@ def test_hung_multi_gpu_start_fails_within_the_derived_deadline_with_the_log_tai
     timeout, why = hostops.verify_timeout(cfg, host)
     assert timeout == pytest.approx(2 * (1 + 3_000_000 / startup.READ_BYTES_PER_S), rel=0.05)
     assert "tensor_parallel_size 2, GPUs 0,1" in why and "load time" in why
-    offset = launcher.start(host, cfg)
+    offset = Engine(host, cfg).start()
     t0 = time.monotonic()
     with pytest.raises(HealthError) as err:
-        verify(host, cfg, timeout=timeout, log_offset=offset, deadline_why=why)
+        Engine(host, cfg).verify(timeout=timeout, log_offset=offset, deadline_why=why)
     waited = time.monotonic() - t0
     assert waited < timeout + 10  # bounded by the deadline (plus one poll and the log read), not by 600 s
     msg = str(err.value)
@@ -95,7 +94,7 @@ def test_hung_multi_gpu_start_fails_within_the_derived_deadline_with_the_log_tai
     assert "hung NCCL init" in msg and "NCCL INFO Channel 00/02" in msg  # the engine's own last lines
     assert "CUDA_VISIBLE_DEVICES=0,1" in msg  # the rendered GPU environment reached the engine
     assert "NCCL_DEBUG=INFO" in err.value.fix
-    assert launcher.is_running(host, cfg)  # it hung rather than exited: the deploy's abort stops it
+    assert Engine(host, cfg).running()  # it hung rather than exited: the deploy's abort stops it
 
 
 def test_single_gpu_and_override_keep_the_configured_timeout(hung_tp2_release, monkeypatch):

@@ -151,7 +151,7 @@ def test_kill_9_of_the_main_engine_process_restarts_without_its_orphans(rel):
 
 def test_deployctl_stop_reports_the_leftovers_it_killed_and_a_wedged_engine(rel):
     from deployctl.hosts import Host
-    from deployctl.service import launcher
+    from deployctl.service.engine import Engine
 
     cfg = rel["cfg"]
     host = Host.from_config(cfg.hosts[0])
@@ -161,7 +161,7 @@ def test_deployctl_stop_reports_the_leftovers_it_killed_and_a_wedged_engine(rel)
         os.kill(sup, signal.SIGKILL)
         time.sleep(0.2)
         old = _pids(rel)
-        how = launcher.stop(host, cfg, timeout=3)
+        how = Engine(host, cfg).stop(timeout=3)
         assert how == "killed" and how.drained, how.detail
         worker = int((rel["state"] / "session-worker.1").read_text())
         assert f"{worker} (sleep)" in how.killed, how.killed
@@ -171,13 +171,13 @@ def test_deployctl_stop_reports_the_leftovers_it_killed_and_a_wedged_engine(rel)
         env = {**rel["env"], "FAKE_WEDGED": "1", "DEPLOYCTL_LAUNCH_STOP_TIMEOUT_S": "30"}
         sup = _start(rel, 2, env=env)
         every = _pids(rel)
-        how = launcher.stop(host, cfg, timeout=1.5)
+        how = Engine(host, cfg).stop(timeout=1.5)
         assert how == "killed" and not how.drained, how.detail
         assert "did not drain" in how.detail and how.killed
         assert _survivors(every + [sup]) == []
 
         # an engine that drains and leaves nothing: "stopped", nothing killed
-        assert launcher.stop(host, cfg, timeout=3) == "not running"
+        assert Engine(host, cfg).stop(timeout=3) == "not running"
     finally:
         host.close()
 

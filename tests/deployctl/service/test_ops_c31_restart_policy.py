@@ -13,8 +13,7 @@ from deployctl.config import HostConfig
 from deployctl.errors import HealthError
 from deployctl.hosts import Host
 from deployctl.render import render_release
-from deployctl.service import launcher
-from deployctl.service.verify import wait_ready
+from deployctl.service.engine import Engine
 from support.render import local_release, make_config
 
 BAD_YAML = "model: /nowhere\nmax_num_seqs: -3\nno_such_setting: 1\n"
@@ -52,23 +51,23 @@ def bad_release(tmp_path):
     host = Host.from_config(HostConfig(name="h", address="local", deploy_root=str(root), launcher="process",
                                        python=sys.executable))
     yield cfg, host, root
-    launcher.stop(host, cfg, timeout=5)
+    Engine(host, cfg).stop(timeout=5)
     host.close()
 
 
 def test_config_error_stops_after_one_try_with_exit_code_and_log_tail(bad_release, monkeypatch):
     cfg, host, root = bad_release
     monkeypatch.setenv("DEPLOYCTL_LAUNCH_BACKOFF_S", "0.1")  # a restart, if any, would come at once
-    offset = launcher.start(host, cfg)
+    offset = Engine(host, cfg).start()
     with pytest.raises(HealthError) as err:
-        wait_ready(host, cfg, timeout=60, log_offset=offset)
+        Engine(host, cfg).wait_ready(timeout=60, log_offset=offset)
     msg = str(err.value)
     assert msg.startswith("h: the runtime exited while starting") and "h: h:" not in msg
     assert "exited with 2 (configuration error); not restarting" in msg  # the exit code, and why no restart
     assert "deployctl-runtime serve:" in msg  # the runtime's own line from the log tail
     log = (root / "shared" / "logs" / "runtime.log").read_text()
     assert log.count("starting runtime:") == 1 and "restart 1/" not in log
-    assert not launcher.is_running(host, cfg)
+    assert not Engine(host, cfg).running()
 
 
 class _Recorder:
@@ -86,7 +85,7 @@ class _Recorder:
 
 def test_systemd_start_clears_a_failed_state_first():
     h = _Recorder()
-    launcher.start(h, make_config(engine={"device": "cpu"}))
+    Engine(h, make_config(engine={"device": "cpu"})).start()
     verbs = [c[1] for c in h.calls if c[0] == "systemctl"]
     # the log cap's timer is enabled beside the unit (deploy.yaml logs:); reset-failed comes before the restart
     assert verbs == ["daemon-reload", "enable", "reset-failed", "restart"]

@@ -25,18 +25,18 @@ def test_the_two_ports_alternate_and_the_pidfile_link_names_the_active_one():
     cfg = _cfg(spare_port=9001)
     h = cfg.hosts[0]
     assert (service_port(cfg, h), launcher.beside_port(cfg, h)) == (8001, 9001)
-    assert launcher._remember(h, "runtime.9001.pid\n") == 9001  # after a rollback onto the spare port
+    assert launcher.remember_port(h, "runtime.9001.pid\n") == 9001  # after a rollback onto the spare port
     assert (service_port(cfg, h), configured_port(cfg, h), launcher.beside_port(cfg, h)) == (9001, 8001, 8001)
-    assert launcher._remember(h, "runtime.8001.pid") == 8001  # the next rollback went back
+    assert launcher.remember_port(h, "runtime.8001.pid") == 8001  # the next rollback went back
     assert launcher.beside_port(cfg, h) == 9001
-    assert launcher._remember(h, "") is None and service_port(cfg, h) == 8001  # a plain pidfile: configured
+    assert launcher.remember_port(h, "") is None and service_port(cfg, h) == 8001  # a plain pidfile: configured
     assert launcher.beside_port(cfg, _cfg().hosts[0]) is None  # no spare_port: no start beside
 
 
 def test_a_release_renders_the_configured_port_and_nginx_the_active_one():
     cfg = _cfg(spare_port=9001)
     h = cfg.hosts[0]
-    launcher._remember(h, "runtime.9001.pid")
+    launcher.remember_port(h, "runtime.9001.pid")
     files = {f.path: f.content for f in render_release(cfg, h, "20261201T000000Z-abcdef12", api_key=None)}
     assert "port: 8001" in files["runtime.yaml"] and "9001" not in files["runtime.yaml"]
     assert "DEPLOYCTL_LAUNCH_PORT" in files["launch.sh"]
@@ -77,6 +77,6 @@ def test_a_process_that_never_read_the_host_renders_the_port_the_last_split_rout
     assert "127.0.0.1:9001" in text and "127.0.0.1:8001" not in text
 
     r = router(_cfg(spare_port=9001))
-    launcher._remember(r.cfg.hosts[0], "")  # read from the host this time: a plain pidfile, the configured port
+    launcher.remember_port(r.cfg.hosts[0], "")  # read from the host this time: a plain pidfile, the configured port
     r.read_split()
     assert service_port(r.cfg, r.cfg.hosts[0]) == 8001

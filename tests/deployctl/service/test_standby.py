@@ -12,7 +12,7 @@ from deployctl.config import parse_config
 from deployctl.errors import ConfigError
 from deployctl.hostscripts import probe
 from deployctl.hosts.host import Host
-from deployctl.service import standby
+from deployctl.service.engine import Engine
 from support.runtime import make_tiny_model, serve_runtime
 
 KEY = "sk-standby-0123456789abcdef"
@@ -38,10 +38,11 @@ def test_sleep_wake_over_ssh_and_a_wake_that_no_longer_fits(ssh_fleet, tmp_path,
         port = int(url.rsplit(":", 1)[1])
         cfg = _cfg(fleet, model, port)
         host = Host.from_config(cfg.hosts[0])
-        assert standby.is_sleeping(host, cfg, port) is False
-        s = standby.sleep(host, cfg, port)
+        e = Engine(host, cfg, port)
+        assert e.is_sleeping() is False
+        s = e.sleep()
         assert s.ok and s.status == 200 and s.action == "sleep" and s.seconds >= 0 and s.body["level"] == 1, s
-        assert standby.is_sleeping(host, cfg) is True  # the host's active port by default
+        assert Engine(host, cfg).is_sleeping() is True  # the host's active port by default
         gpu = probe.probe_nvidia(str(ledger))["gpus"][0]
         assert gpu["memory_used"] == 1000 and gpu["memory_free"] == 2**40 - 1000  # the sleeper's residue
         assert [p["what"] for p in gpu["processes"]] == ["sleeping residue"]
@@ -49,19 +50,19 @@ def test_sleep_wake_over_ssh_and_a_wake_that_no_longer_fits(ssh_fleet, tmp_path,
         data = json.loads(ledger.read_text())  # another process takes the memory
         data["allocations"][str(os.getpid())] = {"bytes": 2**40 - 2000, "what": "weights+kv", "label": "intruder"}
         ledger.write_text(json.dumps(data))
-        w = standby.wake(host, cfg, port)
+        w = e.wake()
         assert not w.ok and w.status == 503 and w.code == "gpu_memory_exhausted", w
         assert f"pid {os.getpid()} (weights+kv {2**40 - 2000} bytes, intruder)" in w.reason
         monkeypatch.setenv(probe.FAKE_GPU_ENV, str(ledger))  # or from the probe's environment
         assert probe.probe_nvidia()["gpus"][0]["memory_free"] == 1000
-        assert standby.is_sleeping(host, cfg, port) is True
+        assert e.is_sleeping() is True
 
         data = json.loads(ledger.read_text())
         del data["allocations"][str(os.getpid())]
         ledger.write_text(json.dumps(data))
-        w = standby.wake(host, cfg, port)
+        w = e.wake()
         assert w.ok and w.body["status"] == "awake" and w.seconds >= 0, w
-        assert standby.is_sleeping(host, cfg, port) is False
+        assert e.is_sleeping() is False
 
 
 def test_an_engine_without_sleep_mode_is_a_config_error(tmp_path):
@@ -70,6 +71,7 @@ def test_an_engine_without_sleep_mode_is_a_config_error(tmp_path):
         "engine": {"kind": "transformers", "version": "5.0.0", "device": "cpu"},
         "hosts": [{"name": "h", "address": "local", "deploy_root": str(tmp_path / "root"), "launcher": "process"}]}))
     host = Host.from_config(cfg.hosts[0])
-    for call in (standby.sleep, standby.wake, standby.is_sleeping):
+    e = Engine(host, cfg)
+    for call in (e.sleep, e.wake, e.is_sleeping):
         with pytest.raises(ConfigError, match="engine transformers has no sleep mode"):
-            call(host, cfg)
+            call()

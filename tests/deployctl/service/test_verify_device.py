@@ -9,6 +9,7 @@ import pytest
 from deployctl.config import parse_config
 from deployctl.errors import HealthError
 from deployctl.service import verify
+from deployctl.service.engine import Engine
 from deployctl.service.http import HttpResult
 
 CPU_READYZ = {"status": "ready", "detail": "serving", "model": "m", "device": "cpu", "device_name": "AMD EPYC 7B13",
@@ -30,7 +31,7 @@ hosts: [{{name: a, address: local, deploy_root: {tmp_path}/root, launcher: proce
 @pytest.fixture
 def readyz(monkeypatch):
     answers = {}
-    monkeypatch.setattr(verify, "http", lambda host, cfg, method, path, body=None, timeout=10, port=None: answers["r"])
+    monkeypatch.setattr(Engine, "http", lambda self, method, path, body=None, timeout=10: answers["r"])
     monkeypatch.setattr(verify.launcher, "log_tail", lambda host, lines: "")
     return lambda body: answers.update(r=HttpResult(200, {}, json.dumps(body)))
 
@@ -41,7 +42,7 @@ HOST = SimpleNamespace(name="a", config=SimpleNamespace(deploy_root="/srv/svc"))
 def test_a_cuda_release_running_on_cpu_fails_verification(tmp_path, readyz):
     readyz(CPU_READYZ)
     with pytest.raises(HealthError) as exc:
-        verify.wait_ready(HOST, _cfg(tmp_path, "cuda"), timeout=5)
+        Engine(HOST, _cfg(tmp_path, "cuda")).wait_ready(timeout=5)
     assert "runs on cpu (AMD EPYC 7B13" in str(exc.value) and "engine.device cuda" in str(exc.value)
 
 
@@ -49,4 +50,4 @@ def test_a_cuda_release_running_on_cpu_fails_verification(tmp_path, readyz):
                                           ("cuda", {"status": "ready"})])  # an older runtime says nothing
 def test_the_device_asked_for_passes(tmp_path, readyz, device, facts):
     readyz(facts)
-    assert verify.wait_ready(HOST, _cfg(tmp_path, device), timeout=5) >= 0
+    assert Engine(HOST, _cfg(tmp_path, device)).wait_ready(timeout=5) >= 0
