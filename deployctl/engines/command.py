@@ -164,13 +164,20 @@ def secret_names(cfg) -> frozenset[str]:
     return frozenset({a.api_key_env or KEYED_ENV, *cfg.engine.secret_env})
 
 
-def gpu_env(cfg, host) -> dict[str, str]:
+def gpu_env(cfg, host, pinning: Optional[dict] = None) -> dict[str, str]:
     """CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's default order is fastest-first; NVML's, and so nvidia-smi's and
     hosts[].gpus', is PCI bus order: CUDA programming guide, "CUDA Environment Variables") and
-    CUDA_VISIBLE_DEVICES=hosts[].gpus on cuda; empty on cpu. Set by the unit and launch.sh."""
+    CUDA_VISIBLE_DEVICES on cuda; empty on cpu. Set by the unit and launch.sh. ``pinning``: the release's GPU record
+    (deployctl.render.gpupin.pinning): with ``"by": "uuid"`` CUDA_VISIBLE_DEVICES lists the GPUs' UUIDs
+    ("GPU-5c1e...,GPU-9a04...", in hosts[].gpus' order: an index can name another GPU after a reboot or under an
+    inherited mask, a UUID cannot); else (None, ``"by": "index"``) hosts[].gpus' indices ("0,1")."""
     if cfg.engine.device != "cuda":
         return {}
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpu_ids))}
+    if pinning and pinning.get("by") == "uuid":
+        visible = ",".join(d["uuid"] for d in pinning["devices"])
+    else:
+        visible = ",".join(map(str, host.gpu_ids))
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
 
 
 # engine_main.py's log scrubber: the engine's stdout and stderr (and its children's, which inherit them) pass
@@ -228,9 +235,12 @@ def keyed_main(cfg) -> str:
 
 
 def render_context(cfg, host, *, release_dir: str, port: int,
-                   api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, Any]:
+                   api_key: Optional[str], standby: Optional[bool] = None,
+                   gpu_pinning: Optional[dict] = None) -> dict[str, Any]:
     """Names the per-host templates use for the engine: ``engine_cmd`` (sh words), ``exec_start`` (systemd),
-    ``engine_env`` (the env file's variables), ``secret_names`` (which of them are secrets), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
+    ``engine_env`` (the env file's variables), ``secret_names`` (which of them are secrets), ``gpu_env`` (unit and
+    launch.sh; by UUID with ``gpu_pinning``, gpu_env), ``gpu_list`` ("0,1": the NVML indices nvidia-smi -i waits
+    for), ``engine_label``, the adapter."""
     import shlex
 
     a = of(cfg)
@@ -241,7 +251,7 @@ def render_context(cfg, host, *, release_dir: str, port: int,
         argv = engine_argv(cfg, host, release_dir=release_dir, port=port, api_key=api_key, standby=standby)
         label = f"{a.kind} {cfg.engine.version}"
     return {"adapter": a, "engine_argv": argv, "engine_cmd": shlex.join(argv), "exec_start": " ".join(argv),
-            "engine_env": engine_env(cfg, api_key, standby), "secret_names": secret_names(cfg), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
+            "engine_env": engine_env(cfg, api_key, standby), "secret_names": secret_names(cfg), "gpu_env": gpu_env(cfg, host, gpu_pinning), "gpu_list": ",".join(map(str, host.gpu_ids)),
             "engine_label": label}
 
 

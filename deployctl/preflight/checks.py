@@ -16,6 +16,7 @@ from deployctl.preflight.base import Check, service_pids as _service_pids
 from deployctl.preflight.capacity import check_capacity, check_gpu_ids, check_gpu_memory, plan_from_facts
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.preflight.gpuhealth import check_gpu_health
+from deployctl.preflight.gpupin import check_gpu_pinning
 from deployctl.preflight.gpuprocs import check_gpu_processes
 from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
@@ -250,7 +251,7 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "gpu_processes", "capacity", "port", "disk",
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_pinning", "gpu_memory", "gpu_processes", "capacity", "port", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
                     "login_shell")  # SSH hosts only
@@ -274,6 +275,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         *([check_engine(cfg, host, facts)] if cfg.engine.kind != "deployctl-runtime" else []),
         *([check_gpu_ids(cfg, host)] if cfg.engine.device == "cuda" else []),
         check_gpu_health(cfg, host, facts),
+        check_gpu_pinning(cfg, host, facts),
         check_gpu_memory(cfg, host, facts, sized),
         check_gpu_processes(cfg, host, facts),
         capacity,
