@@ -24,7 +24,7 @@ import time
 
 PROBE_VERSION = 1
 FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "memory", "disk", "port",
-             "service", "model", "current_release")
+             "service", "model", "current_release", "more_ports")
 # Run by the runtime environment's python: the engine distribution's version (metadata, not assumed) and whether
 # its module is importable (found on sys.path; not imported: vLLM's import initialises CUDA and takes seconds).
 _ENGINE_SNIPPET = (
@@ -404,6 +404,12 @@ def probe_port(bind: str, port: int) -> dict:
     return out
 
 
+def probe_more_ports(ports: list) -> list:
+    """probe_port for each of ``[[bind, port, what]]`` (the other ports deployctl allocates on the host:
+    spare_port, dist_port), each with its ``what``."""
+    return [dict(probe_port(b, int(p)), what=w) for b, p, w in ports]
+
+
 def _descendants(root: int) -> list:
     children = {}
     for entry in os.listdir("/proc"):
@@ -568,13 +574,14 @@ def _chat_template_source(path: str):
 
 def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
-    (a list of "port", "service", "nvidia", "pids") limits the run to those (plus probe_version, hostname and time)."""
+    (a list of "port", "service", "nvidia", "pids", "more_ports") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
     if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
         cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
                  "service": lambda: probe_service(deploy_root, params.get("unit") or ""),
                  "nvidia": lambda: probe_nvidia(params.get("fake_gpu_memory") or ""),
-                 "pids": lambda: probe_pid_files(params.get("pid_files") or [])}
+                 "pids": lambda: probe_pid_files(params.get("pid_files") or []),
+                 "more_ports": lambda: probe_more_ports(params.get("more_ports") or [])}
         return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
                 **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""
@@ -590,6 +597,8 @@ def collect(params: dict) -> dict:
     facts["service"] = probe_service(deploy_root, params.get("unit") or "")
     facts["model"] = probe_model(model_path)
     facts["current_release"] = probe_current_release(deploy_root)
+    # the other ports deployctl allocates here (params more_ports: [[bind, port, what]]): probe_port each, + "what"
+    facts["more_ports"] = probe_more_ports(params.get("more_ports") or [])
     facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
     dist = params.get("engine_distribution")
     engines = params.get("engines_dir") or os.path.join(deploy_root, "shared", "engines")

@@ -141,7 +141,7 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
     ok = tmp_path / "deploy.yaml"
     ok.write_text("service: {name: x}\nmodel: {path: /nonexistent/m}\n"
                   "hosts:\n  - &h {name: a, address: local, deploy_root: /tmp/x, python: /usr/bin/python3}\n"
-                  "  - {<<: *h, name: b, server_port: 8081}\n")  # one machine: a port each
+                  "  - {<<: *h, name: b}\n")
     proc = plan(ok)  # the config loads (both hosts); the plan then stops at the missing model directory
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert "/nonexistent/m" in proc.stderr and str(ok) not in proc.stderr, proc.stderr

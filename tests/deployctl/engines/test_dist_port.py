@@ -96,3 +96,39 @@ def test_a_port_shared_by_two_entries_on_one_machine_is_refused_naming_both_owne
     # two machines may use the same ports
     make_config(hosts=[{"name": "a", "deploy_root": "/opt/a", **base},
                        {**base, "name": "b", "deploy_root": "/opt/b", "address": "10.0.0.12"}])
+
+
+def test_preflight_checks_each_allocated_port_is_free_or_ours():
+    """The probe binds each of the host's other allocated ports for real (gather.more_ports -> probe more_ports);
+    a stranger listening on the dist port fails naming it, our own engine's listener passes."""
+    import os
+    import socket
+
+    from deployctl.hostscripts.probe import collect
+    from deployctl.preflight.checks import check_allocated_ports
+    from deployctl.preflight.gather import more_ports
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        taken = s.getsockname()[1]
+    cfg = make_config(engine={"kind": "sglang", "version": "0.5.23", "tensor_parallel_size": 2},
+                      server={"bind": "127.0.0.1"},
+                      hosts=[{"name": "gpu-a", "address": "10.0.0.11", "user": "deploy", "gpus": [0, 1],
+                              "deploy_root": "/opt/deployctl/chat-7b", "python": "/opt/deployctl/venv/bin/python",
+                              "dist_port": taken}])
+    host = cfg.hosts[0]
+    assert more_ports(cfg, host) == [["0.0.0.0", taken, "dist_port"]]
+    params = {"sections": ["service", "more_ports"], "deploy_root": "/nonexistent",
+              "more_ports": more_ports(cfg, host)}
+    facts = collect(params)
+    assert check_allocated_ports(host, facts).status == "pass"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        facts = collect(params)
+        c = check_allocated_ports(host, facts)
+        assert c.status == "fail" and f"dist_port {taken} on 0.0.0.0 on gpu-a is held by pid {os.getpid()}" in c.message
+        assert "hosts[gpu-a].dist_port" in c.fix
+        facts["service"] = {"pids": [os.getpid()]}  # our own engine holds it
+        assert check_allocated_ports(host, facts).status == "pass"
