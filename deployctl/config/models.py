@@ -180,6 +180,9 @@ class HostConfig(_Frozen):
     # a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
     # there beside the one serving, switches the router over, then drains the old one; the two ports alternate
     spare_port: Optional[int] = Field(None, ge=1, le=65535)
+    # the distributed-init (rendezvous) port of a multi-GPU engine (tensor_parallel_size > 1: SGLang --nccl-port,
+    # vLLM VLLM_PORT); default server_port + 20000 (engines.command.dist_port)
+    dist_port: Optional[int] = Field(None, ge=1, le=65535)
     # the port the runtime listens on now when that is not the configured one (after a rollback onto
     # spare_port): state read from the host (deployctl.service.launcher.load_port), never from deploy.yaml
     _active_port: Optional[int] = PrivateAttr(None)

@@ -3,7 +3,8 @@
 deploy.yaml's entry is expanded before validation into one host entry per replica, so that every other part of
 deployctl (render, deploy, canary, rollback, status, the router) sees ordinary hosts: replica ``i`` (from 0) is
 named ``<name>-r<i>``, lives under ``<deploy_root>/r<i>`` (its own releases, ``current``, pidfiles, logs and state),
-listens on ``server_port + i`` (and ``spare_port + i``), is the systemd unit ``<service>-r<i>.service``
+listens on ``server_port + i`` (and ``spare_port + i``; a multi-GPU engine rendezvouses on ``dist_port + i``,
+engines.command.dist_port), is the systemd unit ``<service>-r<i>.service``
 (``replica``), and gets GPU ids ``gpus[i × TP:(i + 1) × TP]`` (its CUDA_VISIBLE_DEVICES; on engine.device cpu
 there is nothing to split); ids listed beyond replicas × TP go to no replica and are recorded on replica 0 as
 ``idle_gpus`` (preflight's gpus check warns). nginx lists each replica
@@ -50,35 +51,67 @@ def expand_replicas(data: Any) -> Any:
                        gpus=list(gpus) if cpu else list(gpus[r * tp:(r + 1) * tp]), replica=r)
             if spare is not None:
                 rep["spare_port"] = spare + r
+            if h.get("dist_port") is not None and isinstance(h.get("dist_port"), int):
+                rep["dist_port"] = h["dist_port"] + r
             if r == 0 and not cpu and len(gpus) > n * tp:
                 rep["idle_gpus"] = list(gpus[n * tp:])
             out.append(rep)
     return {**data, "hosts": out}
 
 
-def check_shared_machines(cfg) -> None:
-    """A replica (``replica`` set) and any other host entry on its machine (the same ``address`` and SSH port) must
-    not share a runtime port, a deploy_root, or, on cuda, a GPU id. Raises ValueError naming both entries. (Entries
-    written out by hand on one machine are not checked: tests run several on loopback with the default gpu 0.)"""
-    def configured_port(cfg, h):  # config.layout.configured_port's rule (layout imports the models: no cycle)
-        return h.server_port or cfg.server.port
+def allocated_ports(cfg, h) -> dict[int, str]:
+    """Every port deployctl allocates for host entry ``h`` on its machine: {port: what} (``server_port``,
+    ``spare_port``, ``dist_port``: the engine's rendezvous port, engines.command.dist_port)."""
+    from deployctl.engines.command import dist_port
 
+    out = {h.server_port or cfg.server.port: "server_port"}  # config.layout.configured_port's rule
+    if h.spare_port is not None:
+        out.setdefault(h.spare_port, "spare_port")
+    dist = dist_port(cfg, h)
+    if dist is not None:
+        out.setdefault(dist, "dist_port")
+    return out
+
+
+def check_shared_machines(cfg) -> None:
+    """Host entries on one machine (the same ``address`` and SSH port) must not share a port deployctl allocates
+    (allocated_ports: server_port, spare_port, dist_port), nor, when one of them is a replica (``replica`` set), a
+    deploy_root or, on cuda, a GPU id; one entry's own ports must differ too. Raises ValueError naming both owners
+    and the fix. (Entries written out by hand on one machine may share deploy_root, GPUs and the server_port itself,
+    which render refuses for routed hosts: tests run several on loopback with the default gpu 0.)"""
     seen: dict = {}
     for h in cfg.hosts:
+        mine = allocated_ports(cfg, h)
+        dist = _dist(cfg, h)
+        if dist is not None and mine[dist] != "dist_port":
+            raise ValueError(f"host {h.name!r}: its dist_port {dist} is also its {mine[dist]}; give "
+                             f"hosts[{h.name}].dist_port a port of its own")
         machine = (h.address, h.port)
         for other in seen.get(machine, []):
+            theirs = allocated_ports(cfg, other)
+            both = sorted(p for p in set(theirs) & set(mine)
+                          # two entries written out by hand on one server_port: left to render's check (tests run
+                          # several on loopback; the router refuses one address:port twice)
+                          if h.replica is not None or other.replica is not None
+                          or (theirs[p], mine[p]) != ("server_port", "server_port"))
+            if both:
+                p = both[0]
+                raise ValueError(f"hosts {other.name!r} and {h.name!r} run on one machine ({h.address}) and both use "
+                                 f"port {p} ({other.name}'s {theirs[p]}, {h.name}'s {mine[p]}); give each its own "
+                                 f"{mine[p]} (hosts[].server_port / spare_port / dist_port)")
             if h.replica is None and other.replica is None:
                 continue
-            ports = {configured_port(cfg, other), other.spare_port} - {None}
-            mine = {configured_port(cfg, h), h.spare_port} - {None}
-            if ports & mine:
-                raise ValueError(f"hosts {other.name!r} and {h.name!r} run on one machine ({h.address}) and both use "
-                                 f"port {min(ports & mine)}; give each its own server_port / spare_port")
             if other.deploy_root.rstrip("/") == h.deploy_root.rstrip("/"):
                 raise ValueError(f"hosts {other.name!r} and {h.name!r} share deploy_root {h.deploy_root} on "
                                  f"{h.address}; give each its own (hosts[].replicas does: <deploy_root>/r<i>)")
-            both = sorted(set(other.gpu_ids) & set(h.gpu_ids))
-            if cfg.engine.device == "cuda" and both:
+            gpus = sorted(set(other.gpu_ids) & set(h.gpu_ids))
+            if cfg.engine.device == "cuda" and gpus:
                 raise ValueError(f"hosts {other.name!r} and {h.name!r} run on one machine ({h.address}) and both "
-                                 f"list GPU {both[0]}; give each its own hosts[].gpus")
+                                 f"list GPU {gpus[0]}; give each its own hosts[].gpus")
         seen.setdefault(machine, []).append(h)
+
+
+def _dist(cfg, h):
+    from deployctl.engines.command import dist_port
+
+    return dist_port(cfg, h)

@@ -176,6 +176,11 @@ class Adapter:
     # engine does not count them apart); the error-share alert adds them to its rejections
     error_finish: Optional[str] = None
     extra_env: Mapping[str, str] = field(default_factory=dict)  # always in the env file (no secrets)
+    # The port a multi-GPU start (tensor_parallel_size > 1) rendezvouses on, so that two replicas on one machine do
+    # not race for the engine's default (torch's 29500, a random pick): a flag (``dist_port_flag``) or an env var
+    # (``dist_port_env``) of the engine, rendered with engines.command.dist_port; both None: the engine has none.
+    dist_port_flag: Optional[str] = None
+    dist_port_env: Optional[str] = None
     fixed_args: tuple[str, ...] = ()  # always rendered after the settings (e.g. a cache size)
     # The engine sizes its KV cache from the num_gpu_blocks flag only: always rendered, from
     # engine.num_gpu_blocks_override or enough blocks for max_num_seqs requests of max_model_len.
@@ -218,6 +223,8 @@ class Adapter:
         out.update(a for a in self.fixed_args if a.startswith("--"))
         if self.sleep is not None:
             out.update(self.sleep.enable_flags)
+        if self.dist_port_flag:
+            out.add(self.dist_port_flag)
         return out
 
     def sample_body(self, model: str) -> dict:

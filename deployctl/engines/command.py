@@ -47,6 +47,27 @@ def stop_wait_s(cfg) -> int:
     return math.ceil(cfg.server.drain_timeout_s) + of(cfg).stop_overhead_s
 
 
+# hosts[].dist_port's default: the runtime's server_port + DIST_PORT_OFFSET (- where that passes 65535, as SGLang
+# derives its own ZMQ port: server_args.py ZMQ_TCP_PORT_DELTA), so every entry and replica on a machine, whose
+# server ports differ, gets its own (replica i: server_port + i, so dist port + i)
+DIST_PORT_OFFSET = 20000
+
+
+def dist_port(cfg, host) -> Optional[int]:
+    """The distributed-init (rendezvous) port of ``host``'s engine, or None where none is allocated: only a
+    multi-GPU start (engine.tensor_parallel_size > 1) of an engine that takes one (Adapter.dist_port_flag /
+    dist_port_env). hosts[].dist_port (config/replicas.py gives replica i of an entry dist_port + i), else the
+    host's configured server_port (hosts[].server_port, else server.port) + DIST_PORT_OFFSET, or − it above
+    65535."""
+    a = of(cfg)
+    if cfg.engine.tensor_parallel_size <= 1 or not (a.dist_port_flag or a.dist_port_env):
+        return None
+    if getattr(host, "dist_port", None):
+        return host.dist_port
+    port = host.server_port or cfg.server.port
+    return port + DIST_PORT_OFFSET if port + DIST_PORT_OFFSET <= 65535 else port - DIST_PORT_OFFSET
+
+
 def setting_values(cfg, host, port: int) -> dict[str, Any]:
     """base.SETTINGS -> the value deploy.yaml gives it for ``host``."""
     e = cfg.engine
@@ -106,6 +127,9 @@ def settings_argv(cfg, host, port: int) -> list[str]:
             head.append(_fmt(value))
         else:
             out += [spell.name, _fmt(value)]
+    dist = dist_port(cfg, host)
+    if dist is not None and a.dist_port_flag:
+        out += [a.dist_port_flag, str(dist)]
     return head + out + list(a.fixed_args) + list(cfg.engine.extra_args)
 
 
@@ -138,7 +162,7 @@ def engine_argv(cfg, host, *, release_dir: str, port: int,
     return head + argv[:n] + flags + argv[n:]
 
 
-def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, str]:
+def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None, host=None) -> dict[str, str]:
     """The 0600 env file's variables: the adapter's fixed ones, the sleep-mode ones when the release keeps a
     standby (standby_args), deploy.yaml's engine.cache_dir / env / secret_env ones (engines.processenv; raises
     ConfigError for an unset secret or a name deployctl sets) and the API key under the name the engine (or
@@ -150,6 +174,9 @@ def engine_env(cfg, api_key: Optional[str], standby: Optional[bool] = None) -> d
     from deployctl.engines.processenv import process_env
 
     env: dict[str, str] = {**a.extra_env, **keepalive_env(cfg), **standby_args(cfg, standby)[1]}
+    dist = dist_port(cfg, host) if host is not None else None
+    if dist is not None and a.dist_port_env:  # the rendezvous port (dist_port), for an engine that reads an env var
+        env[a.dist_port_env] = str(dist)
     env |= process_env(cfg.engine, set(env) | {a.api_key_env or KEYED_ENV}, settings.environ(), a.kind)
     if api_key:
         env[a.api_key_env or KEYED_ENV] = api_key
@@ -164,13 +191,20 @@ def secret_names(cfg) -> frozenset[str]:
     return frozenset({a.api_key_env or KEYED_ENV, *cfg.engine.secret_env})
 
 
-def gpu_env(cfg, host) -> dict[str, str]:
+def gpu_env(cfg, host, pinning: Optional[dict] = None) -> dict[str, str]:
     """CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's default order is fastest-first; NVML's, and so nvidia-smi's and
     hosts[].gpus', is PCI bus order: CUDA programming guide, "CUDA Environment Variables") and
-    CUDA_VISIBLE_DEVICES=hosts[].gpus on cuda; empty on cpu. Set by the unit and launch.sh."""
+    CUDA_VISIBLE_DEVICES on cuda; empty on cpu. Set by the unit and launch.sh. ``pinning``: the release's GPU record
+    (deployctl.render.gpupin.pinning): with ``"by": "uuid"`` CUDA_VISIBLE_DEVICES lists the GPUs' UUIDs
+    ("GPU-5c1e...,GPU-9a04...", in hosts[].gpus' order: an index can name another GPU after a reboot or under an
+    inherited mask, a UUID cannot); else (None, ``"by": "index"``) hosts[].gpus' indices ("0,1")."""
     if cfg.engine.device != "cuda":
         return {}
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpu_ids))}
+    if pinning and pinning.get("by") == "uuid":
+        visible = ",".join(d["uuid"] for d in pinning["devices"])
+    else:
+        visible = ",".join(map(str, host.gpu_ids))
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
 
 
 # engine_main.py's log scrubber: the engine's stdout and stderr (and its children's, which inherit them) pass
@@ -228,9 +262,12 @@ def keyed_main(cfg) -> str:
 
 
 def render_context(cfg, host, *, release_dir: str, port: int,
-                   api_key: Optional[str], standby: Optional[bool] = None) -> dict[str, Any]:
+                   api_key: Optional[str], standby: Optional[bool] = None,
+                   gpu_pinning: Optional[dict] = None) -> dict[str, Any]:
     """Names the per-host templates use for the engine: ``engine_cmd`` (sh words), ``exec_start`` (systemd),
-    ``engine_env`` (the env file's variables), ``secret_names`` (which of them are secrets), ``gpu_env`` (unit and launch.sh), ``gpu_list`` ("0,1"), ``engine_label``, the adapter."""
+    ``engine_env`` (the env file's variables), ``secret_names`` (which of them are secrets), ``gpu_env`` (unit and
+    launch.sh; by UUID with ``gpu_pinning``, gpu_env), ``gpu_list`` ("0,1": the NVML indices nvidia-smi -i waits
+    for), ``engine_label``, the adapter."""
     import shlex
 
     a = of(cfg)
@@ -241,7 +278,7 @@ def render_context(cfg, host, *, release_dir: str, port: int,
         argv = engine_argv(cfg, host, release_dir=release_dir, port=port, api_key=api_key, standby=standby)
         label = f"{a.kind} {cfg.engine.version}"
     return {"adapter": a, "engine_argv": argv, "engine_cmd": shlex.join(argv), "exec_start": " ".join(argv),
-            "engine_env": engine_env(cfg, api_key, standby), "secret_names": secret_names(cfg), "gpu_env": gpu_env(cfg, host), "gpu_list": ",".join(map(str, host.gpu_ids)),
+            "engine_env": engine_env(cfg, api_key, standby, host), "secret_names": secret_names(cfg), "gpu_env": gpu_env(cfg, host, gpu_pinning), "gpu_list": ",".join(map(str, host.gpu_ids)),
             "engine_label": label}
 
 

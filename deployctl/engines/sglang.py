@@ -32,6 +32,9 @@ ADAPTER = Adapter(
         "kv_cache_dtype": Flag("--kv-cache-dtype", values={"fp8": "fp8_e4m3"}),
         "enforce_eager": Switch("--disable-cuda-graph", None),
     },
+    # arg_groups/fields/parallel.py nccl_port: "The port for NCCL distributed environment setup. Defaults to a
+    # random port" (server_args.py PortArgs.init_new: get_free_port_below_ephemeral, 22000-29999)
+    dist_port_flag="--nccl-port",
     # arg_groups/fields/serving.py: api_key comes only from --api-key (no env var): engine_main.py adds it.
     api_key_env=None,
     api_key_flag="--api-key",

@@ -33,6 +33,11 @@ ADAPTER = Adapter(
     },
     # api_server.py: `args.api_key or envs.VLLM_API_KEY` guards every /v1 route.
     api_key_env="VLLM_API_KEY",
+    # vllm/envs.py VLLM_PORT ("used in distributed environment to manually set the communication port"): every
+    # port vLLM picks for itself (utils/network_utils.py get_open_port, get_open_ports_list: the TCP rendezvous,
+    # the DP master ports, up to 5 upward from it) starts there instead of at a random free port. No flag for it:
+    # --master-port is multi-node only (config/parallel.py).
+    dist_port_env="VLLM_PORT",
     ready_route="/health",
     live_route="/health",
     metrics_route="/metrics",

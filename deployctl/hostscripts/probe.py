@@ -24,7 +24,7 @@ import time
 
 PROBE_VERSION = 1
 FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "memory", "disk", "port",
-             "service", "model")
+             "service", "model", "current_release", "more_ports")
 # Run by the runtime environment's python: the engine distribution's version (metadata, not assumed) and whether
 # its module is importable (found on sys.path; not imported: vLLM's import initialises CUDA and takes seconds).
 _ENGINE_SNIPPET = (
@@ -91,7 +91,8 @@ def probe_fake_gpu(path: str) -> dict:
         out["error"] = "%s=%s: %s" % (FAKE_GPU_ENV, path, exc)
         return out
     used = sum(p["used_memory"] for p in procs)
-    out["gpus"].append({"index": 0, "name": "fake GPU (%s)" % path, "memory_total": total,
+    out["gpus"].append({"index": 0, "name": "fake GPU (%s)" % path, "uuid": data.get("uuid"),
+                        "pci_bus_id": data.get("pci_bus_id"), "memory_total": total,
                         "memory_free": total - used, "memory_used": used, "compute_capability": None,
                         "processes": procs})
     out["available"] = True
@@ -119,9 +120,26 @@ def _memory_health(pynvml, h) -> dict:
     return out
 
 
+def _identity(pynvml, h) -> dict:
+    """A GPU's identity that survives a reboot and an inherited CUDA_VISIBLE_DEVICES mask, where its NVML index
+    may not: ``uuid`` (nvmlDeviceGetUUID, "GPU-5c1e7d52-..."; CUDA_VISIBLE_DEVICES takes it as an entry) and
+    ``pci_bus_id`` (nvmlDeviceGetPciInfo().busId, "00000000:18:00.0", domain:bus:device.function); each None where
+    the driver does not answer."""
+    out = {"uuid": None, "pci_bus_id": None}
+    try:
+        out["uuid"] = _s(pynvml.nvmlDeviceGetUUID(h)) or None
+    except Exception:
+        pass
+    try:
+        out["pci_bus_id"] = _s(pynvml.nvmlDeviceGetPciInfo(h).busId) or None
+    except Exception:
+        pass
+    return out
+
+
 def probe_nvidia(fake_gpu_memory: str = "") -> dict:
-    """Driver, the CUDA version it supports, and each GPU via NVML (with its pending memory repairs,
-    _memory_health); ``error`` holds NVML's text; ``gpu_errors`` the GPUs NVML lists but cannot read ({"index",
+    """Driver, the CUDA version it supports, and each GPU via NVML (with its ``uuid`` and ``pci_bus_id``,
+    _identity, and its pending memory repairs, _memory_health); ``error`` holds NVML's text; ``gpu_errors`` the GPUs NVML lists but cannot read ({"index",
     "error", "lost": NVML_ERROR_GPU_IS_LOST}). With a ledger
     path (params ``fake_gpu_memory``, or ``DEPLOYCTL_FAKE_GPU_MEMORY`` in the probe's environment; tests), the
     stand-in GPU's ledger instead (probe_fake_gpu)."""
@@ -155,7 +173,7 @@ def probe_nvidia(fake_gpu_memory: str = "") -> dict:
                 continue
             gpu = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total),
                    "memory_free": int(mem.free), "memory_used": int(mem.used), "compute_capability": None,
-                   "processes": [], **_memory_health(pynvml, h)}
+                   "processes": [], **_identity(pynvml, h), **_memory_health(pynvml, h)}
             try:
                 gpu["compute_capability"] = "%d.%d" % tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
             except Exception:
@@ -386,6 +404,12 @@ def probe_port(bind: str, port: int) -> dict:
     return out
 
 
+def probe_more_ports(ports: list) -> list:
+    """probe_port for each of ``[[bind, port, what]]`` (the other ports deployctl allocates on the host:
+    spare_port, dist_port), each with its ``what``."""
+    return [dict(probe_port(b, int(p)), what=w) for b, p, w in ports]
+
+
 def _descendants(root: int) -> list:
     children = {}
     for entry in os.listdir("/proc"):
@@ -466,6 +490,20 @@ def probe_pid_files(paths: list) -> dict:
     return out
 
 
+def probe_current_release(deploy_root: str):
+    """What the host's current release was given: ``{"release_id", "gpus", "gpu_pinning"}`` from
+    ``<deploy_root>/current/release.json`` (gpu_pinning: deployctl.render.gpupin's record, None for a release
+    rendered without one), or None without a current release or a readable release.json."""
+    if not deploy_root:
+        return None
+    try:
+        with open(os.path.join(deploy_root, "current", "release.json")) as f:
+            doc = json.load(f)
+        return {"release_id": doc.get("release_id"), "gpus": doc.get("gpus"), "gpu_pinning": doc.get("gpu_pinning")}
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def probe_memory() -> dict:
     """Host RAM from /proc/meminfo: ``{"total_bytes", "available_bytes", "error"}`` (MemTotal, MemAvailable; None
     when unreadable). A sleeping standby keeps its weights there."""
@@ -536,13 +574,14 @@ def _chat_template_source(path: str):
 
 def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
-    (a list of "port", "service", "nvidia", "pids") limits the run to those (plus probe_version, hostname and time)."""
+    (a list of "port", "service", "nvidia", "pids", "more_ports") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
     if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
         cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
                  "service": lambda: probe_service(deploy_root, params.get("unit") or ""),
                  "nvidia": lambda: probe_nvidia(params.get("fake_gpu_memory") or ""),
-                 "pids": lambda: probe_pid_files(params.get("pid_files") or [])}
+                 "pids": lambda: probe_pid_files(params.get("pid_files") or []),
+                 "more_ports": lambda: probe_more_ports(params.get("more_ports") or [])}
         return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
                 **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""
@@ -557,6 +596,9 @@ def collect(params: dict) -> dict:
     facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
     facts["service"] = probe_service(deploy_root, params.get("unit") or "")
     facts["model"] = probe_model(model_path)
+    facts["current_release"] = probe_current_release(deploy_root)
+    # the other ports deployctl allocates here (params more_ports: [[bind, port, what]]): probe_port each, + "what"
+    facts["more_ports"] = probe_more_ports(params.get("more_ports") or [])
     facts["torch"] = finish_torch_probe(torch_proc, python, float(params.get("torch_timeout_s", 60)), t0)
     dist = params.get("engine_distribution")
     engines = params.get("engines_dir") or os.path.join(deploy_root, "shared", "engines")

@@ -16,6 +16,7 @@ from deployctl.preflight.base import Check, service_pids as _service_pids
 from deployctl.preflight.capacity import check_capacity, check_gpu_ids, check_gpu_memory, plan_from_facts
 from deployctl.preflight.drivers import driver_verdict
 from deployctl.preflight.gpuhealth import check_gpu_health
+from deployctl.preflight.gpupin import check_gpu_pinning
 from deployctl.preflight.gpuprocs import check_gpu_processes
 from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
@@ -125,6 +126,31 @@ def check_port(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
                      f"stop it (kill {h['pid']}) or set server.port to a free port")
     return Check("port", "fail", f"cannot bind {cfg.server.bind}:{number} on {host.name}: {port.get('bind_error')}",
                  "set server.bind to an address of this host, or server.port to a free port")
+
+
+def check_allocated_ports(host: HostConfig, facts: dict) -> Check:
+    """The host's other allocated ports (the probe's ``more_ports``: spare_port, dist_port) are free, or held by
+    this service's own engine (the running release's or the sleeping standby's pids); a stranger fails, naming the
+    port, its role and the holder."""
+    ours = _service_pids(facts) | set((facts.get("service") or {}).get("standby_pids") or []) | set(
+        (facts.get("standby") or {}).get("pids") or [])
+    said = []
+    for p in facts.get("more_ports") or []:
+        where = f"{p.get('what')} {p.get('port')} on {p.get('bind')} on {host.name}"
+        holders = p.get("holders") or []
+        foreign = [h for h in holders if h.get("pid") not in ours]
+        if p.get("free") or (holders and not foreign):
+            said.append(f"{where} is {'free' if p.get('free') else 'held by this service'}")
+            continue
+        if foreign:
+            h = foreign[0]
+            who = (f"pid {h['pid']} ({h.get('name')}{': ' + h['cmdline'] if h.get('cmdline') else ''})"
+                   if h.get("pid") is not None else f"a listener at {h['address']} deployctl cannot see")
+            return Check("allocated_ports", "fail", f"{where} is held by {who}",
+                         f"stop it, or give hosts[{host.name}].{p.get('what')} a free port")
+        return Check("allocated_ports", "fail", f"cannot bind {where}: {p.get('bind_error')}",
+                     f"give hosts[{host.name}].{p.get('what')} a free port")
+    return Check("allocated_ports", "pass", "; ".join(said))
 
 
 def check_disk(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
@@ -250,7 +276,7 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_memory", "gpu_processes", "capacity", "port", "disk",
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_pinning", "gpu_memory", "gpu_processes", "capacity", "port", "allocated_ports", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
                     "login_shell")  # SSH hosts only
@@ -274,10 +300,12 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         *([check_engine(cfg, host, facts)] if cfg.engine.kind != "deployctl-runtime" else []),
         *([check_gpu_ids(cfg, host)] if cfg.engine.device == "cuda" else []),
         check_gpu_health(cfg, host, facts),
+        check_gpu_pinning(cfg, host, facts),
         check_gpu_memory(cfg, host, facts, sized),
         check_gpu_processes(cfg, host, facts),
         capacity,
         check_port(cfg, host, facts),
+        *([check_allocated_ports(host, facts)] if facts.get("more_ports") else []),
         check_disk(cfg, host, facts),
         check_weights(cfg, host, facts),
         check_chat_template(cfg, facts),

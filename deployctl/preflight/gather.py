@@ -31,7 +31,19 @@ def probe_params(cfg: DeployConfig, host: HostConfig) -> dict:
             "engine_distribution": of(cfg).distribution, "engine_module": of(cfg).module,
             "engine_version": cfg.engine.version, "engines_dir": layout.engines_dir(host),
             # tests: the stand-in GPU's ledger (DEPLOYCTL_FAKE_GPU_MEMORY) instead of NVML
-            "fake_gpu_memory": settings.current().fake_gpu_memory}
+            "fake_gpu_memory": settings.current().fake_gpu_memory,
+            # the other ports deployctl allocates there (spare_port, dist_port): preflight's allocated_ports
+            "more_ports": more_ports(cfg, host)}
+
+
+def more_ports(cfg: DeployConfig, host: HostConfig) -> list:
+    """[[bind, port, what]] of the host's allocated ports besides its service port (config.replicas.allocated_ports):
+    spare_port on server.bind, dist_port on 0.0.0.0 (the engines' rendezvous store binds every IPv4 address)."""
+    from deployctl.config.replicas import allocated_ports
+
+    service = layout.service_port(cfg, host)
+    return [["0.0.0.0" if what == "dist_port" else cfg.server.bind, port, what]
+            for port, what in sorted(allocated_ports(cfg, host).items()) if port != service and what != "server_port"]
 
 
 def cache_path(host: HostConfig) -> str:

@@ -195,10 +195,11 @@ def _check_api_key(api_key: str | None) -> None:
 
 
 def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_key: str | None = None, *,
-                    standby: bool | None = None) -> dict[str, Any]:
+                    standby: bool | None = None, gpu_pinning: dict | None = None) -> dict[str, Any]:
     """Names shared by the per-host templates (unit, launcher, container files), the engine's command and env
     (deployctl.engines.command.render_context) included; ``standby`` False leaves the sleep mode off (container and
-    k8s targets), None renders it when rollout.standby_s > 0 (engines.command.standby_args)."""
+    k8s targets), None renders it when rollout.standby_s > 0 (engines.command.standby_args); ``gpu_pinning`` (the
+    release's GPU record, deployctl.render.gpupin.pinning) pins CUDA_VISIBLE_DEVICES by UUID when it says so."""
     from deployctl.engines.command import render_context as engine_context, stop_wait_s
 
     # It is a directory name, a Docker tag and a Kubernetes label value: the last is the strictest (<= 63
@@ -229,18 +230,23 @@ def release_context(cfg: DeployConfig, host: HostConfig, release_id: str, api_ke
         "sh_engine_pids": SH_ENGINE_PIDS, "logs": cfg.logs,
         "log_cap_units": layout.log_cap_units(cfg, host), "watchdog_sec": watchdog_sec(cfg),
     } | engine_context(cfg, host, release_dir=layout.release_dir(host, release_id),
-                       port=layout.configured_port(cfg, host), api_key=api_key, standby=standby)
+                       port=layout.configured_port(cfg, host), api_key=api_key, standby=standby,
+                       gpu_pinning=gpu_pinning)
 
 
 def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_key: str | None,
-                   extra_runtime_args: dict | None = None, standby: bool | None = None) -> list[RenderedFile]:
+                   extra_runtime_args: dict | None = None, standby: bool | None = None,
+                   gpu_pinning: dict | None = None) -> list[RenderedFile]:
     """The files of ``<deploy_root>/releases/<release_id>/`` for ``host``: runtime.yaml, ``<service>.service``,
     runtime.env (0600, the only file holding the API key), launch.sh (0755), release.json and manifest.sha256
-    (sha256sum format over the others except runtime.env). Raises ConfigError (exit 3)."""
+    (sha256sum format over the others except runtime.env). ``gpu_pinning`` (deploy: from the host's preflight
+    facts, deployctl.render.gpupin.pinning): the engine's CUDA_VISIBLE_DEVICES by UUID when it says so, and
+    release.json's ``gpu_pinning``; None (offline render) leaves both as before: by index, no record.
+    Raises ConfigError (exit 3)."""
     from deployctl.engines.command import KEYED_MAIN, keyed_main
 
     _check_api_key(api_key)
-    ctx = release_context(cfg, host, release_id, api_key, standby=standby)
+    ctx = release_context(cfg, host, release_id, api_key, standby=standby, gpu_pinning=gpu_pinning)
     ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
     ctx["api_key"] = api_key
     ctx["where"] = host.name
@@ -249,6 +255,8 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
             "device": cfg.engine.device, "port": layout.configured_port(cfg, host), "engine_kind": cfg.engine.kind,
             "engine_version": cfg.engine.version, "engine_distribution": ctx["adapter"].distribution,
             "tensor_parallel_size": cfg.engine.tensor_parallel_size, "gpus": host.gpu_ids}
+    if gpu_pinning is not None:
+        info["gpu_pinning"] = gpu_pinning
     files = [RenderedFile("runtime.yaml", render_template("runtime.yaml.j2", ctx))] if ctx["adapter"].config_file else []
     if ctx["adapter"].api_key_flag:
         files.append(RenderedFile(KEYED_MAIN, keyed_main(cfg)))

@@ -28,6 +28,8 @@ class Fleet:
         self.hosts: dict = {}
         self.router: Optional[Router] = None
         self.platform: dict = {}  # host name -> preflight.platform_of(facts), from the gate (empty when skipped)
+        # host name -> the probe's ``nvidia`` facts from the gate (empty when skipped): release.json's gpu_pinning
+        self.gpu_facts: dict = {}
         self.store: Optional[StateStore] = None
         self._lock: Optional[DeployLock] = None
         self._router_host = None
@@ -116,6 +118,8 @@ class Fleet:
 
         report = preflight_gate(self.cfg, self.say)
         self.platform = {h.host: platform_of(h.facts) for h in report.hosts if not h.facts.get("error")}
+        self.gpu_facts = {h.host: h.facts.get("nvidia") for h in report.hosts
+                          if not h.facts.get("error") and h.facts.get("nvidia") is not None}
         self.warn_inconsistent()
 
     def warn_inconsistent(self) -> list[str]:
@@ -154,7 +158,7 @@ class Fleet:
             key = api_key_from_env(self.cfg, settings.environ())
 
         def up(h):
-            files = render_release(self.cfg, h.config, info.id, api_key=key)
+            files = render_release(self.cfg, h.config, info.id, api_key=key, gpu_pinning=self.gpu_pinning(h.config))
             if point:
                 point("upload:rendered", host=h.name)
             return release.upload(h, self.cfg, info, self.wheel, files, platform=self.platform.get(h.name),
@@ -166,6 +170,16 @@ class Fleet:
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else RemoteError(f"upload to {name} failed: {err}")
+
+    def gpu_pinning(self, host_cfg):
+        """The release's GPU record for ``host_cfg`` (deployctl.render.gpupin.pinning): by UUID from the gate's
+        facts; by index, saying why, when the gate did not run (DEPLOYCTL_SKIP_PREFLIGHT, a resumed deploy)."""
+        from deployctl.render.gpupin import pinning
+
+        nvidia = self.gpu_facts.get(host_cfg.name)
+        why = ("preflight was skipped (DEPLOYCTL_SKIP_PREFLIGHT or a resumed deploy): no GPU facts, pinned by index"
+               if not self.gpu_facts else f"preflight gave no GPU facts for {host_cfg.name}: pinned by index")
+        return pinning(self.cfg, host_cfg, nvidia, why=why)
 
     def prune(self, plan) -> None:
         keep = self.cfg.rollout.keep_releases

@@ -211,8 +211,9 @@ def test_unreachable_host_is_one_failed_check():
 def test_recorded_facts_have_the_probe_keys(name):
     from deployctl.hostscripts.probe import FACT_KEYS
 
-    # "memory" (host RAM, for a sleeping standby's weights) came after these recordings: a check reads it as unknown
-    assert set(FACT_KEYS) - {"memory"} <= set(facts(name))
+    # "memory" (host RAM, for a sleeping standby's weights) and "current_release" (what the running release was
+    # given: its GPU pinning) came after these recordings: a check reads them as unknown
+    assert set(FACT_KEYS) - {"memory", "current_release", "more_ports"} <= set(facts(name))
 
 
 def test_cli_table_and_summary_line():
@@ -225,7 +226,7 @@ def test_cli_table_and_summary_line():
         _print_report(rep)
     text = cap.get()
     assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
-    assert "preflight FAILED on gpu-a: 1 host(s), 10 pass, 1 warn, 1 fail" in text  # gpu_processes names the sharers
+    assert "preflight FAILED on gpu-a: 1 host(s), 11 pass, 1 warn, 1 fail" in text  # gpu_processes names the sharers; gpu_pinning passes
 
 
 def test_port_check_uses_the_hosts_own_server_port():

@@ -119,6 +119,16 @@ def nvmlDeviceGetUUID(handle: int) -> str:
     return _field(handle, "uuid")
 
 
+def nvmlDeviceGetPciInfo(handle: int):
+    """nvmlPciInfo_t's fields from the recorded ``pci_bus_id`` ("00000000:18:00.0"): busId (str, as nvidia-ml-py's
+    _PrintableStructure decodes it), busIdLegacy ("0000:18:00.0"), domain, bus, device."""
+    bus_id = _field(handle, "pci_bus_id")
+    domain, bus, rest = bus_id.split(":")
+    return SimpleNamespace(busId=bus_id, busIdLegacy="%04x:%s:%s" % (int(domain, 16), bus, rest),
+                           domain=int(domain, 16), bus=int(bus, 16), device=int(rest.split(".")[0], 16),
+                           pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE)
+
+
 def nvmlDeviceGetMemoryInfo(handle: int):
     return SimpleNamespace(**_field(handle, "memory"))
 
