@@ -383,7 +383,11 @@ def retire(host, cfg: DeployConfig, rec: Standby) -> float:
     seconds. Raises RemoteError."""
     t0 = time.monotonic()
     release.switch_and_install(host, rec.release)
-    Engine(host, cfg).stop()
+    # the bad release serves on the other port (the router already names the woken one's: the host's active port is
+    # rec.port by now); stopping "the service" at rec.port would end the woken engine's marked processes too
+    h = host.config
+    bad_port = h.spare_port if rec.port != h.spare_port else layout.configured_port(cfg, h)
+    Engine(host, cfg, bad_port).stop()
     launcher.adopt(host, cfg, rec.port)
     _clear(host)
     return round(time.monotonic() - t0, 2)
