@@ -103,20 +103,17 @@ FIELDS: dict[str, FieldRule] = {
     "stop_token_ids": _h(), "guided_json": _h(), "guided_regex": _h(), "guided_choice": _h(),
     "guided_grammar": _h(), "structured_outputs": _h(),
     "guided_decoding_backend": _i("one backend here (llguidance) enforces every grammar"),
+    "min_p": _h(), "skip_special_tokens": _h(), "include_stop_str_in_output": _h(),
+    "truncate_prompt_tokens": _h(),  # the prompt's last k tokens (serving._truncate)
+    "return_tokens_as_token_ids": _h(),  # logprobs' tokens as "token_id:<id>" (responses.TokenIdNames)
     "request_id": _h(),  # the response's id, "cmpl-"/"chatcmpl-" + it, as vLLM (an X-Request-Id header wins)
-    "min_p": _r("min_p is not supported by this server; use top_p or top_k", off=0.0),
     "use_beam_search": _r("beam search is not supported by this server", off=False),
     "length_penalty": _r("length_penalty applies to beam search, which is not supported", off=1.0),
-    "include_stop_str_in_output": _r("include_stop_str_in_output is not supported by this server", off=False),
-    "skip_special_tokens": _r("special tokens are always skipped in the text here", off=True),
     "spaces_between_special_tokens": _r("spaces_between_special_tokens is not supported by this server", off=True),
-    "truncate_prompt_tokens": _r("prompt truncation is not supported: send a prompt that fits"),
     "prompt_logprobs": _r("prompt logprobs are not supported by this server"),
     "allowed_token_ids": _r("allowed_token_ids is not supported; use logit_bias or a grammar (guided_*)"),
     "bad_words": _r("bad_words is not supported; use logit_bias", off=[]),
     "logits_processors": _r("custom logits processors are not supported by this server", off=[]),
-    "return_tokens_as_token_ids": _r("return_tokens_as_token_ids is not supported; send return_token_ids",
-                                     off=False),
     "guided_whitespace_pattern": _r("guided_whitespace_pattern is not supported by this server"),
     "structural_tag": _r("structural tags are not supported; use guided_grammar or structured_outputs"),
     "priority": _r("priority scheduling is not supported by this server", off=0),

@@ -28,9 +28,11 @@ class Generation:
         self.ctx, self.prep, self.rec = ctx, prep, rec
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices = [
-            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip_special_tokens=True), StopStringMatcher(sp.stop))
+            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip_special_tokens=sp.skip_special_tokens),
+                   StopStringMatcher(sp.stop, sp.include_stop_str_in_output))
             for k, (ids, sp) in enumerate(zip(prep.prompts, prep.params))
         ]
+        self._params = dict(zip(prep.sub_ids, prep.params))
         self._by_id = dict(zip(prep.sub_ids, self.choices))
         self._open = set(prep.sub_ids)
         self._seen_first_output = False
@@ -185,8 +187,12 @@ class Generation:
                     self.engine_error = out.error
                     log.error("request %s: %s; the request ends with an error (finish_reason error)",
                               self.rec.request_id, out.error)
+            shown = new
+            if (out.finished and out.finish_reason == "stop" and new
+                    and not self._params[out.request_id].include_stop_str_in_output):
+                shown = new[:-1]  # the stop token (eos, stop_token_ids) is not text, as in vLLM
             try:
-                delta = ch.feed(new, out.finished)
+                delta = ch.feed(shown, out.finished)
             except Exception as exc:  # noqa: BLE001 - detokenizing or a stop string raised: this request alone
                 log.exception("request %s: detokenizing failed", self.rec.request_id)
                 ch.error = f"detokenizing the output raised: {type(exc).__name__}: {exc}"

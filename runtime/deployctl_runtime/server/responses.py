@@ -99,8 +99,27 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[tuple[i
     return out
 
 
+class TokenIdNames:
+    """vLLM's return_tokens_as_token_ids: a token of the logprobs is named "token_id:<id>" (a name that always
+    maps back to its id, where a partial character's text does not); its bytes and offsets stay the token's."""
+
+    def __init__(self, token_bytes):
+        self._tb = token_bytes
+
+    def text(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    def bytes(self, token_id: int) -> bytes:
+        return self._tb.bytes(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return self._tb.is_special(token_id)
+
+
 class ResponseBuilder:
     def __init__(self, prep: Prepared, request_id: str, model: str, token_bytes):
+        if prep.request.return_tokens_as_token_ids:
+            token_bytes = TokenIdNames(token_bytes)
         self.prep, self.id, self.model, self.tb = prep, request_id, model, token_bytes
         self.created = int(time.time())
         self.want_logprobs = prep.want_logprobs is not None
