@@ -207,7 +207,7 @@ def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuild
         async for batch in events:
             for chunk in builder.chunks(batch, rec if continuous else None):
                 yield chunk
-        if gen.engine_error or gen.timed_out:
+        if gen.engine_error or gen.timed_out or gen.cut_before_start:
             try:
                 gen.result()
             except APIError as exc:
