@@ -96,6 +96,7 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)
                              if engine.chat_template else None)
         engine.fatal_markers = engine.fatal_markers + tuple(cfg.fatal_error_marker)
+        engine.max_step_retries_per_min = cfg.max_step_retries_per_min
         notifier = ctx.notifier
         aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0,
                            on_fatal=lambda message: engine_died(ctx, server, message),
