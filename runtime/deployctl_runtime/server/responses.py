@@ -254,6 +254,18 @@ class ResponseBuilder:
     def usage_chunk(self, rec: RequestRecord) -> bytes:
         return self._chunk([], _usage(rec))
 
+    def start(self) -> list[bytes]:
+        """What a stream sends before the first event: nothing (chat and completions)."""
+        return []
+
+    def end(self, error, rec: RequestRecord, choices: list[Choice]) -> list[bytes]:
+        """A stream's tail: the error (an APIError that ended it) as an event, the usage chunk when asked for, then
+        [DONE]."""
+        out = [error_event(error.body())] if error is not None else []
+        if self.prep.request.include_usage:
+            out.append(self.usage_chunk(rec))
+        return out + [DONE]
+
 
 def error_event(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
