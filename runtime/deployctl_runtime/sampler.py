@@ -2,9 +2,9 @@
 
 All logits processing lives here, in this order (as vLLM): non-finite check (a row with NaN/inf ends that request
 with an error; the other rows go on) -> grammar bitmask (structured output, `structured.py`) -> logit_bias ->
-min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature -> min-p -> top-k -> top-p -> a
-sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not depend on what else is
-in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i
+min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature -> min-p -> top-k -> top-p
+-> a sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not depend on what else
+is in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i
 (the Gumbel-max trick in another form).
 
 Logprobs (the chosen token's and the top-N alternatives) are log_softmax of the logits after the bitmask,

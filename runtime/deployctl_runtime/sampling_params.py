@@ -28,14 +28,15 @@ class SamplingParams:
     """How to pick each next token and when to stop.
 
     temperature 0 means greedy. top_k -1 or 0, top_p 1.0 and min_p 0 are off; min_p keeps the tokens whose
-    probability is at least min_p times the most likely token's (vLLM's min_p, after temperature). `seed` makes one request's samples reproducible
-    whatever else is in the batch. Penalties follow OpenAI (presence, frequency: subtracted from logits of tokens
-    already generated) and CTRL/HF (repetition: logits of prompt+output tokens divided by it when positive,
-    multiplied when negative). `logit_bias` {token id: bias in [-100, 100]} is added to the logits (OpenAI).
-    `skip_special_tokens` (default True) leaves special tokens out of the text; `include_stop_str_in_output` keeps
-    the matched stop string, or the text of the stop token, at the end of the text (vLLM's, both for the text
-    layer). `logprobs` = N >= 0 returns the chosen token's log-probability and the N most likely alternatives, under the
-    distribution sampled from (after logit_bias, penalties, temperature; see sampler.py). `stop` strings are matched
+    probability is at least min_p times the most likely token's (vLLM's min_p, after temperature). `seed` makes
+    one request's samples reproducible whatever else is in the batch. Penalties follow OpenAI (presence,
+    frequency: subtracted from logits of tokens already generated) and CTRL/HF (repetition: logits of
+    prompt+output tokens divided by it when positive, multiplied when negative). `logit_bias` {token id: bias in
+    [-100, 100]} is added to the logits (OpenAI). `skip_special_tokens` (default True) leaves special tokens out
+    of the text; `include_stop_str_in_output` keeps the matched stop string, or the text of the stop token, at
+    the end of the text (vLLM's; both for the text layer). `logprobs` = N >= 0 returns the chosen token's
+    log-probability and the N most likely alternatives, under the distribution sampled from (after logit_bias,
+    penalties, temperature; see sampler.py). `stop` strings are matched
     by the text layer, not the engine.
     """
 
