@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from deployctl_runtime.server.fields import REFUSED, RESPONSES_FIELDS
 from deployctl_runtime.server.responses_api import ResponseStore
 
 from .conftest import running
@@ -156,11 +157,20 @@ def test_the_store_is_bounded_oldest_first():
     assert store.get("a") is None and store.get("b") and store.get("c")
 
 
-@pytest.mark.parametrize("field,value", [
+REFUSED_VALUES = [
     ("reasoning", {"effort": "low"}), ("include", ["message.output_text.logprobs"]), ("background", True),
     ("truncation", "auto"), ("top_logprobs", 2), ("conversation", "conv_1"), ("max_tool_calls", 2),
     ("text", {"verbosity": "low"}), ("prompt", {"id": "p"}), ("stream_options", {"include_obfuscation": True}),
-])
+    ("context_management", [{"type": "compaction"}]),
+]
+
+
+def test_every_refused_row_of_the_responses_table_is_probed():
+    refused = {n for n, r in RESPONSES_FIELDS.items() if r.status == REFUSED}
+    assert {"text.verbosity" if f == "text" else f for f, _ in REFUSED_VALUES} == refused
+
+
+@pytest.mark.parametrize("field,value", REFUSED_VALUES)
 def test_refused_fields_are_400_naming_them(server, field, value):
     r = post(server, input="hi", max_output_tokens=2, **{field: value})
     assert r.status_code == 400, r.text
