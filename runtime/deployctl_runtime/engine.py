@@ -1,13 +1,16 @@
 """LLMEngine: the single-threaded core loop (schedule -> execute -> update) behind the server and the offline LLM."""
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from deployctl_runtime import kv_sizing
 from deployctl_runtime.engine_args import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
-from deployctl_runtime.isolation import DEFAULT_FATAL_MARKERS, EngineFatalError, describe, execute_isolating
+from deployctl_runtime.isolation import (DEFAULT_FATAL_MARKERS, DEFAULT_STEP_RETRIES_PER_MIN, STEP_RETRY_WINDOW_S,
+                                         EngineFatalError, describe, execute_isolating)
 from deployctl_runtime.kv_cache_manager import KVCacheManager, model_identity
 from deployctl_runtime.model_config import ModelConfig
 from deployctl_runtime.request import Request, RequestStatus
@@ -51,6 +54,7 @@ class EngineStats:
     num_preemptions_total: int
     prefix_cache_queries_total: int  # in tokens, as vLLM counts
     prefix_cache_hits_total: int  # in tokens
+    step_retries_total: int = 0  # extra forwards run to isolate failed steps (isolation.py)
 
 
 def _resolve_dtype(args: EngineArgs, cfg: ModelConfig) -> str:
@@ -115,6 +119,11 @@ class LLMEngine:
         self._arrivals = 0
         self._pending_outputs: list[RequestOutput] = []
         self.fatal_markers: tuple[str, ...] = DEFAULT_FATAL_MARKERS  # isolation.is_fatal; the server adds its own
+        # extra forwards failed steps may run per STEP_RETRY_WINDOW_S, all steps together (the server sets it from
+        # --max-step-retries-per-min); beyond it a failed step's unresolved requests fail instead of being re-run
+        self.max_step_retries_per_min = DEFAULT_STEP_RETRIES_PER_MIN
+        self.num_step_retries_total = 0
+        self._retry_times: deque[float] = deque()
         self.is_sleeping = False
         self._phase = "idle"  # where step() is: a cheap marker the server's progress watchdog reports (step_phase)
 
@@ -222,10 +231,18 @@ class LLMEngine:
             self._phase = "idle"
             return outputs
         self._phase = "execute"
-        result, failed = execute_isolating(self.runner.execute, sched.scheduled, self.fatal_markers)
+        iso = execute_isolating(self.runner.execute, sched.scheduled, self.fatal_markers, self._retries_left())
+        self._count_retries(iso.num_retries)
         self._phase = "update"
-        if failed:
-            outputs.extend(self._fail_isolated(sched, failed))
+        result = iso.output
+        if iso.failed or iso.deferred or iso.unresolved_by_budget:
+            budget_spent = RuntimeError(f"the step raised and the step-retry budget ({self.max_step_retries_per_min} "
+                                        f"extra forwards per {STEP_RETRY_WINDOW_S:g} s, --max-step-retries-per-min) "
+                                        f"is spent, so its culprit was not isolated; the step's error: "
+                                        f"{describe(iso.error) if iso.error else 'unknown'}")
+            outputs.extend(self._fail_isolated(sched, iso.failed + [(i, budget_spent)
+                                                                    for i in iso.unresolved_by_budget],
+                                               iso.deferred))
         for req in self.scheduler.update_from_output(sched, result):
             if req.error is not None:  # nothing new was appended
                 outputs.append(self._output(req, [], None))
@@ -242,20 +259,38 @@ class LLMEngine:
         "update", or "idle" between steps. Plain attribute reads: safe to call from another thread."""
         return self.runner.phase if self._phase == "execute" else self._phase
 
-    def _fail_isolated(self, sched, failed) -> list[RequestOutput]:
-        """End each request whose step raised alone with finish_reason "error" (the exception as its error). The
-        blocks it was filling in this step are taken out of the prefix cache (their KV may be unwritten), and any
-        other request of this step that hit one of them is sent back to recompute (preempted), its sample dropped."""
+    def _retries_left(self) -> int:
+        """Extra forwards failed steps may still run in the current window (max_step_retries_per_min)."""
+        now = time.monotonic()
+        while self._retry_times and now - self._retry_times[0] > STEP_RETRY_WINDOW_S:
+            self._retry_times.popleft()
+        return max(0, self.max_step_retries_per_min - len(self._retry_times))
+
+    def _count_retries(self, n: int) -> None:
+        now = time.monotonic()
+        self._retry_times.extend([now] * n)
+        self.num_step_retries_total += n
+
+    def _fail_isolated(self, sched, failed, deferred=()) -> list[RequestOutput]:
+        """End each request whose step raised alone with finish_reason "error" (the exception as its error); send
+        each `deferred` one (not run cleanly within the step's retry bound) back to recompute. The blocks they were
+        filling in this step are taken out of the prefix cache (their KV may be unwritten), and any other request of
+        this step that hit one of them is sent back to recompute (preempted), its sample dropped."""
         bs = self.args.block_size
         outputs, unfilled = [], set()
-        for item, exc in failed:
+        for item in [i for i, _ in failed] + list(deferred):
             req = item.request
             blocks = self.kv.req_to_blocks.get(req.request_id, [])
             unfilled.update(id(b) for b in blocks[req.num_computed_tokens // bs:])
             self.kv.uncache(blocks[req.num_computed_tokens // bs:])
+        for item, exc in failed:
+            req = item.request
             req.error = f"the engine step raised for this request: {describe(exc)}"
             self.scheduler.finish(req, "error")
             outputs.append(self._output(req, [], None))
+        for item in deferred:
+            if item.request.status == RequestStatus.RUNNING:
+                self.scheduler.recompute(item.request)
         for item in sched.scheduled:
             req = item.request
             if req.status == RequestStatus.RUNNING and any(
@@ -279,4 +314,5 @@ class LLMEngine:
             num_gpu_blocks=0 if asleep else self.kv.pool.num_blocks,
             num_free_blocks=0 if asleep else self.kv.num_free_blocks,
             kv_cache_usage=0.0 if asleep else self.kv.usage, num_preemptions_total=self.scheduler.num_preemptions_total,
-            prefix_cache_queries_total=self.kv.prefix_cache_queries, prefix_cache_hits_total=self.kv.prefix_cache_hits)
+            prefix_cache_queries_total=self.kv.prefix_cache_queries, prefix_cache_hits_total=self.kv.prefix_cache_hits,
+            step_retries_total=self.num_step_retries_total)

@@ -24,9 +24,13 @@ class CompletionOutput:
     extra: dict = field(default_factory=dict)
 
 
-def _apply_stop_strings(text: str, stops: list[str]) -> tuple[str, bool]:
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+def _apply_stop_strings(text: str, stops: list[str], include: bool = False) -> tuple[str, bool]:
+    """The text cut before the earliest stop string (after it with `include`: include_stop_str_in_output)."""
+    hits = [(i, i + len(s)) for i, s in ((text.find(s), s) for s in stops if s) if i >= 0]
+    if not hits:
+        return text, False
+    start, end = min(hits)
+    return text[: end if include else start], True
 
 
 def _has_stop(text: str, stops: list[str]) -> bool:
@@ -93,15 +97,19 @@ class LLM:
         for rid, prompt_ids, p in ids:
             reason, cached, error = finished[rid]
             toks = tokens[rid]
-            text = self.tokenizer.decode(toks)
+            skip, include = p.skip_special_tokens, p.include_stop_str_in_output
+            # the stop token (eos, stop_token_ids) is not text unless include_stop_str_in_output, as the server has it
+            text = self.tokenizer.decode(toks[:-1] if reason == "stop" and toks and not include else toks,
+                                         skip_special_tokens=skip)
             lps, top = logprobs[rid], tops[rid]
             if p.stop:
-                text, hit = _apply_stop_strings(text, p.stop)
+                text, hit = _apply_stop_strings(text, p.stop, include)
                 if hit:
                     reason = "stop"
                     k = self._stop_token_count(toks, p.stop)  # the tokens up to the one completing the stop
                     toks, lps, top = toks[:k], lps[:k], top[:k]
-                    text, _ = _apply_stop_strings(self.tokenizer.decode(toks), p.stop)
+                    text, _ = _apply_stop_strings(self.tokenizer.decode(toks, skip_special_tokens=skip), p.stop,
+                                                  include)
             results.append(CompletionOutput(rid, prompt_ids, toks, text, reason,
                                             lps if p.logprobs is not None else None, cached,
                                             top if p.logprobs else None, error))

@@ -2,9 +2,9 @@
 
 All logits processing lives here, in this order (as vLLM): non-finite check (a row with NaN/inf ends that request
 with an error; the other rows go on) -> grammar bitmask (structured output, `structured.py`) -> logit_bias ->
-min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature -> top-k -> top-p -> a
-sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not depend on what else is
-in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i
+min_tokens mask -> repetition/presence/frequency penalties -> greedy argmax, or temperature -> min-p -> top-k -> top-p
+-> a sample drawn with the request's own torch.Generator when it has a seed (so its tokens do not depend on what else
+is in the batch). Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i
 (the Gumbel-max trick in another form).
 
 Logprobs (the chosen token's and the top-N alternatives) are log_softmax of the logits after the bitmask,
@@ -133,6 +133,9 @@ class Sampler:
                 greedy: list[bool]) -> torch.Tensor:
         top_ks = [r.params.top_k for r in requests]
         top_ps = [r.params.top_p for r in requests]
+        min_ps = [0.0 if g else r.params.min_p for r, g in zip(requests, greedy)]
+        if any(min_ps):
+            scaled = _min_p(scaled, min_ps)
         if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
             scaled = _top_k_top_p(scaled, top_ks, top_ps)
         probs = torch.softmax(scaled, dim=-1)
@@ -193,6 +196,14 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     which = blocks.amax(dim=-1).argmax(dim=-1)
     inner = blocks[torch.arange(n, device=x.device), which].argmax(dim=-1)
     return which * block + inner
+
+
+def _min_p(logits: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
+    """Mask to -inf every token whose probability is below min_p times the row's most likely token's (vLLM's
+    min_p sampling, on the temperature-scaled distribution; min_p 0 masks nothing, the most likely token stays)."""
+    probs = torch.softmax(logits, dim=-1)
+    ps = torch.tensor(min_ps, device=logits.device, dtype=probs.dtype).unsqueeze(1)
+    return logits.masked_fill(probs < ps * probs.amax(dim=-1, keepdim=True), float("-inf"))
 
 
 def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:

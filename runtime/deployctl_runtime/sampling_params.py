@@ -27,12 +27,16 @@ class StructuredOutputsParams:
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature 0 means greedy. top_k -1 or 0 and top_p 1.0 are off. `seed` makes one request's samples reproducible
-    whatever else is in the batch. Penalties follow OpenAI (presence, frequency: subtracted from logits of tokens
-    already generated) and CTRL/HF (repetition: logits of prompt+output tokens divided by it when positive,
-    multiplied when negative). `logit_bias` {token id: bias in [-100, 100]} is added to the logits (OpenAI).
-    `logprobs` = N >= 0 returns the chosen token's log-probability and the N most likely alternatives, under the
-    distribution sampled from (after logit_bias, penalties, temperature; see sampler.py). `stop` strings are matched
+    temperature 0 means greedy. top_k -1 or 0, top_p 1.0 and min_p 0 are off; min_p keeps the tokens whose
+    probability is at least min_p times the most likely token's (vLLM's min_p, after temperature). `seed` makes
+    one request's samples reproducible whatever else is in the batch. Penalties follow OpenAI (presence,
+    frequency: subtracted from logits of tokens already generated) and CTRL/HF (repetition: logits of
+    prompt+output tokens divided by it when positive, multiplied when negative). `logit_bias` {token id: bias in
+    [-100, 100]} is added to the logits (OpenAI). `skip_special_tokens` (default True) leaves special tokens out
+    of the text; `include_stop_str_in_output` keeps the matched stop string, or the text of the stop token, at
+    the end of the text (vLLM's; both for the text layer). `logprobs` = N >= 0 returns the chosen token's
+    log-probability and the N most likely alternatives, under the distribution sampled from (after logit_bias,
+    penalties, temperature; see sampler.py). `stop` strings are matched
     by the text layer, not the engine.
     """
 
@@ -41,6 +45,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -51,6 +56,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     logit_bias: dict[int, float] = field(default_factory=dict)
     structured_outputs: StructuredOutputsParams | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def validate(self) -> None:
         """Raise ValueError("<field>: <why>") for impossible values (the same rules over HTTP, where <field> becomes
@@ -61,6 +68,7 @@ class SamplingParams:
             raise ValueError(f"min_tokens: {self.min_tokens} must not exceed max_tokens {self.max_tokens}")
         _num("temperature", self.temperature, 0.0, 2.0)
         _num("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _num("min_p", self.min_p, 0.0, 1.0)
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k: must be -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
         _num("presence_penalty", self.presence_penalty, -2.0, 2.0)

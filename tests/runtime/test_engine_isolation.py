@@ -7,7 +7,9 @@ import pytest
 
 from deployctl_runtime.engine import LLMEngine
 from deployctl_runtime.engine_args import EngineArgs
-from deployctl_runtime.isolation import EngineFatalError, is_fatal
+from deployctl_runtime.isolation import EngineFatalError, execute_isolating, is_fatal, max_step_retries
+from deployctl_runtime.outputs import ModelRunnerOutput, ScheduledRequest
+from deployctl_runtime.request import Request
 from deployctl_runtime.sampling_params import SamplingParams
 from deployctl_runtime.server.faults import Faults
 
@@ -88,3 +90,93 @@ def test_a_sticky_cuda_error_is_fatal_without_a_bisect(tiny_llama):
 def test_which_errors_poison_the_device(exc, fatal):
     assert is_fatal(exc) is fatal
     assert is_fatal(RuntimeError("NPU hang: XYZ"), ["NPU hang"])
+
+
+def _fake_batch(n: int, poisoned: set[int]):
+    """n scheduled requests and a forward that raises when its batch holds one of `poisoned` (by position)."""
+    items = [ScheduledRequest(Request(f"r{i}", [1], SamplingParams()), 1, []) for i in range(n)]
+    bad = {items[i].request.request_id for i in poisoned}
+    calls = []
+
+    def execute(sched):
+        ids = [i.request.request_id for i in sched.scheduled]
+        calls.append(ids)
+        if bad & set(ids):
+            raise RuntimeError(f"poisoned: {sorted(bad & set(ids))}")
+        return ModelRunnerOutput({rid: rid for rid in ids})
+    return items, execute, calls
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_one_culprit_costs_at_most_ceil_log2_n_plus_1_extra_forwards(n):
+    bound = max_step_retries(n)
+    assert bound == (0 if n == 1 else __import__("math").ceil(__import__("math").log2(n))) + 1
+    for pos in range(n):
+        items, execute, calls = _fake_batch(n, {pos})
+        iso = execute_isolating(execute, items)
+        assert [i.request.request_id for i, _ in iso.failed] == [f"r{pos}"]
+        assert iso.num_retries == len(calls) - 1 <= bound, (n, pos, calls)
+        assert not iso.deferred and not iso.unresolved_by_budget
+        assert sorted(iso.output.sampled) == sorted(f"r{i}" for i in range(n) if i != pos)  # each good one once
+        ran = [rid for c in calls[1:] for rid in c if all(f"r{pos}" != x for x in c)]
+        assert len(ran) == len(set(ran))  # no clean request ran twice
+    assert max_step_retries(9) == 5  # the issue's batch of 9: a plain bisect took 6
+
+
+def test_two_culprits_stay_within_the_bound_and_the_rest_is_deferred_not_failed():
+    for n in range(2, 17):
+        for a in range(n):
+            for b in range(a + 1, n):
+                items, execute, calls = _fake_batch(n, {a, b})
+                iso = execute_isolating(execute, items)
+                assert iso.num_retries == len(calls) - 1 <= max_step_retries(n)
+                failed = {i.request.request_id for i, _ in iso.failed}
+                deferred = {i.request.request_id for i in iso.deferred}
+                assert failed and failed <= {f"r{a}", f"r{b}"}  # nothing failed that did not raise
+                assert failed | deferred | set(iso.output.sampled) == {f"r{i}" for i in range(n)}
+                assert not failed & deferred and not (failed | deferred) & set(iso.output.sampled)
+
+
+def test_the_budget_lowers_the_bound_and_what_it_leaves_fails():
+    items, execute, calls = _fake_batch(8, {7})
+    iso = execute_isolating(execute, items, budget=2)
+    assert iso.num_retries == len(calls) - 1 == 2
+    assert [i.request.request_id for i in iso.unresolved_by_budget] == ["r6", "r7"] and not iso.deferred
+    iso = execute_isolating(_fake_batch(8, {7})[1], items, budget=0)
+    assert iso.num_retries == 0 and len(iso.unresolved_by_budget) == 8
+
+
+def test_the_engine_counts_its_retries_in_batches_of_2_to_16(tiny_llama):
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=64, block_size=16,
+                                                   num_gpu_blocks_override=128, max_num_seqs=16))
+    Faults.from_env({"DEPLOYCTL_RUNTIME_FAULT": f"raise_on_token={POISON}"}).install(engine)
+    engine.max_step_retries_per_min = 10**6  # the per-minute budget: its own test below
+    forward = engine.runner.forward
+    calls = []
+    engine.runner.forward = lambda inputs: (calls.append(1), forward(inputs))[1]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    total = 0
+    for n in range(2, 17):
+        for pos in (0, n // 2, n - 1):
+            ids = [f"n{n}p{pos}r{i}" for i in range(n)]
+            for i, rid in enumerate(ids):
+                engine.add_request(rid, [50, 51, POISON, 52] if i == pos else [100 + i, 101 + i, 102], params)
+            calls.clear()
+            outs = {o.request_id: o for o in engine.step()}  # one prefill step of all n: it raises, is isolated
+            assert len(calls) - 1 <= max_step_retries(n), (n, pos, len(calls))
+            total += len(calls) - 1
+            assert engine.stats().step_retries_total == engine.num_step_retries_total == total
+            assert outs[ids[pos]].finish_reason == "error" and "raise_on_token" in outs[ids[pos]].error
+            assert all(len(outs[r].new_token_ids) == 1 for r in ids if r != ids[pos])  # the others got their token
+            engine.abort_request(ids)
+            engine.step()
+    assert total > 0
+
+
+def test_a_spent_per_minute_budget_fails_the_unresolved_requests(tiny_llama):
+    engine = _engine(tiny_llama, f"raise_on_token={POISON}")
+    engine.max_step_retries_per_min = 1
+    done = _run(engine, {"a": CLEAN["a"], "b": CLEAN["b"], "c": CLEAN["c"], "bad": [50, 51, POISON, 52]})
+    assert engine.num_step_retries_total == 1  # one re-run (a, b: clean), then the budget is spent
+    assert done["bad"][0] == "error" and done["c"][0] == "error" and "budget" in done["c"][2]
+    assert done["a"][0] == done["b"][0] == "length"

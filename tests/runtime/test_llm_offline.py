@@ -33,3 +33,20 @@ def test_stop_strings_cut_text(tiny_llama):
     with_lp = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop],
                                                    logprobs=1))[0]
     assert len(with_lp.logprobs) == len(with_lp.top_logprobs) == k
+    stopped = llm.generate("Hello", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop],
+                                                   include_stop_str_in_output=True))[0]
+    assert stopped.text == full.text[:full.text.find(stop) + len(stop)]
+
+
+def test_special_tokens_and_the_stop_token_in_the_text_as_over_http(tiny_llama):
+    llm = LLM(str(tiny_llama), num_gpu_blocks_override=64, max_model_len=256)
+    eos = next(iter(llm.engine.eos_token_ids))
+    eos_text = llm.tokenizer.decode([eos], skip_special_tokens=False)
+    forced = dict(max_tokens=3, temperature=0, logit_bias={eos: 100})
+    assert llm.generate("Hi", SamplingParams(**forced, ignore_eos=True))[0].text == ""
+    assert llm.generate("Hi", SamplingParams(**forced, ignore_eos=True, skip_special_tokens=False))[0].text == \
+        eos_text * 3
+    shown = SamplingParams(**forced, skip_special_tokens=False)  # eos is the stop token: not text unless asked
+    assert llm.generate("Hi", shown)[0].text == ""
+    shown.include_stop_str_in_output = True
+    assert llm.generate("Hi", shown)[0].text == eos_text

@@ -42,6 +42,17 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert freq[keep:].sum() == 0 and torch.allclose(freq, expect, atol=0.015)
 
 
+def test_min_p_keeps_tokens_at_least_min_p_times_the_most_likely():
+    probs = torch.softmax(LOGITS / 0.5, -1)  # vLLM's min_p: on the temperature-scaled distribution
+    freq = _draw(SamplingParams(temperature=0.5, min_p=0.2))
+    keep = probs >= 0.2 * probs.max()
+    assert keep.tolist() == [True, True, False, False, False, False, False, False]
+    expect = torch.where(keep, probs, torch.zeros_like(probs))
+    assert freq[~keep].sum() == 0 and torch.allclose(freq, expect / expect.sum(), atol=0.015)
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5).validate()
+
+
 def test_top_k_one_is_greedy_and_greedy_is_argmax():
     assert _draw(SamplingParams(temperature=1.3, top_k=1), n=500)[0] == 1.0
     assert _draw(SamplingParams(temperature=0), n=10)[0] == 1.0

@@ -15,7 +15,10 @@ from .auth import APIKeyMiddleware
 from .errors import APIError, error_body, invalid
 from .generation import Generation
 from .middleware import RequestContextMiddleware
-from .responses import DONE, ResponseBuilder, error_event
+from . import responses_api
+from .responses import ResponseBuilder
+from .responses_api import ResponseStore
+from .responses_output import ResponsesBuilder, new_response_id
 from .serving import RequestRecord, adopt_body_request_id, prepare
 from .sse import SSEResponse
 from .tokenize import detokenize_body, tokenize_body
@@ -131,6 +134,12 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     async def chat_completions(request: Request):
         return await _inference(ctx, request, chat=True)
 
+    store = ResponseStore()  # stored responses for previous_response_id (in memory, bounded)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await _responses(ctx, request, store)
+
     from .sleep import add_sleep_routes
 
     add_sleep_routes(app, ctx)
@@ -151,16 +160,47 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _inference(ctx: ServerContext, request: Request, chat: bool):
     rec: RequestRecord = request.state.record
+    _admit(ctx)
+    prep = await prepare(ctx, await request.body(), chat, rec.request_id)
+    adopt_body_request_id(rec, prep.request, chat)
+    return await _serve(ctx, request, prep, rec, ResponseBuilder(prep, rec.request_id, ctx.served_name,
+                                                                 ctx.token_bytes))
+
+
+async def _responses(ctx: ServerContext, request: Request, store: ResponseStore):
+    """POST /v1/responses: the Responses request as the chat request it means (responses_api.py), served by the
+    same path, its answer shaped by responses_output.py; a completed response is stored when `store` is true."""
+    rec: RequestRecord = request.state.record
+    _admit(ctx)
+    req = responses_api.parse(await request.body(), ctx.cfg.ignore_unknown_fields)
+    conversation = responses_api.history(req, store) + responses_api.input_messages(req.input)
+    body = responses_api.chat_body(req, conversation)
+    try:
+        prep = await prepare(ctx, responses_api.dumps(body), True, rec.request_id)
+    except APIError as exc:
+        raise responses_api.renamed(exc) from None
+    response_id = new_response_id()
+
+    def keep(done: dict) -> None:
+        if req.store:
+            store.put(response_id, conversation + responses_api.output_messages(done["output"]))
+
+    return await _serve(ctx, request, prep, rec, ResponsesBuilder(req, prep, ctx.served_name, response_id, keep))
+
+
+def _admit(ctx: ServerContext) -> None:
     ctx.check_serving()
     if ctx.faults.should_fail_request():
         raise APIError(500, "injected fault (DEPLOYCTL_RUNTIME_FAULT error_rate)", "internal_error", None,
                        "injected_fault")
-    prep = await prepare(ctx, await request.body(), chat, rec.request_id)
-    adopt_body_request_id(rec, prep.request, chat)
+
+
+async def _serve(ctx: ServerContext, request: Request, prep, rec: RequestRecord, builder):
+    """Generate `prep` and answer with `builder`'s body (whole) or events (stream); the one home of the request's
+    lifecycle: admission, the client going away (C07), errors, metrics."""
     if ctx.cfg.log_requests:
         log.info("request %s: prompt token ids %s params %s", rec.request_id, prep.prompts[0][:64], prep.params[0])
     gen = Generation(ctx, prep, rec)
-    builder = ResponseBuilder(prep, rec.request_id, ctx.served_name, ctx.token_bytes)
     ctx.check_serving()  # again: a sleep or drain may have begun while the body was read (no await from here on)
     ctx.http_started()
     try:
@@ -198,25 +238,27 @@ async def _consume(events) -> None:
         pass
 
 
-def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuilder, rec: RequestRecord):
+def _stream_response(ctx: ServerContext, gen: Generation, builder, rec: RequestRecord):
     events = gen.events()
     closed = False
 
     async def body():
-        continuous = builder.prep.request.continuous_usage
+        continuous = getattr(builder.prep.request, "continuous_usage", False)
+        for chunk in builder.start():
+            yield chunk
         async for batch in events:
             for chunk in builder.chunks(batch, rec if continuous else None):
                 yield chunk
-        if gen.engine_error or gen.timed_out:
+        error = None
+        if gen.engine_error or gen.timed_out or gen.cut_before_start:
             try:
                 gen.result()
             except APIError as exc:
-                yield error_event(exc.body())
+                error = exc
         else:
             ctx.metrics.e2e.observe(time.monotonic() - rec.arrival)
-        if prep_usage:
-            yield builder.usage_chunk(rec)
-        yield DONE
+        for chunk in builder.end(error, rec, gen.choices):
+            yield chunk
 
     async def on_close() -> None:
         nonlocal closed
@@ -225,5 +267,4 @@ def _stream_response(ctx: ServerContext, gen: Generation, builder: ResponseBuild
             await events.aclose()
             ctx.http_finished()
 
-    prep_usage = builder.prep.request.include_usage
     return SSEResponse(body(), on_close=on_close, keepalive_s=ctx.cfg.sse_keepalive_s)

@@ -87,6 +87,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     a("--fatal-after-errors", type=int, metavar="K",
       help="exit 3 when K requests failed alone within --fatal-error-window-s (default 10; 0 never)")
     a("--fatal-error-window-s", type=float, help="the window of --fatal-after-errors (default 60)")
+    a("--max-step-retries-per-min", type=int, metavar="N",
+      help="extra forward passes failed engine steps may run per minute to isolate the request at fault (at most "
+           "ceil(log2 n) + 1 per failed step of n; default 64; beyond it a failed step's unresolved requests fail)")
     p.set_defaults(func=run_serve)
     return p
 

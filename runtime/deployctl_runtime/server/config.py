@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from deployctl_runtime.engine_args import EngineArgs, parse_bytes
+from deployctl_runtime.isolation import DEFAULT_STEP_RETRIES_PER_MIN
 
 class _ServeSettings(BaseModel):
     """The serve settings that are not engine settings (ServeConfig adds EngineArgs' fields to these)."""
@@ -58,6 +59,9 @@ class _ServeSettings(BaseModel):
     # this many requests failed alone (their step raised) within fatal_error_window_s: exit 3 as well; 0: never
     fatal_after_errors: int = Field(10, ge=0)
     fatal_error_window_s: float = Field(60.0, gt=0)
+    # extra forwards failed engine steps may run to isolate their culprit, per minute, all steps together
+    # (isolation.py: at most ceil(log2 n) + 1 per failed step); once spent, a failed step's unresolved requests fail
+    max_step_retries_per_min: int = Field(DEFAULT_STEP_RETRIES_PER_MIN, ge=0)
     # a request field not in the field table (fields.py): 400 unsupported_parameter naming it (default), or, when
     # true, ignored with one warning per field name as vLLM does
     ignore_unknown_fields: bool = False

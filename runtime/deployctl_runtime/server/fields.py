@@ -103,20 +103,17 @@ FIELDS: dict[str, FieldRule] = {
     "stop_token_ids": _h(), "guided_json": _h(), "guided_regex": _h(), "guided_choice": _h(),
     "guided_grammar": _h(), "structured_outputs": _h(),
     "guided_decoding_backend": _i("one backend here (llguidance) enforces every grammar"),
+    "min_p": _h(), "skip_special_tokens": _h(), "include_stop_str_in_output": _h(),
+    "truncate_prompt_tokens": _h(),  # the prompt's last k tokens (serving._truncate)
+    "return_tokens_as_token_ids": _h(),  # logprobs' tokens as "token_id:<id>" (responses.TokenIdNames)
     "request_id": _h(),  # the response's id, "cmpl-"/"chatcmpl-" + it, as vLLM (an X-Request-Id header wins)
-    "min_p": _r("min_p is not supported by this server; use top_p or top_k", off=0.0),
     "use_beam_search": _r("beam search is not supported by this server", off=False),
     "length_penalty": _r("length_penalty applies to beam search, which is not supported", off=1.0),
-    "include_stop_str_in_output": _r("include_stop_str_in_output is not supported by this server", off=False),
-    "skip_special_tokens": _r("special tokens are always skipped in the text here", off=True),
     "spaces_between_special_tokens": _r("spaces_between_special_tokens is not supported by this server", off=True),
-    "truncate_prompt_tokens": _r("prompt truncation is not supported: send a prompt that fits"),
     "prompt_logprobs": _r("prompt logprobs are not supported by this server"),
     "allowed_token_ids": _r("allowed_token_ids is not supported; use logit_bias or a grammar (guided_*)"),
     "bad_words": _r("bad_words is not supported; use logit_bias", off=[]),
     "logits_processors": _r("custom logits processors are not supported by this server", off=[]),
-    "return_tokens_as_token_ids": _r("return_tokens_as_token_ids is not supported; send return_token_ids",
-                                     off=False),
     "guided_whitespace_pattern": _r("guided_whitespace_pattern is not supported by this server"),
     "structural_tag": _r("structural tags are not supported; use guided_grammar or structured_outputs"),
     "priority": _r("priority scheduling is not supported by this server", off=0),
@@ -165,35 +162,67 @@ FIELDS: dict[str, FieldRule] = {
     "messages[].tools": _r("tools on a message are not supported; send the request's 'tools'", CHAT),
     "messages[].task": _r("a message's task marker (vLLM, for DeepSeek V4) is not supported by this server", CHAT),
 }
+# POST /v1/responses (OpenAI's Responses API): its own fields, the same rules. The request becomes a chat request
+# (responses_api.py), so what is honoured here is honoured by the chat path. Source: OpenAI's API reference
+# (Create a model response) and the openai SDK's ResponseCreateParams.
+RESPONSES_FIELDS: dict[str, FieldRule] = {
+    "model": _h(), "input": _h(), "instructions": _h(), "max_output_tokens": _h(), "temperature": _h(),
+    "top_p": _h(), "tools": _h(), "tool_choice": _h(), "parallel_tool_calls": _h(), "text": _h(), "stream": _h(),
+    "store": _h(),  # kept in memory (bounded) for previous_response_id; false: not kept
+    "previous_response_id": _h(),
+    "text.format": _h(),
+    "metadata": _i("tags echoed back in the response; they do not change the answer"),
+    "user": _i("an end-user id for abuse monitoring; it does not change the answer"),
+    "safety_identifier": _i("an end-user id for abuse monitoring; it does not change the answer"),
+    "prompt_cache_key": _i("a routing hint for OpenAI's prompt cache; the prefix cache here is automatic"),
+    "service_tier": _i("a billing/latency tier; this server has one"),
+    "text.verbosity": _r("verbosity is not supported by this server"),
+    "top_logprobs": _r("top_logprobs is not supported on /v1/responses; use /v1/chat/completions", off=0),
+    "include": _r("include (extra output data such as logprobs) is not supported on /v1/responses", off=[]),
+    "reasoning": _r("reasoning is not supported: the model is served without a reasoning parser"),
+    "truncation": _r("truncation 'auto' is not supported; send input that fits", off="disabled"),
+    "background": _r("background responses are not supported by this server", off=False),
+    "conversation": _r("conversations are not supported by this server; send previous_response_id"),
+    "prompt": _r("reusable prompt templates are not supported by this server; send input"),
+    "max_tool_calls": _r("max_tool_calls is not supported by this server"),
+    "stream_options": _r("stream_options is not supported on /v1/responses", off={}),
+    "context_management": _r("context management (compaction) is not supported by this server"),
+}
 _INDEX = re.compile(r"\[\d+\]")
 _warned: set[str] = set()
 _WARN_AT_MOST = 256  # names warned about, per process: random names must not grow the log and memory without end
 
 
-def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, ...] = ()) -> Any:
+def without_nulls(body: Any, chat: bool, prefix: str = "", declared: tuple[str, ...] = (),
+                  table: dict[str, FieldRule] | None = None) -> Any:
     """A parsed JSON body (or a nested options object at `prefix`, e.g. "stream_options.") without the keys the
     client sent as null that the table knows for this endpoint (or that are `declared` by the nested object's
     model): null asks for nothing. A name not in the table keeps its null, so it is still refused as unknown."""
     if not isinstance(body, dict):
         return body
+    rules = FIELDS if table is None else table
+
     def known(name: str) -> bool:
-        rule = FIELDS.get(prefix + name)
+        rule = rules.get(prefix + name)
         return name in declared or (rule is not None and rule.applies(chat))
     return {k: v for k, v in body.items() if v is not None or not known(k)}
 
 
 def check_fields(sent: dict[str, Any], chat: bool, ignore_unknown: bool, top_level: Collection[str] = (), *,
-                 endpoint: str | None = None, top_rows: bool = True) -> None:
+                 endpoint: str | None = None, top_rows: bool = True, table: dict[str, FieldRule] | None = None
+                 ) -> None:
     """Apply the table to the fields a client sent (name -> parsed value; the undeclared keys of option objects,
     messages and tools under their paths). ``top_level``: the names sent as keys of the body itself, which match
     only the table's top-level rows (a body key spelt "stream_options.include_obfuscation" is unknown, not that
     row), and none with ``top_rows`` False (/tokenize: its body keys are its own, the table's are for inference).
+    ``table``: another endpoint's table (RESPONSES_FIELDS) instead of FIELDS.
     Raises APIError 400 `unsupported_parameter` naming the first refused or unknown field."""
     endpoint = endpoint or ("/v1/chat/completions" if chat else "/v1/completions")
+    rules = FIELDS if table is None else table
     for name, value in sent.items():
         row = _INDEX.sub("[]", name)  # "messages[2].name" -> the row "messages[].name"
         top = name in top_level
-        rule = None if top and (not top_rows or "." in name or "[" in name) else FIELDS.get(row)
+        rule = None if top and (not top_rows or "." in name or "[" in name) else rules.get(row)
         if value is None and rule is not None and rule.applies(chat):
             continue  # null asks for nothing (a top-level null is gone already: without_nulls)
         if rule is None or not rule.applies(chat):

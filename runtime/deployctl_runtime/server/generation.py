@@ -8,9 +8,9 @@ from typing import AsyncIterator
 
 from .async_engine import EngineDead
 from .detokenizer import IncrementalDetokenizer
-from .errors import APIError
+from .errors import APIError, unavailable
 from .serving import Choice, Event, Prepared, RequestRecord
-from .state import ServerContext
+from .state import RETRY_AFTER_DRAINING_S, ServerContext
 from .stop_strings import StopStringMatcher
 
 log = logging.getLogger("deployctl_runtime.server")
@@ -28,9 +28,11 @@ class Generation:
         self.ctx, self.prep, self.rec = ctx, prep, rec
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices = [
-            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip_special_tokens=True), StopStringMatcher(sp.stop))
+            Choice(k, IncrementalDetokenizer(ctx.tokenizer, ids, skip_special_tokens=sp.skip_special_tokens),
+                   StopStringMatcher(sp.stop, sp.include_stop_str_in_output))
             for k, (ids, sp) in enumerate(zip(prep.prompts, prep.params))
         ]
+        self._params = dict(zip(prep.sub_ids, prep.params))
         self._by_id = dict(zip(prep.sub_ids, self.choices))
         self._open = set(prep.sub_ids)
         self._seen_first_output = False
@@ -39,6 +41,7 @@ class Generation:
         self.engine_error: str | None = None
         self.engine_error_code: str | None = None  # "engine_stalled": the watchdog ended it (503, not 500)
         self.aborted_by_client = False
+        self.cut_before_start = False  # the drain ended before any token of it: 503 draining (retryable)
 
     async def start(self) -> None:
         """Add the engine requests; raises APIError 400 when the engine can never serve them (RequestRejected)."""
@@ -114,7 +117,7 @@ class Generation:
             if self._open:  # consumer stopped early for another reason
                 self._end_open("abort")
 
-    def _end_open(self, reason: str) -> list[Event]:
+    def _end_open(self, reason: str, counted: bool = True) -> list[Event]:
         ids = sorted(self._open)
         self.ctx.engine.abort(ids)
         events = []
@@ -126,7 +129,10 @@ class Generation:
                     delta = ch.feed([], finished=True)
                 except Exception:  # noqa: BLE001 - the flush of a broken detokenizer: end without the rest
                     log.exception("request %s: flushing the detokenizer failed", self.rec.request_id)
-            self._finish(ch, reason)
+            if counted:
+                self._finish(ch, reason)
+            else:
+                ch.finish_reason = reason
             events.append(Event(ch.index, delta, reason, [], None))
         self._release(ids)
         return events
@@ -145,6 +151,13 @@ class Generation:
         events: list[Event] = []
         for out in batch:
             if out is CUT_OFF:
+                if self.rec.first_token_at is None and not events:  # nothing of it was generated or sent
+                    self.cut_before_start = True
+                    log.info("request %s: not started when the drain ended; answered 503 draining",
+                             self.rec.request_id)
+                    self._end_open("abort", counted=False)
+                    self.ctx.metrics.request_rejected.labels(reason="draining").inc()
+                    return []
                 log.info("request %s: cut off at the drain timeout", self.rec.request_id)
                 events.extend(self._end_open("abort"))
                 break
@@ -185,8 +198,12 @@ class Generation:
                     self.engine_error = out.error
                     log.error("request %s: %s; the request ends with an error (finish_reason error)",
                               self.rec.request_id, out.error)
+            shown = new
+            if (out.finished and out.finish_reason == "stop" and new
+                    and not self._params[out.request_id].include_stop_str_in_output):
+                shown = new[:-1]  # the stop token (eos, stop_token_ids) is not text, as in vLLM
             try:
-                delta = ch.feed(new, out.finished)
+                delta = ch.feed(shown, out.finished)
             except Exception as exc:  # noqa: BLE001 - detokenizing or a stop string raised: this request alone
                 log.exception("request %s: detokenizing failed", self.rec.request_id)
                 ch.error = f"detokenizing the output raised: {type(exc).__name__}: {exc}"
@@ -213,7 +230,12 @@ class Generation:
         return events
 
     def result(self) -> None:
-        """Raise for the non-streaming response when the request could not complete normally."""
+        """Raise for the non-streaming response when the request could not complete normally (a stream sends the
+        same error as its last event). Not started when the drain ended: 503 `draining` with Retry-After, so the
+        router or the client sends it to another replica (it was never generated, so retrying is safe)."""
+        if self.cut_before_start:
+            raise unavailable("the server drained for shutdown before this request started; send it to another "
+                              "replica", RETRY_AFTER_DRAINING_S, code="draining")
         if self.engine_error_code == "engine_stalled":  # the server's state, not this request's fault
             raise APIError(503, self.engine_error, "service_unavailable", None, "engine_stalled")
         if self.engine_error:

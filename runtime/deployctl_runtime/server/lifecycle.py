@@ -12,7 +12,9 @@ An engine loop that stops making progress while requests are open (no step compl
 503 `engine_stalled`, and ends the process with exit code 4 (EXIT_ENGINE_STALLED).
 
 SIGTERM/SIGINT: the phase becomes `draining` at once (/readyz 503, new requests 503), in-flight requests finish
-up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]), and
+up to --drain-timeout-s; what is left is then cut off (finish_reason "abort", streams still end with [DONE]; a
+request of which nothing was generated yet, still queued, gets 503 `draining` instead, or a stream that error as its
+last event, so that it is retried elsewhere: generation.Generation.result), and
 the process exits 0 once the engine loop has let go of them. A drain that finds the engine loop wedged (the cut-off
 requests not released and no step completed for DRAIN_WEDGED_S) exits 4 instead: it did not drain. A second signal
 exits at once.
@@ -94,6 +96,7 @@ def load_engine(ctx: ServerContext, server: "DrainingServer") -> None:
         ctx.chat_template = (ChatTemplate(engine.chat_template, engine.bos_token, engine.eos_token)
                              if engine.chat_template else None)
         engine.fatal_markers = engine.fatal_markers + tuple(cfg.fatal_error_marker)
+        engine.max_step_retries_per_min = cfg.max_step_retries_per_min
         notifier = ctx.notifier
         aeng = AsyncEngine(engine, step_delay_s=faults.token_delay_ms / 1000.0,
                            on_fatal=lambda message: engine_died(ctx, server, message),

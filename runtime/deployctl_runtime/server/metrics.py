@@ -46,6 +46,9 @@ class _EngineStatsCollector:
             "num_preemptions": ("Preemptions since start.", "num_preemptions_total"),
             "prefix_cache_queries": ("Prefix cache queries since start (tokens).", "prefix_cache_queries_total"),
             "prefix_cache_hits": ("Prefix cache hits since start (tokens).", "prefix_cache_hits_total"),
+            "step_retries": ("Extra forward passes run to isolate the request a failed engine step owes its error to "
+                             "(at most ceil(log2 n) + 1 per failed step of n requests; --max-step-retries-per-min).",
+                             "step_retries_total"),
         }
         for name, (doc, attr) in counters.items():
             yield CounterMetricFamily(PREFIX + name, doc, value=float(getattr(s, attr, 0) if s else 0))

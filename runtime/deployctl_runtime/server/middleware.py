@@ -37,7 +37,8 @@ class RequestContextMiddleware:
             scope = {**scope, "path": path, "raw_path": path.encode()}
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        prefix = "chatcmpl-" if path.endswith("/chat/completions") else "cmpl-"
+        prefix = ("chatcmpl-" if path.endswith("/chat/completions") else "resp_" if path.endswith("/responses")
+                  else "cmpl-")
         from_header = bool(_SANE_ID.match(given))
         rec = RequestRecord(given if from_header else prefix + uuid.uuid4().hex, id_from_header=from_header)
         scope.setdefault("state", {})["record"] = rec

@@ -133,6 +133,11 @@ class _SamplingFields(BaseModel):
     modalities: list[str] | None = None
     best_of: int | None = None  # on chat too (vLLM): it changes which answers come back, so never dropped
     request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)] | None = None  # vLLM: the response's id
+    min_p: float | None = None  # vLLM: keep tokens with probability >= min_p x the most likely one's
+    skip_special_tokens: bool = True  # vLLM: false shows special tokens (eos, chat markers) in the text
+    include_stop_str_in_output: bool = False  # vLLM: the matched stop string (or stop token's text) stays
+    truncate_prompt_tokens: int | None = None  # vLLM: keep the prompt's last k tokens (-1: max_model_len)
+    return_tokens_as_token_ids: bool = False  # vLLM: logprobs name tokens "token_id:<id>"
 
     @model_validator(mode="before")
     @classmethod
@@ -171,6 +176,10 @@ class _SamplingFields(BaseModel):
         if self.modalities and set(self.modalities) != {"text"}:
             raise _CrossFieldError("modalities", "only the text modality is supported by this server",
                                    "unsupported_parameter")
+        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1
+                                                             or self.truncate_prompt_tokens >= 1):
+            raise _CrossFieldError("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the model's context "
+                                   f"length) or an integer >= 1, got {self.truncate_prompt_tokens}")
         if self.stream_options is not None and not self.stream:
             raise _CrossFieldError("stream_options", "stream_options is only allowed when stream is true")
         return self

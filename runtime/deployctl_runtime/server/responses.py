@@ -99,8 +99,27 @@ def best_choices(choices: list[Choice], per_prompt: int, n: int) -> list[tuple[i
     return out
 
 
+class TokenIdNames:
+    """vLLM's return_tokens_as_token_ids: a token of the logprobs is named "token_id:<id>" (a name that always
+    maps back to its id, where a partial character's text does not); its bytes and offsets stay the token's."""
+
+    def __init__(self, token_bytes):
+        self._tb = token_bytes
+
+    def text(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    def bytes(self, token_id: int) -> bytes:
+        return self._tb.bytes(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return self._tb.is_special(token_id)
+
+
 class ResponseBuilder:
     def __init__(self, prep: Prepared, request_id: str, model: str, token_bytes):
+        if prep.request.return_tokens_as_token_ids:
+            token_bytes = TokenIdNames(token_bytes)
         self.prep, self.id, self.model, self.tb = prep, request_id, model, token_bytes
         self.created = int(time.time())
         self.want_logprobs = prep.want_logprobs is not None
@@ -234,6 +253,18 @@ class ResponseBuilder:
 
     def usage_chunk(self, rec: RequestRecord) -> bytes:
         return self._chunk([], _usage(rec))
+
+    def start(self) -> list[bytes]:
+        """What a stream sends before the first event: nothing (chat and completions)."""
+        return []
+
+    def end(self, error, rec: RequestRecord, choices: list[Choice]) -> list[bytes]:
+        """A stream's tail: the error (an APIError that ended it) as an event, the usage chunk when asked for, then
+        [DONE]."""
+        out = [error_event(error.body())] if error is not None else []
+        if self.prep.request.include_usage:
+            out.append(self.usage_chunk(rec))
+        return out + [DONE]
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -118,6 +118,19 @@ def _tokenize_prompts(ctx: ServerContext, req: Any, chat: bool, tools=None) -> l
     return [encode_prompt(tok, x, bos) if isinstance(x, str) else list(x) for x in p]
 
 
+def _truncate(ctx: ServerContext, req: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """vLLM's truncate_prompt_tokens: each prompt keeps its last k tokens (-1: k = max_model_len; truncation from
+    the left, vLLM's default side). k above max_model_len is 400 naming the field."""
+    k = req.truncate_prompt_tokens
+    if k is None:
+        return prompts
+    if k > ctx.max_model_len:
+        raise invalid(f"'truncate_prompt_tokens': {k} is above the model's context length {ctx.max_model_len}; "
+                      f"send at most {ctx.max_model_len} (or -1)", "truncate_prompt_tokens")
+    k = ctx.max_model_len if k == -1 else k
+    return [ids[-k:] for ids in prompts]
+
+
 def _check_lengths(ctx: ServerContext, req: Any, prompts: list[list[int]], chat: bool) -> list[int]:
     """Return max_tokens per prompt. Raises APIError 400 context_length_exceeded (see module docstring)."""
     limit, param = ctx.max_model_len, ("messages" if chat else "prompt")
@@ -175,7 +188,7 @@ async def prepare(ctx: ServerContext, body: bytes, chat: bool, request_id: str) 
     _check_num_choices(ctx, req, chat)
     tools = tool_mode(req) if chat else None
     structured = sampling.structured_spec(req, tools)
-    prompts = _tokenize_prompts(ctx, req, chat, tools)
+    prompts = _truncate(ctx, req, _tokenize_prompts(ctx, req, chat, tools))
     max_tokens = _check_lengths(ctx, req, prompts, chat)
     wanted = sampling.logprobs_wanted(req, chat)
     k = max(req.n, req.best_of or 0)

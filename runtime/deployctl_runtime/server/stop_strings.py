@@ -2,11 +2,12 @@
 
 Text arrives in deltas that may cut a stop string anywhere. The matcher holds back the longest tail of the unsent
 text that is a prefix of some stop string, since the next delta may complete it; everything before that tail is safe
-to send. When a stop string appears, the text before it is released and the rest (stop string included) is dropped.
+to send. When a stop string appears, the text before it is released and the rest (stop string included) is dropped;
+with `include_stop` (vLLM's include_stop_str_in_output) the stop string itself is released too, the rest dropped.
 Generation stops at the stop string that completes first (earliest end; on a tie the one starting earlier), as if
 text arrived one character at a time, so the result does not depend on where token boundaries fall.
-Invariant: no character of a stop string is ever released; concatenating every release equals the full text cut
-just before that stop string (or the whole text, after `flush()`).
+Invariant: no character of a stop string is ever released (with `include_stop`: none past its end); concatenating
+every release equals the full text cut just before (just after) that stop string, or the whole text after `flush()`.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str], include_stop: bool = False):
         self._stops = [s for s in stops if s]
+        self._include = include_stop
         self._pending = ""
         self.stopped = False
         self.matched: str | None = None
@@ -34,7 +36,7 @@ class StopStringMatcher:
                 best = (i + len(s), i, s)
         if best is not None:
             self.stopped, self.matched, self._pending = True, best[2], ""
-            return buf[: best[1]]
+            return buf[: best[0] if self._include else best[1]]
         hold = self._held_tail(buf)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]

@@ -290,7 +290,8 @@ def test_c06_multibyte_characters_never_streamed_as_halves(server, tokenizer):
 # ---- metrics and access log -------------------------------------------------------------------------------------
 CONTRACT_METRICS = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio", "num_gpu_blocks",
                     "num_free_blocks", "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-                    "prefix_cache_queries_total", "prefix_cache_hits_total", "request_success_total",
+                    "prefix_cache_queries_total", "prefix_cache_hits_total", "step_retries_total",
+                    "request_success_total",
                     "request_rejected_total", "time_to_first_token_seconds", "time_per_output_token_seconds",
                     "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"]
 

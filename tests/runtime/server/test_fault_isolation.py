@@ -4,6 +4,7 @@ their solo answers; a sticky CUDA error fails the open requests and ends the pro
 code agreeing with its body all along."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,26 @@ def test_a_poisoned_request_among_three_fails_alone_and_the_server_goes_on(start
     assert m['deployctl_runtime_engine_errors_total{kind="isolated"}'] == 1
     assert m['deployctl_runtime_engine_errors_total{kind="fatal"}'] == 0
     assert srv.proc.poll() is None
+
+
+def test_step_retries_are_bounded_per_step_and_counted(start_server, tiny_model):
+    # a list of n prompts is added in one command, so its n engine requests share one prefill step: the poisoned one
+    # (last: the halving's longest path) costs at most ceil(log2 n) + 1 extra forwards, counted in the metric
+    srv = start_server(["--model", str(tiny_model), "--max-model-len", "256", "--num-gpu-blocks-override", "128",
+                        "--max-num-seqs", "16"], env={"DEPLOYCTL_RUNTIME_FAULT": f"raise_on_token={POISON}"})
+    name = "deployctl_runtime_step_retries_total"
+    assert srv.metrics()[name] == 0
+    total = 0
+    for n, pos in ((2, 0), (5, 2), (9, 8), (16, 15), (16, 3)):
+        prompts = [[100 + i, 101 + i, 102 + i] for i in range(n)]
+        prompts[pos] = BAD
+        r = _complete(srv, prompts, max_tokens=2)
+        assert r.status_code == 500 and f"raise_on_token={POISON}" in r.json()["error"]["message"], r.text
+        retries = srv.metrics()[name] - total
+        assert 1 <= retries <= math.ceil(math.log2(n)) + 1, (n, pos, retries)
+        total += retries
+    assert total == srv.metrics()[name]
+    assert _answer(_complete(srv, CLEAN[0]))  # still serving
 
 
 def test_a_sticky_cuda_error_fails_open_requests_and_exits_3(start_server, tiny_model):

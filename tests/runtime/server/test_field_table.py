@@ -212,6 +212,58 @@ def _request_id(srv, chat):
     assert err["param"] == "request_id"
 
 
+def _eos_text(srv) -> str:
+    return httpx.post(srv.url + "/detokenize", json={"tokens": [EOS]}, timeout=30).json()["prompt"]
+
+
+def _skip_special_tokens(srv, chat):
+    forced = {"logit_bias": {str(EOS): 100}, "ignore_eos": True, "max_tokens": 3}  # EOS three times, not a stop
+    assert text(ok(srv, chat, **forced), chat) == ""
+    assert text(ok(srv, chat, **forced, skip_special_tokens=True), chat) == ""
+    assert text(ok(srv, chat, **forced, skip_special_tokens=False), chat) == _eos_text(srv) * 3
+
+
+def _include_stop_str_in_output(srv, chat):
+    base = text(ok(srv, chat, ignore_eos=True, max_tokens=16), chat)
+    stop = base[len(base) // 2:len(base) // 2 + 2]
+    cut = base[:base.index(stop)]
+    assert text(ok(srv, chat, ignore_eos=True, max_tokens=16, stop=[stop]), chat) == cut
+    r = ok(srv, chat, ignore_eos=True, max_tokens=16, stop=[stop], include_stop_str_in_output=True)
+    assert text(r, chat) == cut + stop and r["choices"][0]["finish_reason"] == "stop"
+    # the stop token (EOS here) is not text unless asked for, as in vLLM
+    shown = {"logit_bias": {str(EOS): 100}, "skip_special_tokens": False}
+    assert text(ok(srv, chat, **shown), chat) == ""
+    assert text(ok(srv, chat, **shown, include_stop_str_in_output=True), chat) == _eos_text(srv)
+
+
+def _truncate_prompt_tokens(srv, chat):
+    assert ok(srv, chat)["usage"]["prompt_tokens"] > 3
+    r = ok(srv, chat, truncate_prompt_tokens=3, return_token_ids=True)
+    assert r["usage"]["prompt_tokens"] == 3
+    if not chat:  # the last 3 tokens of the prompt: the same answer as those 3 ids sent as the prompt
+        ids = httpx.post(srv.url + "/tokenize", json={"prompt": "Tell me about the sea"}, timeout=30).json()["tokens"]
+        assert ok(srv, chat, prompt=ids[-3:], return_token_ids=True)["choices"][0]["token_ids"] == \
+            r["choices"][0]["token_ids"]
+    for bad in (0, -2, 10**6):
+        err = ask(srv, chat, truncate_prompt_tokens=bad).json()["error"]
+        assert err["param"] == "truncate_prompt_tokens", err
+
+
+def _return_tokens_as_token_ids(srv, chat):
+    r = ok(srv, chat, ignore_eos=True, return_token_ids=True, return_tokens_as_token_ids=True,
+           **({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2}))
+    ids, lp = r["choices"][0]["token_ids"], r["choices"][0]["logprobs"]
+    want = [f"token_id:{t}" for t in ids]
+    if chat:
+        assert [t["token"] for t in lp["content"]] == want
+        assert all(a["token"].startswith("token_id:") for t in lp["content"] for a in t["top_logprobs"])
+    else:
+        assert lp["tokens"] == want and all(k.startswith("token_id:") for top in lp["top_logprobs"] for k in top)
+    plain = ok(srv, chat, ignore_eos=True, **({"logprobs": True} if chat else {"logprobs": 0}))["choices"][0]
+    assert not any(t.startswith("token_id:") for t in (
+        [c["token"] for c in plain["logprobs"]["content"]] if chat else plain["logprobs"]["tokens"]))
+
+
 def _is_json_object(s):
     return s.startswith("{")
 
@@ -238,7 +290,9 @@ HONOURED_PROBES = {
     "structured_outputs": _grammar("structured_outputs", {"choice": ["red", "green"]},
                                    lambda s: s in ("red", "green")),
     "add_generation_prompt": _add_generation_prompt, "chat_template_kwargs": _chat_template_kwargs,
-    "request_id": _request_id,
+    "request_id": _request_id, "min_p": _sampled_equals_greedy(min_p=1.0),
+    "skip_special_tokens": _skip_special_tokens, "include_stop_str_in_output": _include_stop_str_in_output,
+    "truncate_prompt_tokens": _truncate_prompt_tokens, "return_tokens_as_token_ids": _return_tokens_as_token_ids,
 }
 IGNORED_VALUES = {"user": "u-1", "metadata": {"team": "a"}, "store": True, "service_tier": "auto",
                   "prompt_cache_key": "k", "safety_identifier": "s", "guided_decoding_backend": "xgrammar",

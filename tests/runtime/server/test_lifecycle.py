@@ -188,3 +188,40 @@ def test_drain_timeout_cuts_off_long_requests_and_exits_0(tiny_model, start_serv
     assert not t.is_alive()  # the client is not left hanging: its stream ends well-formed
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "abort"
+
+
+def test_drain_timeout_answers_requests_not_started_503_draining(tiny_model, start_server):
+    # one request runs (--max-num-seqs 1), two wait in the queue when the drain ends: those were never generated,
+    # so they get a retryable 503 draining (a stream: that error as its last event), not an empty 200 "abort"
+    srv = start_server(["--model", str(tiny_model), "--max-model-len", "2048", "--kv-cache-memory", "8MiB",
+                        "--max-num-seqs", "1", "--drain-timeout-s", "1"],
+                       env={"DEPLOYCTL_RUNTIME_FAULT": "token_delay_ms=20"})
+    running_lines: list = []
+    started = threading.Event()
+    body = {"prompt": "hi", "max_tokens": 1900, "ignore_eos": True}
+    threading.Thread(target=_stream_lines, args=(srv.url, {**body, "stream": True}, running_lines, started),
+                     daemon=True).start()
+    assert started.wait(30)
+    queued: dict = {}
+    queued_lines: list = []
+
+    def whole():
+        queued["r"] = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+
+    threads = [threading.Thread(target=whole, daemon=True),
+               threading.Thread(target=_stream_lines, args=(srv.url, {**body, "stream": True}, queued_lines,
+                                                             threading.Event()), daemon=True)]
+    for t in threads:
+        t.start()
+    assert srv.wait_metrics(lambda m: m.get("deployctl_runtime_num_requests_waiting") == 2, timeout=10)[
+        "deployctl_runtime_num_requests_waiting"] == 2
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0
+    for t in threads:
+        t.join(10)
+    r = queued["r"]
+    assert r.status_code == 503 and r.headers["retry-after"], r.text
+    assert r.json()["error"]["code"] == "draining" and r.json()["error"]["type"] == "service_unavailable"
+    assert queued_lines[0] == 200 and queued_lines[-1] == "data: [DONE]"
+    assert [json.loads(x[6:])["error"]["code"] for x in queued_lines[1:-1]] == ["draining"]  # no empty choice
+    assert json.loads(running_lines[-2][6:])["choices"][0]["finish_reason"] == "abort"  # it had started: 200

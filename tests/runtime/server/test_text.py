@@ -80,6 +80,20 @@ def test_stop_matcher_releases_exactly_the_text_before_the_first_completed_stop(
     assert m.stopped == bool(hits)
 
 
+@given(
+    text=st.text(alphabet="abcDEFGHIJ😊聪", max_size=40),
+    stops=st.lists(st.text(alphabet="abcDEFGHIJ😊", min_size=1, max_size=7), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=12),
+)
+def test_include_stop_releases_the_text_through_the_first_completed_stop(text, stops, cuts):
+    # vLLM's include_stop_str_in_output: the same stop wins, the text keeps it and nothing after it
+    bounds = sorted({c for c in cuts if c <= len(text)} | {0, len(text)})
+    m = StopStringMatcher(stops, include_stop=True)
+    released = "".join(m.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])) + m.flush()
+    hits = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    assert released == (text[: min(hits)[0]] if hits else text)
+
+
 def test_stop_split_over_tokens_is_held_then_flushed_on_mismatch():
     m = StopStringMatcher(["DEFGHIJ"])
     assert m.feed("abcDEF") == "abc"
