@@ -215,19 +215,9 @@ def check_chat_template(cfg: DeployConfig, facts: dict) -> Check:
 
 
 def router_exposure(cfg: DeployConfig) -> Optional[str]:
-    """Where the router (nginx, ``router:``) publishes the service beyond loopback, as ``ADDRESS:PORT`` (``*:PORT``
-    when ``router.listen_address`` is unset: nginx's ``listen PORT`` takes every address), or None when there is
-    no router or it listens on a loopback address only."""
-    import ipaddress
-
-    router = cfg.router
-    if router is None:
-        return None
-    if router.listen_address is None:
-        return f"*:{router.listen} (every address; router.listen_address is unset)"
-    if ipaddress.ip_address(router.listen_address).is_loopback:
-        return None
-    return f"{layout.url_host(router.listen_address)}:{router.listen}"
+    """Where the router publishes the service beyond loopback (config.router.RouterConfig.exposure), or None when
+    there is no router or it listens on a loopback address only."""
+    return cfg.router.exposure() if cfg.router is not None else None
 
 
 def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:

@@ -71,6 +71,7 @@ def test_transformers_render_has_an_explicit_cache_and_only_host_rules(tmp_path)
     doc["engine"] = {"kind": "transformers", "version": "5.24.0", "device": "cpu", "max_model_len": 256,
                      "max_num_seqs": 4, "block_size": 16}
     doc["server"] = {"bind": "127.0.0.1", "port": 8000}
+    doc["router"]["listen_address"] = "127.0.0.1"  # no key: render refuses a public router without one
     doc["model"]["served_name"] = doc["model"]["path"]  # transformers serve answers only to its model path
     cfg = parse_config(yaml.safe_dump(doc), "t.yaml")
     out = tmp_path / "out"
