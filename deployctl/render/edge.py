@@ -53,7 +53,10 @@ def routes_context(cfg: DeployConfig, base: str, engines: frozenset[str] = froze
     and the JSON 404 every other path gets: metrics, tokenizer, docs, dev and control routes never leave the hosts.
     nginx matches ``location =`` on the decoded, dot-resolved, slash-merged URI and case-sensitively, and each
     passed path is sent to the runtime as that exact path (``proxy_pass`` with the URI), so no spelling reaches
-    another route. Raises ValueError for a path with a character nginx would interpret."""
+    another route. With ``server.api_key_env`` the router checks the key on every passed route (``keys``: the 0600
+    keys file of deployctl.render.keys, included here; 401 in OpenAI's shape without an accepted key) and sends
+    the engine's own key upstream in place of the client's. Raises ValueError for a path with a character nginx
+    would interpret."""
     from deployctl.engines import of, router_passed_paths
 
     current = of(cfg)
@@ -63,7 +66,19 @@ def routes_context(cfg: DeployConfig, base: str, engines: frozenset[str] = froze
     if bad:
         raise ValueError(f"route {bad[0]!r} has characters the router's locations would interpret")
     shown = ", ".join(passed)
-    return {"passed_routes": passed, "health_paths": EDGE_HEALTH_PATHS, "ready_route": ready,
+    keyed = None
+    if cfg.router is not None and cfg.server.api_key_env:
+        from deployctl.config import layout
+        from deployctl.render.keys import variables
+
+        id_var, auth_var = variables(base)
+        path = layout.router_keys_path(cfg)
+        if not _PATH.fullmatch(path):
+            raise ValueError(f"router keys file {path!r} has characters nginx would interpret")
+        keyed = {"file": path, "id_var": id_var, "auth_var": auth_var,
+                 "unauthorized_body": _error_body("missing or wrong API key (Authorization: Bearer <key>)",
+                                                  "authentication_error", "invalid_api_key")}
+    return {"passed_routes": passed, "keys": keyed, "health_paths": EDGE_HEALTH_PATHS, "ready_route": ready,
             "ready_location": f"/_deployctl_{base}_ready",
             "not_found_body": _error_body(f"not found: this router serves {shown} only", "not_found_error",
                                           "route_not_served")}

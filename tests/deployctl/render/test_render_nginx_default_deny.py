@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from deployctl.config import layout
 from deployctl.engines import KINDS, adapter, router_passed_paths, router_refused_paths
-from deployctl.render import render_nginx
+from deployctl.render import keys, render_nginx
 from support.paths import REPO
 from support.ports import free_port
 from support.render import make_config
@@ -106,10 +107,17 @@ def backend():
     b.close()
 
 
-def _router(nginx_router, port: int, **sections):
+def _router(nginx_router, port: int, *, client_keys: tuple[str, ...] = (), engine_key: str | None = None):
+    """The rendered router in front of ``port``; with ``client_keys`` it checks them (the keys file written as a
+    deploy does, deployctl.render.keys) and sends ``engine_key`` upstream."""
+    server = {"bind": "127.0.0.1", "api_key_env": "LLM_API_KEY" if client_keys else None}
     cfg = make_config(hosts=[{"name": "h0", "address": "local", "deploy_root": "/opt/d", "server_port": port}],
-                      **{"server": {"bind": "127.0.0.1", "api_key_env": None}, **sections},
-                      router=nginx_router.router_config())
+                      server=server, router=nginx_router.router_config())
+    if client_keys:
+        file = keys.KeysFile(tuple(keys.Key(k, "keys", "t0") for k in client_keys), engine_key)
+        path = Path(layout.router_keys_path(cfg))
+        path.write_text(keys.render("chat_7b", file))
+        path.chmod(0o600)
     nginx_router.start(cfg, render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0))
     return cfg
 
@@ -163,7 +171,7 @@ def standin_v1_key(tmp_path):
     conf = tmp_path / "runtime.yaml"
     conf.write_text(f"model: {model}\nserved_model_name: standin\nport: {port}\nhost: 127.0.0.1\n")
     env = {**subprocess_env(), "PYTHONPATH": str(REPO / "tests" / "support" / "standin_engine"),
-           "DEPLOYCTL_RUNTIME_API_KEY": "sk-standin", "DEPLOYCTL_STANDIN_KEY_SCOPE": "v1"}
+           "DEPLOYCTL_RUNTIME_API_KEY": "sk-standin-engine-key", "DEPLOYCTL_STANDIN_KEY_SCOPE": "v1"}
     log = open(tmp_path / "standin.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "deployctl_runtime", "serve", "--config", str(conf)], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
@@ -178,7 +186,7 @@ def standin_v1_key(tmp_path):
                 pass
             assert time.monotonic() < deadline, "the stand-in did not answer /readyz within 30 s"
             time.sleep(0.05)
-        yield {"port": port, "key": "sk-standin"}
+        yield {"port": port, "key": "sk-standin-engine-key"}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -224,3 +232,39 @@ def test_the_bundled_runtime_behind_the_router_answers_nothing_without_a_key(ngi
         assert seen["open"] == [] and seen["codes"] <= {400, 401, 404}, seen
         assert _reached(nginx_router) <= set(SERVICE)
         assert _ask(nginx_router.url, "GET", "/v1/models", {"Authorization": "Bearer sk-runtime"})[0] == 200
+
+
+CLIENT = "sk-client-0001.+abc~XYZ"  # regex characters in a key are matched literally
+ENGINE = "sk-standin-engine-key"
+
+
+def test_the_router_checks_the_key_for_an_engine_that_guards_v1_only(nginx_router, standin_v1_key):
+    """The engine's key is not the clients': the router accepts the client's key and sends the engine's own, so the
+    stand-in answers; without an accepted key every path is 401 or 404 at the router and nothing reaches it."""
+    port = standin_v1_key["port"]
+    _router(nginx_router, port, client_keys=(CLIENT,), engine_key=standin_v1_key["key"])
+    url = nginx_router.url
+    for path in PATHS + list(SERVICE) + list(PASSED_SPELLINGS):
+        for method in ("GET", "POST"):
+            for headers in ({}, {"Authorization": f"Bearer {standin_v1_key['key']}"},  # the engine's key: not a client's
+                            {"Authorization": f"Bearer {CLIENT.upper()}"}, {"Authorization": f"Bearer {CLIENT}x"},
+                            {"Authorization": f"Basic {CLIENT}"}):
+                code, body = _ask(url, method, path, headers)
+                assert code in (400, 401, 404), (method, path, headers, code, body)
+    assert _reached(nginx_router) == set(), "a request without an accepted key reached the engine"
+    code, body = _ask(url, "POST", "/v1/tokenize", {"Authorization": f"Bearer {CLIENT}"})
+    assert code == 404 and json.loads(body)["error"]["code"] == "route_not_served"
+    for scheme in ("Bearer", "bearer"):
+        code, body = _ask(url, "GET", "/v1/models", {"Authorization": f"{scheme} {CLIENT}"})
+        assert code == 200 and json.loads(body)["data"][0]["id"] == "standin", (code, body)
+    code, body = _ask(url, "GET", "/v1/models")
+    assert code == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", body
+    assert _ask(url, "GET", "/readyz") == (200, "ok\n")  # health needs no key
+    ids = {e["key_id"] for e in nginx_router.access_entries() if e["upstream_addr"] and e["uri"] == "/v1/models"}
+    assert ids == {keys.key_id(CLIENT)}  # the access log names the key by its id, never the key
+    assert CLIENT not in nginx_router.access_log.read_text() and CLIENT not in nginx_router.upstream_conf.read_text()
+    assert oct(Path(layout.router_keys_path(_router_cfg(nginx_router))).stat().st_mode & 0o777) == "0o600"
+
+
+def _router_cfg(nginx_router):
+    return make_config(router=nginx_router.router_config())
