@@ -46,8 +46,10 @@ def add(from_env: Optional[str] = typer.Option(None, "--from-env", metavar="VAR"
     else:
         key, what = secrets.token_urlsafe(32), "the generated key"
     cfg, host = _router(config)
+    from deployctl.rollout.router import Router
+
     with host:
-        entry = keys.add(host, cfg, key, what)
+        entry = keys.add(Router(cfg, host), key, what)
     if as_json:
         print_json({"id": entry.id, "added": entry.added, **({"key": key} if from_env is None else {})})
         return
@@ -66,8 +68,10 @@ def retire(ids: List[str] = typer.Argument(..., metavar="ID...", help="Key ids (
     from deployctl.rollout import keys
 
     cfg, host = _router(config)
+    from deployctl.rollout.router import Router
+
     with host:
-        gone = keys.retire(host, cfg, ids)
+        gone = keys.retire(Router(cfg, host), ids)
     if as_json:
         print_json({"retired": gone})
         return

@@ -67,20 +67,20 @@ def sync_for_deploy(host, cfg: DeployConfig, environ: Mapping[str, str]) -> None
         write(host, cfg, new)
 
 
-def _reload(host, cfg: DeployConfig, before: keyfile.KeysFile, after: keyfile.KeysFile) -> None:
-    from deployctl.rollout.router import Router
-
-    write(host, cfg, after)
+def _reload(router, before: keyfile.KeysFile, after: keyfile.KeysFile) -> None:
+    write(router.host, router.cfg, after)
     try:
-        Router(cfg, host).reload(sync_keys=False)
+        router.reload(sync_keys=False)
     except CheckFailed:
-        write(host, cfg, before)  # nginx kept the old conf: keep the file that matches it
+        write(router.host, router.cfg, before)  # nginx kept the old conf: keep the file that matches it
         raise
 
 
-def add(host, cfg: DeployConfig, key: str, what: str) -> keyfile.Key:
+def add(router, key: str, what: str) -> keyfile.Key:
     """Accept ``key`` (from ``what``: the variable or option named in errors) beside the keys accepted now, then
-    reload nginx. Raises UsageError when it is accepted already, ConfigError for a malformed key."""
+    reload nginx (``router``: a deployctl.rollout.router.Router). Raises UsageError when it is accepted already,
+    ConfigError for a malformed key, CheckFailed when nginx -t fails (the old file is put back)."""
+    host, cfg = router.host, router.cfg
     _require_keys(cfg)
     keyfile.check_key(key, what)
     current = read(host, cfg)
@@ -90,13 +90,14 @@ def add(host, cfg: DeployConfig, key: str, what: str) -> keyfile.Key:
     entry = keyfile.Key(key, "keys", _now())
     if entry.id in current.ids():
         raise UsageError(f"key {entry.id} is accepted already", fix="deployctl keys list")
-    _reload(host, cfg, current, current.with_key(entry))
+    _reload(router, current, current.with_key(entry))
     return entry
 
 
-def retire(host, cfg: DeployConfig, ids: list[str]) -> list[str]:
-    """Stop accepting the keys whose id starts with each of ``ids``, then reload nginx. Returns the full ids.
-    Raises UsageError for an id matching no key or several, or when no key would be left."""
+def retire(router, ids: list[str]) -> list[str]:
+    """Stop accepting the keys whose id starts with each of ``ids``, then reload nginx (``router``: a Router).
+    Returns the full ids. Raises UsageError for an id matching no key or several, or when no key would be left."""
+    host, cfg = router.host, router.cfg
     _require_keys(cfg)
     current = read(host, cfg)
     have = current.ids() if current else []
@@ -110,7 +111,7 @@ def retire(host, cfg: DeployConfig, ids: list[str]) -> list[str]:
     if set(have) <= set(full):
         raise UsageError("retiring every key would leave the router answering every client 401",
                          fix="add the new key first (deployctl keys add), then retire the old one")
-    _reload(host, cfg, current, current.without(set(full), _now()))
+    _reload(router, current, current.without(set(full), _now()))
     return full
 
 
