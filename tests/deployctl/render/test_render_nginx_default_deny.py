@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -268,3 +267,14 @@ def test_the_router_checks_the_key_for_an_engine_that_guards_v1_only(nginx_route
 
 def _router_cfg(nginx_router):
     return make_config(router=nginx_router.router_config())
+
+
+def test_the_router_key_in_front_of_the_bundled_runtime(nginx_router, tmp_path, slow_tiny_runtime):
+    with serve_runtime(slow_tiny_runtime["model"], tmp_path / "serve.log",
+                       env={"DEPLOYCTL_RUNTIME_API_KEY": ENGINE}) as url:
+        _router(nginx_router, int(url.rsplit(":", 1)[1]), client_keys=(CLIENT,), engine_key=ENGINE)
+        seen = _through_router(nginx_router.url, ENGINE)  # the engine's key is not a client's at the router
+        assert seen["open"] == [] and seen["codes"] <= {400, 401, 404}, seen
+        assert _reached(nginx_router) == set()
+        code, body = _ask(nginx_router.url, "GET", "/v1/models", {"Authorization": f"Bearer {CLIENT}"})
+        assert code == 200 and json.loads(body)["data"], (code, body)
