@@ -224,7 +224,8 @@ def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
     """Nothing is reachable beyond loopback without an API key: the runtime's own bind (``server.bind``) and the
     router's ``listen`` (nginx forwards every request it accepts to a runtime, so a loopback bind behind a public
     router is public). A public router without ``router.limits`` is a warning even with a key: one client can take
-    every GPU. The key is the runtime's (``server.api_key_env``, checked by the runtime on every request)."""
+    every GPU. The key is ``server.api_key_env``'s: checked by the router (its keys file, deployctl.render.keys) and
+    by the runtime on every request; render refuses a public router without server.api_key_env too."""
     var = cfg.server.api_key_env
     keyed = bool(var and environ.get(var))
     public = router_exposure(cfg)

@@ -105,6 +105,11 @@ def test_rotation_by_router_reloads_keeps_streams_and_engines(rollout_env):
     assert oct(keys_file.stat().st_mode & 0o777) == "0o600"
     logged = conf.read_text() + Path(env.cfg["router"]["access_log"]).read_text()
     assert OLD not in logged and NEW not in logged
+    for args, says in ((("keys", "add", "--from-env", "EDGE_NEW_KEY"), "accepted already"),
+                       (("keys", "retire", "0000"), "matches 0 accepted key"),
+                       (("keys", "retire", key_id(NEW)), "every key")):
+        r = env.cli(*args, env=keyed)
+        assert r.returncode == 2 and says in " ".join(r.stderr.split()), (args, r.stderr)
     # a later deploy with the old key still in server.api_key_env does not accept it again at the router
     r = env.cli("router", "reload", env=keyed)
     assert r.returncode == 0, r.stderr
