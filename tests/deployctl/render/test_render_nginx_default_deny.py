@@ -66,7 +66,7 @@ class _AnswersEverything:
 
     def __init__(self):
         self.paths: list[str] = []
-        self.ready = True
+        self.ready_code = 200  # what /readyz answers
         seen, me = self.paths, self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -77,7 +77,7 @@ class _AnswersEverything:
                 if n:
                     self.rfile.read(n)
                 seen.append(self.path)
-                code = 200 if me.ready or self.path != "/readyz" else 503
+                code = me.ready_code if self.path == "/readyz" else 200
                 body = f"reached {self.path}: model tiny, device cpu, dtype float32".encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
@@ -155,10 +155,26 @@ def test_health_at_the_edge_is_a_status_without_detail(nginx_router, backend):
         for method in ("GET", "HEAD"):
             code, body = _ask(nginx_router.url, method, path)
             assert (code, body) == (200, "ok\n" if method == "GET" else ""), (method, path, code, body)
-    backend.ready = False
+    backend.ready_code = 503
     for path in HEALTH:
         assert _ask(nginx_router.url, "GET", path) == (503, "unavailable\n"), path
     assert set(backend.paths) == {"/readyz"}  # the runtime's ready route, asked by the edge itself
+
+
+def test_edge_health_on_a_mixed_fleet_asks_the_next_runtime(nginx_router, backend):
+    """Mid-switch, a runtime of another engine has no such ready route (404): the edge asks the next one."""
+    other = _AnswersEverything()
+    try:
+        other.ready_code = 404
+        hosts = [{"name": f"h{i}", "address": "local", "deploy_root": f"/opt/d{i}", "server_port": b.port}
+                 for i, b in enumerate((other, backend))]
+        cfg = make_config(hosts=hosts, server={"bind": "127.0.0.1", "api_key_env": None},
+                          router=nginx_router.router_config())
+        nginx_router.start(cfg, render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0))
+        assert [_ask(nginx_router.url, "GET", "/readyz")[0] for _ in range(6)] == [200] * 6
+        assert "/readyz" in other.paths  # it was asked, and passed the question on
+    finally:
+        other.close()
 
 
 @pytest.fixture
