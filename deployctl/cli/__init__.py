@@ -16,6 +16,7 @@ from deployctl.cli import bench as _bench  # noqa: F401  (registers bench)
 from deployctl.cli import rollout as _rollout  # noqa: F401  (deploy, promote, abort, rollback, status, history)
 from deployctl.cli import demo as _demo  # noqa: F401  (registers demo)
 from deployctl.cli import router as _router  # noqa: F401  (registers router reload)
+from deployctl.cli import keys as _keys  # noqa: F401  (registers keys add, retire, list)
 from deployctl.cli import standby as _standby  # noqa: F401  (registers standby stop)
 from deployctl.cli import validate as _validate  # noqa: F401  (registers validate)
 

@@ -168,6 +168,12 @@ def base_url(cfg: DeployConfig, h: HostConfig, port: int | None = None) -> str:
     return f"http://{url_host(runtime_address(cfg))}:{port or service_port(cfg, h)}"
 
 
+def router_keys_path(cfg: DeployConfig) -> str:
+    """The router's API keys file on the router host (deployctl.render.keys): ``<router.upstream_conf>.keys``, 0600,
+    outside nginx's ``conf.d/*.conf`` glob; included by the rendered router conf when server.api_key_env is set."""
+    return cfg.router.upstream_conf + ".keys"
+
+
 def network_address(h: HostConfig) -> str:
     """The host's address from another machine's side (the router, the access log): ``address``, or 127.0.0.1
     for ``address: local``."""

@@ -78,6 +78,16 @@ class RouterConfig(_Frozen):
     # keep-alive is rendered longer (deployctl.engines.keepalive)
     keepalive_timeout_s: float = Field(60, gt=0, le=3600)
 
+    def exposure(self) -> Optional[str]:
+        """Where nginx publishes the service beyond loopback, as ``ADDRESS:PORT`` (``*:PORT ...`` when
+        ``listen_address`` is unset: nginx's ``listen PORT`` takes every address), or None on loopback only."""
+        if self.listen_address is None:
+            return f"*:{self.listen} (every address; router.listen_address is unset)"
+        if ipaddress.ip_address(self.listen_address).is_loopback:
+            return None
+        host = f"[{self.listen_address}]" if ":" in self.listen_address else self.listen_address
+        return f"{host}:{self.listen}"
+
     @field_validator("listen_address")
     @classmethod
     def _ip_address(cls, v: Optional[str]) -> Optional[str]:

@@ -48,11 +48,21 @@ def metric(kind: str, role: str):
 
 
 def router_refused_paths() -> tuple[str, ...]:
-    """Every engine's sleep and control/dev routes (``Adapter.router_refused_paths``), sorted: the router answers
-    404 to all of them whatever engine the fleet runs (a mixed fleet mid-switch included)."""
+    """Every engine's sleep and control/dev routes (``Adapter.router_refused_paths``), sorted: host-only routes the
+    router answers 404 to (it passes ``router_passed_paths`` only), whatever engine the fleet runs."""
     out: set[str] = set()
     for kind in KINDS:
         out.update(adapter(kind).router_refused_paths())
+    return tuple(sorted(out))
+
+
+def router_passed_paths(kinds) -> tuple[str, ...]:
+    """The paths the router passes for a fleet running engine ``kinds`` (adapters or kind names): every one's
+    ``Adapter.public_routes``, sorted (a mixed fleet mid-switch serves what either side serves). Every other path
+    answers 404 at the edge."""
+    out: set[str] = set()
+    for k in kinds:
+        out.update((adapter(k) if isinstance(k, str) else k).public_routes)
     return tuple(sorted(out))
 
 
@@ -73,4 +83,5 @@ def standby_residue_bytes(cfg, hosts=None) -> int:
 
 
 __all__ = ["KINDS", "METRIC_ROLES", "SETTINGS", "Adapter", "ErrorShare", "Flag", "Metrics", "Sleep", "Switch", "adapter",
-           "adapter_for", "metric", "of", "router_refused_paths", "standby_enabled", "standby_residue_bytes"]
+           "adapter_for", "metric", "of", "router_passed_paths", "router_refused_paths",
+           "standby_enabled", "standby_residue_bytes"]

@@ -81,6 +81,10 @@ class Metrics:
 GiB = 1024 ** 3
 MiB = 1024 ** 2
 
+# The inference routes a client reaches through the router (OpenAI's chat and completions, and the model list):
+# nginx passes exactly these paths and answers 404 to every other one (deployctl.render.edge).
+OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
 
 @dataclass(frozen=True)
 class Sleep:
@@ -96,8 +100,8 @@ class Sleep:
       weights' bytes free).
     - ``gpu_residue_bytes``: bytes a sleeping process still holds per GPU (CUDA context, allocator, graph pools);
       ``residue_source`` says where the figure comes from and whether it is an estimate.
-    - ``control_routes``: every control/dev route the engine serves when sleep mode is on (the router refuses
-      them all: deployctl.render's nginx template)."""
+    - ``control_routes``: every control/dev route the engine serves when sleep mode is on (host-only: the router
+      passes ``Adapter.public_routes`` only)."""
 
     sleep_route: str
     wake_route: str
@@ -129,7 +133,7 @@ class Sleep:
         return self._split(self.state_route) if self.state_route else None
 
     def paths(self) -> tuple[str, ...]:
-        """Every path (no query) the router must never proxy: the sleep routes and control_routes."""
+        """Every path (no query) of the sleep mode, reached on the host only: the sleep routes and control_routes."""
         out = [self.sleep[1].split("?")[0], self.wake[1].split("?")[0]]
         if self.state:
             out.append(self.state[1].split("?")[0])
@@ -195,15 +199,19 @@ class Adapter:
     keep_alive_fixed_s: Optional[float] = None
     # Sleep mode (a standby that keeps its process), or None: a standby is a stopped release (cold start).
     sleep: Optional[Sleep] = None
-    # Control routes the engine serves whatever its settings (refused by the router like sleep.control_routes).
+    # Control routes the engine serves whatever its settings (host-only, like sleep.control_routes: the router passes
+    # only public_routes).
     control_routes: tuple[str, ...] = ()
+    # The routes the router passes to this engine (exact paths, any query): the service's inference routes. Every
+    # other path (health, metrics, tokenizer, dev and control routes) answers 404 at the edge.
+    public_routes: tuple[str, ...] = OPENAI_ROUTES
     # Settings the command template of ``argv`` names as ``{setting}`` placeholders (engine.kind openai: the
     # command is declared in deploy.yaml and ``flags`` is empty); filled in by engines.command.
     uses: tuple[str, ...] = ()
 
     def router_refused_paths(self) -> tuple[str, ...]:
-        """Paths on the engine's port the router answers 404 to (sleep and dev/control routes): deployctl reaches
-        them from the host side only (deployctl.service.standby)."""
+        """The engine's sleep and dev/control routes (the router answers 404 to them, as to every path outside
+        ``public_routes``): deployctl reaches them from the host side only (deployctl.service.engine)."""
         out = list(self.control_routes)
         if self.sleep is not None:
             out += [p for p in self.sleep.paths() if p not in out]

@@ -24,6 +24,37 @@ _SETTING_KEYS = {"model": "model.path", "served_model_name": "model.served_name"
                  "num_gpu_blocks": "engine.num_gpu_blocks_override", "shutdown_timeout": "server.drain_timeout_s"}
 
 
+def _on_router_machine(cfg, h) -> bool:
+    """Host ``h`` runs on the router's machine (or there is no router), so a loopback bind still reaches nginx."""
+    rh = cfg.router_host()
+    if rh is None:
+        return True
+    return rh.is_local if h.is_local else (not rh.is_local and rh.address == h.address)
+
+
+def check_dev_mode_bind(cfg) -> None:
+    """An engine whose sleep routes need a dev mode (``Sleep.enable_env``: vLLM's VLLM_SERVER_DEV_MODE=1, which
+    also mounts /collective_rpc, /reset_prefix_cache, /server_info and /sleep with no key check) keeps a sleeping
+    standby only on a loopback ``server.bind``: on another address those routes answer anyone who reaches the
+    host, whatever the router refuses. The fix named depends on where the router runs: ``server.bind: 127.0.0.1``
+    when every host is on the router's machine (nginx reaches them on loopback), else ``rollout.standby_s: 0``
+    (a loopback engine on another machine is out of the router's reach). Called by the SSH targets' render (the
+    container and k8s renders keep no standby). Raises ConfigError (exit 3)."""
+    a = of(cfg)
+    if a.sleep is None or not a.sleep.enable_env or cfg.rollout.standby_s <= 0 or cfg.server.is_loopback:
+        return
+    env = ", ".join(f"{k}={v}" for k, v in a.sleep.enable_env.items())
+    why = (f"server.bind {cfg.server.bind} with rollout.standby_s {cfg.rollout.standby_s:g}: {cfg.engine.kind}'s sleep "
+           f"mode needs {env}, whose dev routes (/collective_rpc, /sleep, /reset_prefix_cache, /server_info) check "
+           "no API key and would answer anyone who reaches the host's engine port")
+    away = [h.name for h in cfg.hosts if not _on_router_machine(cfg, h)]
+    if not away:
+        raise ConfigError(why, fix="set server.bind: 127.0.0.1 (the router on this machine reaches it there), or "
+                                   "rollout.standby_s: 0 (no sleeping standby, no dev mode)")
+    raise ConfigError(why, fix=f"set rollout.standby_s: 0 (no sleeping standby, no dev mode); server.bind 127.0.0.1 "
+                               f"would leave host {away[0]!r} out of reach of the router on {cfg.router.host}")
+
+
 def check_kind(kind: str) -> str:
     """``kind`` when it is one of KINDS. Raises ValueError naming the allowed kinds."""
     if kind not in KINDS:

@@ -215,26 +215,17 @@ def check_chat_template(cfg: DeployConfig, facts: dict) -> Check:
 
 
 def router_exposure(cfg: DeployConfig) -> Optional[str]:
-    """Where the router (nginx, ``router:``) publishes the service beyond loopback, as ``ADDRESS:PORT`` (``*:PORT``
-    when ``router.listen_address`` is unset: nginx's ``listen PORT`` takes every address), or None when there is
-    no router or it listens on a loopback address only."""
-    import ipaddress
-
-    router = cfg.router
-    if router is None:
-        return None
-    if router.listen_address is None:
-        return f"*:{router.listen} (every address; router.listen_address is unset)"
-    if ipaddress.ip_address(router.listen_address).is_loopback:
-        return None
-    return f"{layout.url_host(router.listen_address)}:{router.listen}"
+    """Where the router publishes the service beyond loopback (config.router.RouterConfig.exposure), or None when
+    there is no router or it listens on a loopback address only."""
+    return cfg.router.exposure() if cfg.router is not None else None
 
 
 def check_api_key(cfg: DeployConfig, environ: Mapping[str, str]) -> Check:
     """Nothing is reachable beyond loopback without an API key: the runtime's own bind (``server.bind``) and the
     router's ``listen`` (nginx forwards every request it accepts to a runtime, so a loopback bind behind a public
     router is public). A public router without ``router.limits`` is a warning even with a key: one client can take
-    every GPU. The key is the runtime's (``server.api_key_env``, checked by the runtime on every request)."""
+    every GPU. The key is ``server.api_key_env``'s: checked by the router (its keys file, deployctl.render.keys) and
+    by the runtime on every request; render refuses a public router without server.api_key_env too."""
     var = cfg.server.api_key_env
     keyed = bool(var and environ.get(var))
     public = router_exposure(cfg)

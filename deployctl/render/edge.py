@@ -39,23 +39,64 @@ def _error_body(message: str, type_: str, code: str) -> str:
     return body
 
 
-def control_routes_context() -> dict[str, Any]:
-    """The router's refusal of every engine's control routes (deployctl.engines.router_refused_paths: sleep/wake,
-    vLLM's dev routes, SGLang's weight and cache routes): one case-insensitive regex location answering 404 in
-    OpenAI's shape, so a client can neither sleep a runtime nor reach a dev route through the router (vLLM's API key
-    guards /v1 only). nginx matches locations on the decoded, slash-merged URI, so %-escapes and // do not slip by.
-    deployctl calls these routes on the host itself (deployctl.service.standby)."""
-    import re
+# The health paths a load balancer in front of the router asks: each answers on the edge with a status and no body
+# (200 when a runtime behind it is ready, 503 when none is); the runtimes' own health routes and their detail
+# (model, device, dtype, KV pool) stay on the hosts.
+EDGE_HEALTH_PATHS = ("/health", "/healthz", "/readyz")
+_PATH = re.compile(r"/[A-Za-z0-9_./-]+")
 
-    from deployctl.engines import router_refused_paths
 
-    paths = router_refused_paths()
-    bad = [p for p in paths if not re.fullmatch(r"/[A-Za-z0-9_/-]+", p)]
+def routes_context(cfg: DeployConfig, base: str, engines: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The router's default-deny: the exact paths it passes (deployctl.engines.router_passed_paths of the fleet's
+    engines: ``cfg``'s and ``engines``, the kinds of other releases behind it now), the status-only health
+    paths (EDGE_HEALTH_PATHS, answered from the current engine's ready route by an ``auth_request`` subrequest),
+    and the JSON 404 every other path gets: metrics, tokenizer, docs, dev and control routes never leave the hosts.
+    nginx matches ``location =`` on the decoded, dot-resolved, slash-merged URI and case-sensitively, and each
+    passed path is sent to the runtime as that exact path (``proxy_pass`` with the URI), so no spelling reaches
+    another route. With ``server.api_key_env`` the router checks the key on every passed route (``keys``: the 0600
+    keys file of deployctl.render.keys, included here; 401 in OpenAI's shape without an accepted key) and sends
+    the engine's own key upstream in place of the client's. Raises ValueError for a path with a character nginx
+    would interpret."""
+    from deployctl.engines import of, router_passed_paths
+
+    current = of(cfg)
+    passed = router_passed_paths([current, *sorted(engines - {cfg.engine.kind})])
+    ready = current.ready_route
+    bad = [p for p in (*passed, ready) if not _PATH.fullmatch(p) or "/." in p or "//" in p]
     if bad:
-        raise ValueError(f"control route {bad[0]!r} has characters the router's regex would interpret")
-    return {"control_routes_regex": "^(" + "|".join(paths) + ")(/|$)",
-            "control_route_body": _error_body("not found: control routes are answered on the engine host only",
-                                              "not_found_error", "control_route")}
+        raise ValueError(f"route {bad[0]!r} has characters the router's locations would interpret")
+    shown = ", ".join(passed)
+    keyed = None
+    if cfg.router is not None and cfg.server.api_key_env:
+        from deployctl.config import layout
+        from deployctl.render.keys import variables
+
+        id_var, auth_var = variables(base)
+        path = layout.router_keys_path(cfg)
+        if not _PATH.fullmatch(path):
+            raise ValueError(f"router keys file {path!r} has characters nginx would interpret")
+        keyed = {"file": path, "id_var": id_var, "auth_var": auth_var,
+                 "unauthorized_body": _error_body("missing or wrong API key (Authorization: Bearer <key>)",
+                                                  "authentication_error", "invalid_api_key")}
+    return {"passed_routes": passed, "keys": keyed, "health_paths": EDGE_HEALTH_PATHS, "ready_route": ready,
+            "ready_location": f"/_deployctl_{base}_ready",
+            "not_found_body": _error_body(f"not found: this router serves {shown} only", "not_found_error",
+                                          "route_not_served")}
+
+
+def check_exposure(cfg: DeployConfig) -> None:
+    """Render refuses a router published beyond loopback (config.router.RouterConfig.exposure) without an API
+    key (``server.api_key_env``): nginx forwards what it accepts to a runtime, so a loopback engine behind a public
+    router is public. Preflight's api_key check says the same about the key's variable at deploy time.
+    Raises ConfigError (exit 3)."""
+    from deployctl.errors import ConfigError
+
+    public = cfg.router.exposure() if cfg.router is not None else None
+    if public and not cfg.server.api_key_env:
+        raise ConfigError(f"the router publishes the service on {public} and server.api_key_env is not set: anyone "
+                          "who reaches it could use the GPUs",
+                          fix="set server.api_key_env to the variable holding the key (the router checks it), or "
+                              "router.listen_address: 127.0.0.1")
 
 
 def rate(requests_per_s: float) -> str:

@@ -246,6 +246,10 @@ def render_release(cfg: DeployConfig, host: HostConfig, release_id: str, *, api_
     from deployctl.engines.command import KEYED_MAIN, keyed_main
 
     _check_api_key(api_key)
+    if standby is not False:  # the SSH targets: a standby's sleep mode may need a dev mode (loopback only)
+        from deployctl.engines.validate import check_dev_mode_bind
+
+        check_dev_mode_bind(cfg)
     ctx = release_context(cfg, host, release_id, api_key, standby=standby, gpu_pinning=gpu_pinning)
     ctx["runtime_args"] = runtime_args(cfg, host, release_id, extra_runtime_args)
     ctx["api_key"] = api_key
@@ -336,6 +340,9 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
     SSE-safe server. ``drained`` host names are rendered ``down``; ``engines``: kinds of other releases behind the
     router now besides ``cfg.engine.kind`` (the upstream keepalive_timeout suits all: deployctl.engines.keepalive).
     Raises ConfigError (exit 3)."""
+    from deployctl.render.edge import check_exposure
+
+    check_exposure(cfg)  # no public router without a key
     names = [h.name for h in stable] + [h.name for h in canary]
     if not names:
         raise ConfigError("the router needs at least one stable or canary host", fix="list hosts in deploy.yaml")
@@ -376,9 +383,9 @@ def render_nginx(cfg: DeployConfig, *, stable: list[HostConfig], canary: list[Ho
            "proxy_read_timeout_s": math.ceil(cfg.server.request_timeout_s) + READ_TIMEOUT_MARGIN_S}
     ctx |= edge_context(cfg, base, ctx["listen"])  # TLS and limits
     ctx |= failover_context()  # proxy_next_upstream
-    from deployctl.render.edge import control_routes_context
+    from deployctl.render.edge import routes_context
 
-    ctx |= control_routes_context()  # sleep/wake and dev routes: 404, never proxied
+    ctx |= routes_context(cfg, base, engines)  # default-deny: the service's routes pass, health is status only
     return render_template("nginx-upstream.conf.j2", ctx)
 
 

@@ -2,7 +2,8 @@
 
 Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
-               (all hosts stable) with ``router/<service>.mtail`` and ``router/mtail.default`` (render.watch),
+               (all hosts stable; with the key in the environment ``router/<service>.conf.keys``, 0600, the keys
+               file it includes: copy it beside the conf as ``<router.upstream_conf>.keys``) with ``router/<service>.mtail`` and ``router/mtail.default`` (render.watch),
                ``prometheus/alerts.rules.yaml``, ``prometheus/scrape.yaml`` (render_scrape),
                ``grafana/<service>.json`` (render.dashboard)
 - container:   ``hosts/<host>/`` Dockerfile, compose.yaml, runtime.yaml, runtime.env, plus the router, alerts and
@@ -48,6 +49,10 @@ def runtime_version() -> str:
         return version("deployctl-runtime")
     except PackageNotFoundError:
         return "unknown"
+
+
+# Rendered files holding API keys (0600; RENDER.json records no hash of them)
+SECRET_FILES = ("runtime.env", ".conf.keys")
 
 
 def api_key_from_env(cfg: DeployConfig, env: Mapping[str, str]) -> str | None:
@@ -270,6 +275,13 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
 
         conf = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         files.append(RenderedFile(f"router/{cfg.service.name}.conf", conf))
+        if api_key and cfg.server.api_key_env:  # the keys file the conf includes (0600; a deploy writes its own)
+            from deployctl.render import keys
+
+            env_keys = api_key.split(",")  # api_key_from_env: the current key, then the next one
+            files.append(RenderedFile(f"router/{cfg.service.name}.conf.keys",
+                                      keys.render(cfg.service.name.replace("-", "_"),
+                                                  keys.synced(None, env_keys, "render")), 0o600))
         files += router_files(cfg)  # mtail's program and /etc/default/mtail
     k8s = target in ("k8s", "k8s-rollout")
     alerts = render_alerts(cfg, per_host=not k8s)
@@ -342,7 +354,7 @@ def render_all(cfg: DeployConfig, out_dir: Path, *, target: str, release_id: str
         files = [RenderedFile(f.path, f.content + ref, f.mode) if f.path.endswith("runtime.env") else f
                  for f in files]
     index = {"release_id": rid, "target": target, "service": cfg.service.name,
-             "files": {f.path: {"sha256": f.sha256 if not f.path.endswith("runtime.env") else None,
+             "files": {f.path: {"sha256": f.sha256 if not f.path.endswith(SECRET_FILES) else None,
                                 "mode": oct(f.mode)} for f in files}}
     files.append(RenderedFile("RENDER.json", json.dumps(index, indent=2, sort_keys=True) + "\n"))
     return write_files(files, Path(out_dir))

@@ -91,11 +91,13 @@ class Router:
             parts += ["-c", shlex.quote(r.nginx_conf)]
         return " ".join(parts)
 
-    def apply(self, split: Split, *, guard_certificate: bool = True) -> dict[str, float]:
+    def apply(self, split: Split, *, guard_certificate: bool = True, sync_keys: bool = True) -> dict[str, float]:
         """Render, write, ``nginx -t``, reload. Returns the shares. With ``router.tls`` and ``guard_certificate``
         the certificate file is read first and an expired (or not yet valid, or unreadable) one is refused before
         anything changes: nginx -t accepts an expired certificate and a reload would serve it (rollback and the
-        runbooks pass False: moving traffic back to stable outranks it). Raises CheckFailed or RemoteError."""
+        runbooks pass False: moving traffic back to stable outranks it). With ``sync_keys`` the router's API keys
+        file first accepts the keys in deployctl's environment (deployctl.rollout.keys.sync_for_deploy).
+        Raises CheckFailed or RemoteError."""
         from deployctl.render import render_nginx
 
         if guard_certificate and self.cfg.router.tls is not None:
@@ -106,6 +108,11 @@ class Router:
                 raise CheckFailed(f"refusing to reload nginx on {self.host.name}: {bad.message}; it keeps serving "
                                   "the certificate it has", fix=bad.fix)
 
+        if sync_keys:
+            from deployctl import settings
+            from deployctl.rollout.keys import sync_for_deploy
+
+            sync_for_deploy(self.host, self.cfg, settings.environ())
         by_name = {h.name: h for h in self.cfg.hosts}
         text = render_nginx(self.cfg, stable=[by_name[n] for n in split.stable],
                             canary=[by_name[n] for n in split.canary], canary_weight=split.weight,
@@ -149,7 +156,7 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
                               f"{(r.stderr or r.stdout).strip()[-300:]}")
         return split.shares()
 
-    def reload(self) -> Split:
+    def reload(self, *, sync_keys: bool = True) -> Split:
         """Re-apply the last applied split (every host stable when none was applied): render from deploy.yaml,
         ``nginx -t``, reload. nginx re-reads its certificate files on reload, so a renewed certificate (and changed
         router settings) take effect; open streams finish on the old workers. Returns the split applied.
@@ -162,7 +169,7 @@ printf '%s\\n' {q(state)} > {q(conf + ".state.json")}
             stable, last = names, {}
         drained = [n for n in last.get("drained", []) if n in stable + canary]
         split = Split(tuple(stable), tuple(canary), int(last.get("weight", 0)), tuple(drained))
-        self.apply(split)
+        self.apply(split, sync_keys=sync_keys)
         return split
 
     def read_split(self) -> Optional[dict]:

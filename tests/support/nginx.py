@@ -81,6 +81,16 @@ class NginxRouter:
         user = "root" if os.geteuid() == 0 else None  # workers must reach a prefix under a 0700 tmp dir
         self.conf_path.write_text(render_nginx_main(cfg, prefix=str(self.prefix), include_path=str(self.upstream_conf),
                                                     user=user))
+        keys_file = Path(str(self.upstream_conf) + ".keys")
+        if cfg.server.api_key_env and not keys_file.exists():
+            # a keyed router includes its keys file: until a deploy writes the real keys (it drops this deploy-sourced
+            # stand-in, deployctl.render.keys.synced), it accepts a random key no client has
+            from deployctl.render import keys
+
+            stand_in = f"sk-nginx-fixture-{os.urandom(8).hex()}"
+            keys_file.write_text(keys.render(cfg.service.name.replace("-", "_"),
+                                             keys.KeysFile((keys.Key(stand_in, "deploy", "-"),), stand_in)))
+            keys_file.chmod(0o600)
         if upstream_text is None and not self.upstream_conf.exists():
             upstream_text = render_nginx(cfg, stable=list(cfg.hosts), canary=[], canary_weight=0)
         if upstream_text is not None:

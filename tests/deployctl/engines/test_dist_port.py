@@ -21,7 +21,8 @@ ENGINES_PY = next((p for p in (REPO / ".venv-engines" / "bin" / "python",
 
 def replicas(kind: str, tp: int = 2, **host):
     version = {"vllm": "0.33.0", "sglang": "0.5.23"}[kind]
-    return make_config(engine={"kind": kind, "version": version, "tensor_parallel_size": tp},
+    # no standby: vLLM's dev mode needs a loopback bind (engines.validate.check_dev_mode_bind)
+    return make_config(engine={"kind": kind, "version": version, "tensor_parallel_size": tp}, rollout={"standby_s": 0},
                        hosts=[{"name": "gpu-a", "address": "10.0.0.11", "user": "deploy", "gpus": [0, 1, 2, 3],
                                "replicas": 4 // tp, "deploy_root": "/opt/deployctl/chat-7b",
                                "python": "/opt/deployctl/venv/bin/python", **host}])

@@ -35,6 +35,7 @@ def _doc(kind: str = "openai", **server) -> dict:
     else:
         doc["engine"]["version"] = "5.24.0"
     doc["server"] = {"bind": "127.0.0.1", "port": 8000, "drain_timeout_s": 12}
+    doc["router"]["listen_address"] = "127.0.0.1"  # no key: render refuses a public router without one
     doc["model"]["served_name"] = doc["model"]["path"]
     return doc
 

@@ -27,7 +27,7 @@ def _tree(root: Path) -> dict[str, str]:
     # launch.sh is the runtime's template around ENGINE_CMD (golden in tests/data/golden/systemd; the command is
     # checked by test_engines_parsers.py); runtime.env holds the key
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in ("runtime.env", "launch.sh")}
+            if p.is_file() and p.name not in ("runtime.env", "launch.sh") and not p.name.endswith(".conf.keys")}
 
 
 @pytest.mark.parametrize("kind,target", [(k, t) for k in ("vllm", "sglang") for t in ("systemd", "container", "k8s-rollout")])
@@ -39,7 +39,7 @@ def test_engine_render_validates_and_matches_golden(tmp_path, kind, target):
     assert results and all(r.ok for r in results), [(r.tool, r.path, r.output) for r in results if not r.ok]
     a = adapter(kind)
     for path in out.rglob("*"):
-        if path.is_file() and path.name != "runtime.env":
+        if path.is_file() and path.name != "runtime.env" and not path.name.endswith(".conf.keys"):
             assert KEY not in path.read_text(), f"the API key leaked into {path.name}"
     envs = list(out.rglob("runtime.env"))
     assert envs and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in envs)
@@ -71,6 +71,7 @@ def test_transformers_render_has_an_explicit_cache_and_only_host_rules(tmp_path)
     doc["engine"] = {"kind": "transformers", "version": "5.24.0", "device": "cpu", "max_model_len": 256,
                      "max_num_seqs": 4, "block_size": 16}
     doc["server"] = {"bind": "127.0.0.1", "port": 8000}
+    doc["router"]["listen_address"] = "127.0.0.1"  # no key: render refuses a public router without one
     doc["model"]["served_name"] = doc["model"]["path"]  # transformers serve answers only to its model path
     cfg = parse_config(yaml.safe_dump(doc), "t.yaml")
     out = tmp_path / "out"

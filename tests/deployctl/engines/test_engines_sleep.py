@@ -27,8 +27,15 @@ def _source(*parts: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in files)
 
 
-def _cfg(kind: str, **rollout):
+def _cfg(kind: str, pod: bool = False, **rollout):
     base = yaml.safe_load((DATA / f"deploy-{kind}.yaml").read_text())
+    if kind == "vllm" and pod:  # the pod targets keep no standby (no dev mode) and need a pod-reachable bind
+        base["rollout"] = {"standby_s": 86400}
+    elif kind == "vllm":  # a standby's dev mode on loopback only: one host, bound to 127.0.0.1, the router beside it
+        base["rollout"] = {"standby_s": 86400}
+        base["server"]["bind"] = "127.0.0.1"
+        base["hosts"] = base["hosts"][:1]
+        base["router"]["host"] = base["hosts"][0]["name"]
     if rollout:
         base["rollout"] = {**base.get("rollout", {}), **rollout}
     return parse_config(yaml.safe_dump(base), f"deploy-{kind}.yaml")
@@ -94,7 +101,7 @@ def test_systemd_render_turns_sleep_mode_on_only_with_a_standby(tmp_path, kind):
             assert (f"{k}={v}" in env) is want
     for target in ("container", "k8s-rollout"):  # no standby there: no dev routes in a pod or a compose service
         out = tmp_path / target
-        render_all(on, out, target=target, release_id="r1", env=KEY)
+        render_all(_cfg(kind, pod=True), out, target=target, release_id="r1", env=KEY)
         text = "\n".join(p.read_text() for p in out.rglob("*") if p.is_file())
         assert not any(flag in text for flag in s.enable_flags)
         assert not any(k in text for k in s.enable_env)

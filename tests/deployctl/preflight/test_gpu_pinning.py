@@ -43,7 +43,8 @@ def nvml(monkeypatch):
 
 def two_gpus(**host):
     """deploy.yaml with host gpu-a on GPUs 0 and 1 (TP 2, vLLM) and its deploy_root."""
-    return make_config(engine={"kind": "vllm", "version": "0.33.0", "tensor_parallel_size": 2},
+    # no standby: vLLM's dev mode needs a loopback bind (engines.validate.check_dev_mode_bind)
+    return make_config(engine={"kind": "vllm", "version": "0.33.0", "tensor_parallel_size": 2}, rollout={"standby_s": 0},
                        hosts=[{"name": "gpu-a", "address": "10.0.0.11", "user": "deploy", "gpus": [0, 1],
                                "deploy_root": "/opt/deployctl/chat-7b", "python": "/opt/deployctl/venv/bin/python",
                                **host}])

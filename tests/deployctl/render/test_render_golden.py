@@ -1,7 +1,8 @@
 """Golden files: `render` output for tests/data/golden/deploy.yaml, every target, byte for byte.
 
 A template change shows here as a unified diff per file. When the change is intended, regenerate with
-DEPLOYCTL_UPDATE_GOLDEN=1 and review the diff in git. runtime.env is left out (it holds the key).
+DEPLOYCTL_UPDATE_GOLDEN=1 and review the diff in git. runtime.env and the router's keys file are left out (they
+hold the key).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ ENV = {"LLM_API_KEY": "golden-not-a-secret"}
 
 def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != "runtime.env"}
+            if p.is_file() and p.name != "runtime.env" and not p.name.endswith(".conf.keys")}
 
 
 @pytest.mark.parametrize("target", ["systemd", "container", "k8s", "k8s-rollout"])

@@ -203,7 +203,10 @@ def test_render_cli_is_reproducible_validated_and_keeps_the_key_in_the_env_file(
     tree = _tree(a)
     assert tree == _tree(b)
     holders = {p: mode for p, (data, mode) in tree.items() if API_KEY.encode() in data}
-    assert holders and all(p.endswith("runtime.env") and mode == 0o600 for p, mode in holders.items()), holders
+    assert holders and all(p.endswith(("runtime.env", ".conf.keys")) and mode == 0o600
+                           for p, mode in holders.items()), holders
+    if target != "k8s-rollout":  # the router's keys file beside its conf, 0600
+        assert any(p.endswith("router/chat-7b.conf.keys") for p in holders), holders
 
 
 def test_default_release_id_is_timestamp_and_content_hash(tmp_path):

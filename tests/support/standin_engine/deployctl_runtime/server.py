@@ -5,7 +5,8 @@ standby) and nothing more: ``/healthz``, ``/readyz`` (503 while draining or asle
 (the deployctl_runtime_* series the analysis reads), ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (plain and ``stream: true`` SSE), ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``, ``/identity``;
 the ``X-Deployctl-Release`` header on every answer; ``Authorization: Bearer`` checked against
-DEPLOYCTL_RUNTIME_API_KEY like the runtime's auth.py. SIGTERM drains as the runtime does (503 for new requests,
+DEPLOYCTL_RUNTIME_API_KEY like the runtime's auth.py, or with DEPLOYCTL_STANDIN_KEY_SCOPE=v1 under /v1 only while
+every other path answers 200 (an engine like vLLM, whose --api-key covers /v1 and which serves many more routes). SIGTERM drains as the runtime does (503 for new requests,
 in-flight ones finish, up to drain_timeout_s), then exit 0. Standard library plus PyYAML (runtime.yaml); starts
 in tens of milliseconds.
 
@@ -74,6 +75,9 @@ class State:
         self.port = 0  # the bound port, set once listening
         self.keys = [k.strip() for k in os.environ.get("DEPLOYCTL_RUNTIME_API_KEY", "").split(",") if k.strip()]
         self.token_s = float(os.environ.get("DEPLOYCTL_STANDIN_TOKEN_S", "0.002"))
+        # "v1": the key guards /v1 routes only and every other path answers 200 (as vLLM's --api-key, whose
+        # server has many open routes); default "all": every route but health, identity and metrics needs it
+        self.key_scope = os.environ.get("DEPLOYCTL_STANDIN_KEY_SCOPE", "all")
 
     def metrics(self) -> str:
         with self.lock:
@@ -130,7 +134,7 @@ class Handler(BaseHTTPRequestHandler):
         self._json(code, {"error": {"message": message, "type": kind, "param": None, "code": err_code}})
 
     def _authorized(self) -> bool:
-        if not self.st.keys:
+        if not self.st.keys or (self.st.key_scope == "v1" and not urlparse(self.path).path.startswith("/v1/")):
             return True
         got = self.headers.get("Authorization", "")
         if got.startswith("Bearer ") and got[7:] in self.st.keys:
@@ -174,6 +178,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, {"object": "list", "data": [
                 {"id": st.cfg["served_name"], "object": "model", "created": int(st.started), "owned_by": "deployctl",
                  "max_model_len": int(st.cfg.get("max_model_len") or 256)}]})
+        return self._unrouted(path)
+
+    def _unrouted(self, path: str):
+        if self.st.key_scope == "v1" and not path.startswith("/v1/"):  # an engine with many open routes
+            return self._json(200, {"reached": self.path})
         return self._error(404, f"no route {path}", "not_found_error", "not_found")
 
     def do_POST(self):  # noqa: N802
@@ -196,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
                     st.phase = "ready"
             return self._json(200, {"status": "awake", "wake_s": 0.0})
         if url.path not in ("/v1/completions", "/v1/chat/completions"):
-            return self._error(404, f"no route {url.path}", "not_found_error", "not_found")
+            return self._unrouted(url.path)
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
