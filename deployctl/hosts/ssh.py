@@ -1,8 +1,10 @@
 """The SSH transport: Fabric's Connection with host keys enforced, commands bounded on both ends.
 
 - Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
-  first connect (deployctl/hosts/known_hosts.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or
-  HostKeyChanged, each one line naming the host.
+  first connect (deployctl/hosts/known_hosts.py). A handshake the server dropped (EOF or reset during the banner
+  or key exchange: MaxStartups) is tried again with jittered exponential backoff within connect_timeout_s
+  (deployctl/hosts/handshake.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged,
+  each one line naming the host.
 - Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
 - env values are written over SFTP to a 0600 temp file that the command sources and deletes.
@@ -35,7 +37,7 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
-from deployctl.hosts import known_hosts as hostkeys
+from deployctl.hosts import handshake, known_hosts as hostkeys
 from deployctl.hosts.sshalive import Keepalive
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
@@ -66,6 +68,7 @@ class SSHTransport:
         self._lock = threading.RLock()
         # command channels at once on this host's connection: max_channels less SFTP's one (module doc)
         self._channels = threading.BoundedSemaphore(cfg.max_channels - 1)
+        self.connect_retries = 0  # handshakes the server dropped and that were tried again (_open_retrying)
 
     # -- connection -------------------------------------------------------------------------------
     def _new_connection(self) -> Connection:
@@ -91,20 +94,41 @@ class SSHTransport:
             if self._conn is not None and self._conn.is_connected:
                 return self._conn
             self._drop()
-            conn = self._new_connection()
-            try:
-                conn.open()
-            except Exception as exc:
-                conn.close()
-                raise self.connect_error(conn, exc) from None
-            self._conn = conn
+            self._conn = self._open_retrying()
+            conn = self._conn
             transport = conn.client.get_transport()
             if self.cfg.keepalive_interval_s > 0 and transport is not None:
                 self._alive = Keepalive(transport, self.cfg.keepalive_interval_s, self.cfg.keepalive_count,
                                         host=self.host).start()
             return conn
 
-    def connect_error(self, conn: Connection, exc: Exception) -> HostError:
+    def _open_retrying(self) -> Connection:
+        """Open a new Connection; a handshake the server dropped (deployctl.hosts.handshake) is tried again after a
+        jittered exponential pause while hosts[].connect_timeout_s since the first try allows, each try waiting for
+        the banner only as long as is left. ``connect_retries`` counts the retries (all connections of this
+        transport). Raises the connect errors of the module doc."""
+        deadline = time.monotonic() + float(self.cfg.connect_timeout_s)
+        attempt = 0
+        while True:
+            conn = self._new_connection()
+            left = deadline - time.monotonic()
+            if attempt:  # the banner (and auth) wait no longer than the deadline
+                conn.connect_kwargs.update(banner_timeout=max(0.5, left), auth_timeout=max(0.5, left))
+            try:
+                conn.open()
+                return conn
+            except Exception as exc:
+                conn.close()
+                if not handshake.is_dropped(exc):
+                    raise self.connect_error(conn, exc, retries=attempt) from None
+                pause = handshake.pause_s(attempt)
+                if time.monotonic() + pause + 0.5 > deadline:
+                    raise self.connect_error(conn, exc, retries=attempt, dropped=True) from None
+                time.sleep(pause)
+                attempt += 1
+                self.connect_retries += 1
+
+    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False) -> HostError:
         """The one-line HostError for an exception raised while connecting ``conn``."""
         name, where = self.host, f"{conn.host}:{conn.port}"
         if isinstance(exc, HostError):
@@ -135,6 +159,10 @@ class SSHTransport:
             reason = f"cannot resolve {conn.host!r}"
         elif isinstance(exc, (socket.timeout, TimeoutError)):
             reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
+        elif dropped:
+            reason = (f"sshd closed the connection during the handshake, {retries + 1} times in "
+                      f"{self.cfg.connect_timeout_s:g} s (sshd's MaxStartups drops unauthenticated connections over "
+                      "its limit: fewer hosts at once (parallel_hosts) or a higher MaxStartups)")
         elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
             reason = (f"no SSH banner within {self.cfg.connect_timeout_s:g} s (something listens there but does not "
                       "speak SSH, or sshd is overloaded)")
