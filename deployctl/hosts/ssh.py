@@ -16,8 +16,10 @@
   is SFTP's, the others commands. A command beyond them waits for a free one (a semaphore taken where a channel
   opens, for as long as it is open), up to its own timeout (CommandTimeout naming the bound), instead of being
   refused by sshd while the golden thread, the metric scrapes, the control polls and the host workers share one
-  connection. A channel the server still refuses to open (its MaxSessions below max_channels: "administratively
-  prohibited") is a RemoteCommandError naming MaxSessions and the setting, not a lost connection.
+  connection. A refused channel open is tried again for up to REFUSED_RETRY_S (OpenSSH frees a closed session's
+  slot a turn of its loop later, so MaxSessions == max_channels refused an open right after a close); one the
+  server still refuses (its MaxSessions below max_channels: "administratively prohibited") is a RemoteCommandError
+  naming MaxSessions and the setting, not a lost connection.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKey
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
+REFUSED_RETRY_S = 2.0  # how long a channel sshd refuses is tried again (_run_opening)
 
 
 def fabric_connection(cfg, **kwargs) -> Connection:
@@ -251,8 +254,7 @@ class SSHTransport:
         sink = LineSink(on_stderr) if on_stderr is not None else None
         streams = {"hide": "out", "err_stream": sink} if sink is not None else {"hide": True}
         try:
-            res = conn.run(wrapped, warn=True, pty=False, echo=False, in_stream=io.StringIO(""),
-                           timeout=timeout + CLIENT_GRACE_S, **streams)
+            res = self._run_opening(conn, wrapped, timeout, streams)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
         except paramiko.ChannelException as exc:
@@ -270,6 +272,25 @@ class SSHTransport:
         if res.exited == -1 and not conn.is_connected:
             raise self._lost(EOFError("channel closed without an exit status"), command)
         return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
+
+    def _run_opening(self, conn: Connection, wrapped: str, timeout: float, streams: dict):
+        """``conn.run`` with its channel open retried while sshd refuses it for up to REFUSED_RETRY_S (or
+        ``timeout``): OpenSSH frees a closed session's slot only when it collects the channel, on a later turn of its
+        loop, so a channel opened right after another closed can be refused under MaxSessions although deployctl is
+        within max_channels. Nothing ran on a refused channel, so trying again is safe. Raises ChannelException when
+        sshd still refuses (then _refused names MaxSessions)."""
+        deadline = time.monotonic() + min(REFUSED_RETRY_S, timeout)
+        attempt = 0
+        while True:
+            try:
+                return conn.run(wrapped, warn=True, pty=False, echo=False, in_stream=io.StringIO(""),
+                                timeout=timeout + CLIENT_GRACE_S, **streams)
+            except paramiko.ChannelException:
+                pause = handshake.pause_s(attempt)
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                attempt += 1
 
     def _timeout(self, command: str, timeout: float, stderr: str) -> CommandTimeout:
         return CommandTimeout(f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and "
