@@ -11,6 +11,11 @@ third of the hosts, then the rest). The peer is the linear extrapolation from th
 time / (hosts / smallest × the smallest fleet's time); below 1.0 grows less than linearly.
 
     python bench/bench_fleet.py [--hosts 8,16,32] [--parallel-hosts 8]
+    python bench/bench_fleet.py --one-sshd 10:30:60 [--hosts 8,16,32]
+
+``--one-sshd MAXSTARTUPS``: instead, N host entries behind one sshd with that MaxStartups (as behind a bastion):
+per size, `deployctl hosts check` (8 hosts at once, each a fresh connection and one command) with its wall time,
+hosts reached and handshakes sshd dropped that were tried again (issue 41).
 
 Needs root (sshd) and nginx: tests/setup.sh installs both.
 """
@@ -124,13 +129,51 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
         nginx.stop()
 
 
+def run_one_sshd(n: int, max_startups: str, work: Path, key: Path) -> dict:
+    """``n`` host entries behind one sshd with ``max_startups``: `hosts check --json` wall time, hosts reached,
+    dropped handshakes retried."""
+    import yaml
+
+    from support.sshd import Fleet
+
+    root = work / f"one-sshd-{n}"
+    root.mkdir()
+    os.chmod(root, 0o755)
+    known = root / "known_hosts"
+    known.touch()
+    fleet = Fleet(root, key, known)
+    try:
+        host = fleet.add_host(None, False, True)
+        fleet.restart(host.name, max_startups=max_startups)
+        one = fleet.host_yaml()[0]
+        hosts = [dict(one, name=f"h{i:02d}") for i in range(n)]
+        path = root / "deploy.yaml"
+        path.write_text(yaml.safe_dump({"service": {"name": "bench"}, "model": {"path": "/models/m"},
+                                        "hosts": hosts}))
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "deployctl", "hosts", "check", "--json", "-c", str(path)],
+                           capture_output=True, text=True, timeout=600, cwd=ROOT,
+                           env={**os.environ, "DEPLOYCTL_KNOWN_HOSTS": str(known)})
+        wall = time.monotonic() - t0
+        doc = json.loads(r.stdout) if r.stdout.strip() else {"hosts": [], "connect_retries": 0}
+        return {"hosts": n, "wall_s": wall, "reached": sum(h["ok"] for h in doc["hosts"]),
+                "retries": doc.get("connect_retries", 0), "exit": r.returncode}
+    finally:
+        fleet.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="8,16,32")
     ap.add_argument("--parallel-hosts", type=int, default=8)
     ap.add_argument("--top", action="store_true", help="per step, the remote commands that took the most time")
+    ap.add_argument("--one-sshd", metavar="MAXSTARTUPS", help="N host entries behind one sshd with this MaxStartups "
+                    "(e.g. 10:30:60): hosts check's time, reach and retried handshakes per size")
     args = ap.parse_args()
     sizes = sorted(int(x) for x in args.hosts.split(","))
+    if args.one_sshd:
+        _one_sshd(sizes, args.one_sshd)
+        return
     if os.geteuid() != 0 or not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
         raise SystemExit("needs root (the sshd fleet) and nginx: run tests/setup.sh first")
     from deployctl.demo.localenv import overlay_venv
@@ -166,6 +209,26 @@ def main() -> None:
                                                    for name, key in (("first deploy", "first_deploy_s"),
                                                                      ("canary deploy", "canary_deploy_s"),
                                                                      ("rollback", "rollback_s"))))
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+
+
+def _one_sshd(sizes: list[int], max_startups: str) -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (sshd): run tests/setup.sh first")
+    from support.sshd import _keygen
+
+    work = Path(tempfile.mkdtemp(prefix="bench-one-sshd-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    try:
+        key = work / "id_ed25519"
+        _keygen(key)
+        for n in sizes:
+            r = run_one_sshd(n, max_startups, work, key)
+            print(f"{n:3d} host entries, one sshd (MaxStartups {max_startups}): hosts check {r['wall_s']:5.1f} s, "
+                  f"reached {r['reached']}/{n}, dropped handshakes retried {r['retries']}, exit {r['exit']}",
+                  flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 

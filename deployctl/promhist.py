@@ -22,6 +22,7 @@ __all__ = [
     "parse_text",
     "histogram",
     "histogram_quantile",
+    "min_samples_for_quantile",
     "PromParseError",
 ]
 
@@ -161,6 +162,21 @@ def histogram(
             h.sum += s.value
     h.buckets = sorted(by_le.items())
     return h
+
+
+def min_samples_for_quantile(q: float) -> int:
+    """The fewest observations whose q-quantile is more than the largest one: ceil(1 / (1 - q)) for q >= 0.5
+    (P99: 100, P95: 20, P90: 10, P50: 2), ceil(1 / q) below the median (one observation under it).
+
+    Why: the rank is q * n (``histogram_quantile`` above; the same holds for sample quantiles, Hyndman & Fan 1996,
+    definitions 4-9): with n < 1 / (1 - q) the rank lies inside the top observation, so a "P99" of 3 requests is
+    the slowest request, interpolated towards its bucket's upper bound, not a tail of many. Raises ValueError for
+    q outside (0, 1).
+    """
+    if not 0 < q < 1:
+        raise ValueError(f"quantile q={q} is not within (0, 1)")
+    tail = 1 - q if q >= 0.5 else q
+    return max(1, math.ceil(round(1 / tail, 9)))  # round: 1 / (1 - 0.99) is 100.00000000000009 in floats
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:

@@ -90,15 +90,18 @@ def check(
 
     outcomes = run_on_hosts(hosts, probe)
     failed = [o for o in outcomes if o.error is not None]
+    retries = {h.name: h.connect_retries for h in hosts}  # handshakes sshd dropped (MaxStartups) and tried again
     if as_json:
-        print_json({"ok": not failed, "hosts": [
-            {"host": o.host, "ok": o.error is None, "duration_s": o.value,
+        print_json({"ok": not failed, "connect_retries": sum(retries.values()), "hosts": [
+            {"host": o.host, "ok": o.error is None, "duration_s": o.value, "connect_retries": retries[o.host],
              "error": str(o.error) if o.error else None,
              "error_type": type(o.error).__name__ if o.error else None} for o in outcomes]})
     else:
         width = max(len(o.host) for o in outcomes)
         for o in outcomes:
-            line = f"{o.host:<{width}}  ok  {o.value:.2f} s" if o.error is None else f"{o.host:<{width}}  FAIL  {o.error}"
+            again = f" ({retries[o.host]} dropped handshakes retried)" if retries[o.host] else ""
+            line = (f"{o.host:<{width}}  ok  {o.value:.2f} s{again}" if o.error is None
+                    else f"{o.host:<{width}}  FAIL  {o.error}")
             out_console.print(line, markup=False, soft_wrap=True, highlight=False)
     if failed:
         raise RemoteError(f"{len(failed)} of {len(outcomes)} hosts failed the check: "

@@ -14,19 +14,31 @@ app.add_typer(router_app, name="router")
 
 
 @router_app.command("reload")
-def reload(config: Path = CONFIG, as_json: bool = JSON) -> None:
+def reload(config: Path = CONFIG, as_json: bool = JSON,
+           force: bool = typer.Option(False, "--force", help="Reload even when the certificate file expires within "
+                                      "the warning window (an expired one is refused all the same).")) -> None:
     """Render the router conf for the split now applied, `nginx -t`, `nginx -s reload` (open streams finish), then
-    check the certificate nginx serves (router.tls): the served leaf must be the file's. An expired or not yet valid
-    certificate file is refused before the reload (nginx keeps serving what it has). Exit 1 when nginx -t fails
-    (the old conf stays), the file is refused or a certificate check fails, 3 without a router: section, 4 when the
-    router host cannot be reached."""
+    check the certificate nginx serves (router.tls): the served leaf must be the file's. A certificate file that
+    expires within the warning window (CERT_WARN_DAYS) is refused before the reload unless --force; an expired or
+    not yet valid one always (nginx keeps serving what it has). Exit 1 when nginx -t fails (the old conf stays),
+    the file is refused or a certificate check fails (with --force, not for the file's expiry window), 3 without a
+    router: section, 4 when the router host cannot be reached."""
     from deployctl.config import load_config
+    from deployctl.config.router import CERT_WARN_DAYS
     from deployctl.errors import CheckFailed
     from deployctl.hosts import Host
     from deployctl.rollout.router import Router, router_host_config
 
     cfg = load_config(config)
     with Host.from_config(router_host_config(cfg)) as host:
+        if cfg.router.tls is not None and not force:
+            from deployctl.preflight.certs import file_expiry_guard
+
+            soon = file_expiry_guard(host, cfg, within_days=CERT_WARN_DAYS)
+            if soon is not None:
+                raise CheckFailed(f"refusing to reload nginx on {host.name}: {soon.message}; it keeps serving the "
+                                  f"certificate it has", fix=f"{soon.fix}; or `deployctl router reload --force` to "
+                                  f"serve it anyway (within {CERT_WARN_DAYS} days of expiry)")
         split = Router(cfg, host).reload()
     doc = {"router": host.name, "split": split.to_json(), "checks": []}
     say = err_console if as_json else out_console
@@ -43,7 +55,8 @@ def reload(config: Path = CONFIG, as_json: bool = JSON) -> None:
                               + (f" — {escape(c.fix)}" if c.fix and c.status != "pass" else ""))
         if as_json:
             print_json(doc)
-        bad = next((c for c in checks if c.status == "fail"), None)
+        # --force served a certificate inside the window on purpose: its expiry is reported, not a failure
+        bad = next((c for c in checks if c.status == "fail" and not (force and c.name == "tls_certificate")), None)
         if bad is not None:
             raise CheckFailed(f"router certificate: {bad.message}", fix=bad.fix)
         return

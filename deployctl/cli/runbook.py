@@ -18,7 +18,8 @@ CONFIG_ACCEPTED = typer.Option(None, "-c", "--config", help="Accepted like the o
                                "depend on deploy.yaml.")
 
 OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "green", "failed": "red", "not fixed": "red",
-                 "error": "red", "escalated": "yellow", "declined": "yellow", "would act": "yellow"}
+                 "error": "red", "escalated": "yellow", "declined": "yellow", "would act": "yellow",
+                 "cannot judge": "yellow"}
 
 
 @runbook_app.command("list")

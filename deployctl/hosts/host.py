@@ -47,6 +47,11 @@ class Host:
         self._transport = transport
         self._lock = threading.Lock()
 
+    @property
+    def connect_retries(self) -> int:
+        """Handshakes the server dropped that were tried again so far (SSH; 0 for a local host)."""
+        return getattr(self._transport, "connect_retries", 0)
+
     @classmethod
     def from_config(cls, cfg: "HostConfig", *, known_hosts: Path | None = None) -> "Host":
         """A Host for ``cfg``. ``known_hosts``: an extra known_hosts file read after the usual ones."""

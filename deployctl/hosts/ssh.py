@@ -1,8 +1,10 @@
 """The SSH transport: Fabric's Connection with host keys enforced, commands bounded on both ends.
 
 - Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
-  first connect (deployctl/hosts/known_hosts.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or
-  HostKeyChanged, each one line naming the host.
+  first connect (deployctl/hosts/known_hosts.py). A handshake the server dropped (EOF or reset during the banner
+  or key exchange: MaxStartups) is tried again with jittered exponential backoff within connect_timeout_s
+  (deployctl/hosts/handshake.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged,
+  each one line naming the host.
 - Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
 - env values are written over SFTP to a 0600 temp file that the command sources and deletes.
@@ -14,8 +16,10 @@
   is SFTP's, the others commands. A command beyond them waits for a free one (a semaphore taken where a channel
   opens, for as long as it is open), up to its own timeout (CommandTimeout naming the bound), instead of being
   refused by sshd while the golden thread, the metric scrapes, the control polls and the host workers share one
-  connection. A channel the server still refuses to open (its MaxSessions below max_channels: "administratively
-  prohibited") is a RemoteCommandError naming MaxSessions and the setting, not a lost connection.
+  connection. A refused channel open is tried again for up to REFUSED_RETRY_S (OpenSSH frees a closed session's
+  slot a turn of its loop later, so MaxSessions == max_channels refused an open right after a close); one the
+  server still refuses (its MaxSessions below max_channels: "administratively prohibited") is a RemoteCommandError
+  naming MaxSessions and the setting, not a lost connection.
 """
 from __future__ import annotations
 
@@ -35,13 +39,14 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
-from deployctl.hosts import known_hosts as hostkeys
+from deployctl.hosts import handshake, known_hosts as hostkeys
 from deployctl.hosts.sshalive import Keepalive
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
+REFUSED_RETRY_S = 2.0  # how long a channel sshd refuses is tried again (_run_opening)
 
 
 def fabric_connection(cfg, **kwargs) -> Connection:
@@ -66,6 +71,7 @@ class SSHTransport:
         self._lock = threading.RLock()
         # command channels at once on this host's connection: max_channels less SFTP's one (module doc)
         self._channels = threading.BoundedSemaphore(cfg.max_channels - 1)
+        self.connect_retries = 0  # handshakes the server dropped and that were tried again (_open_retrying)
 
     # -- connection -------------------------------------------------------------------------------
     def _new_connection(self) -> Connection:
@@ -91,20 +97,41 @@ class SSHTransport:
             if self._conn is not None and self._conn.is_connected:
                 return self._conn
             self._drop()
-            conn = self._new_connection()
-            try:
-                conn.open()
-            except Exception as exc:
-                conn.close()
-                raise self.connect_error(conn, exc) from None
-            self._conn = conn
+            self._conn = self._open_retrying()
+            conn = self._conn
             transport = conn.client.get_transport()
             if self.cfg.keepalive_interval_s > 0 and transport is not None:
                 self._alive = Keepalive(transport, self.cfg.keepalive_interval_s, self.cfg.keepalive_count,
                                         host=self.host).start()
             return conn
 
-    def connect_error(self, conn: Connection, exc: Exception) -> HostError:
+    def _open_retrying(self) -> Connection:
+        """Open a new Connection; a handshake the server dropped (deployctl.hosts.handshake) is tried again after a
+        jittered exponential pause while hosts[].connect_timeout_s since the first try allows, each try waiting for
+        the banner only as long as is left. ``connect_retries`` counts the retries (all connections of this
+        transport). Raises the connect errors of the module doc."""
+        deadline = time.monotonic() + float(self.cfg.connect_timeout_s)
+        attempt = 0
+        while True:
+            conn = self._new_connection()
+            left = deadline - time.monotonic()
+            if attempt:  # the banner (and auth) wait no longer than the deadline
+                conn.connect_kwargs.update(banner_timeout=max(0.5, left), auth_timeout=max(0.5, left))
+            try:
+                conn.open()
+                return conn
+            except Exception as exc:
+                conn.close()
+                if not handshake.is_dropped(exc):
+                    raise self.connect_error(conn, exc, retries=attempt) from None
+                pause = handshake.pause_s(attempt)
+                if time.monotonic() + pause + 0.5 > deadline:
+                    raise self.connect_error(conn, exc, retries=attempt, dropped=True) from None
+                time.sleep(pause)
+                attempt += 1
+                self.connect_retries += 1
+
+    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False) -> HostError:
         """The one-line HostError for an exception raised while connecting ``conn``."""
         name, where = self.host, f"{conn.host}:{conn.port}"
         if isinstance(exc, HostError):
@@ -135,6 +162,10 @@ class SSHTransport:
             reason = f"cannot resolve {conn.host!r}"
         elif isinstance(exc, (socket.timeout, TimeoutError)):
             reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
+        elif dropped:
+            reason = (f"sshd closed the connection during the handshake, {retries + 1} times in "
+                      f"{self.cfg.connect_timeout_s:g} s (sshd's MaxStartups drops unauthenticated connections over "
+                      "its limit: fewer hosts at once (parallel_hosts) or a higher MaxStartups)")
         elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
             reason = (f"no SSH banner within {self.cfg.connect_timeout_s:g} s (something listens there but does not "
                       "speak SSH, or sshd is overloaded)")
@@ -223,8 +254,7 @@ class SSHTransport:
         sink = LineSink(on_stderr) if on_stderr is not None else None
         streams = {"hide": "out", "err_stream": sink} if sink is not None else {"hide": True}
         try:
-            res = conn.run(wrapped, warn=True, pty=False, echo=False, in_stream=io.StringIO(""),
-                           timeout=timeout + CLIENT_GRACE_S, **streams)
+            res = self._run_opening(conn, wrapped, timeout, streams)
         except CommandTimedOut as exc:
             raise self._timeout(command, timeout, exc.result.stderr) from None
         except paramiko.ChannelException as exc:
@@ -242,6 +272,25 @@ class SSHTransport:
         if res.exited == -1 and not conn.is_connected:
             raise self._lost(EOFError("channel closed without an exit status"), command)
         return RunResult(self.host, command, res.exited, res.stdout, res.stderr, duration)
+
+    def _run_opening(self, conn: Connection, wrapped: str, timeout: float, streams: dict):
+        """``conn.run`` with its channel open retried while sshd refuses it for up to REFUSED_RETRY_S (or
+        ``timeout``): OpenSSH frees a closed session's slot only when it collects the channel, on a later turn of its
+        loop, so a channel opened right after another closed can be refused under MaxSessions although deployctl is
+        within max_channels. Nothing ran on a refused channel, so trying again is safe. Raises ChannelException when
+        sshd still refuses (then _refused names MaxSessions)."""
+        deadline = time.monotonic() + min(REFUSED_RETRY_S, timeout)
+        attempt = 0
+        while True:
+            try:
+                return conn.run(wrapped, warn=True, pty=False, echo=False, in_stream=io.StringIO(""),
+                                timeout=timeout + CLIENT_GRACE_S, **streams)
+            except paramiko.ChannelException:
+                pause = handshake.pause_s(attempt)
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                attempt += 1
 
     def _timeout(self, command: str, timeout: float, stderr: str) -> CommandTimeout:
         return CommandTimeout(f"`{short_command(command)}` on {self.host} timed out after {timeout:g} s and "

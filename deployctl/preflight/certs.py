@@ -226,9 +226,11 @@ def served_check(served_der: Optional[bytes], cert_pem: Optional[bytes], *, cert
                  "`deployctl router reload` (nginx reads certificates only when it (re)loads)")
 
 
-def file_expiry_guard(host, cfg, now: Optional[dt.datetime] = None) -> Optional[Check]:
-    """The failed ``tls_certificate`` check of ``router.tls.certificate`` read on the router host ``host`` when it
-    is expired, not yet valid or unreadable (what a reload must not put in service), else None."""
+def file_expiry_guard(host, cfg, now: Optional[dt.datetime] = None, *, within_days: float = 0) -> Optional[Check]:
+    """The ``tls_certificate`` check of ``router.tls.certificate`` read on the router host ``host`` when it is
+    expired, not yet valid or unreadable (what a reload must not put in service), or expires within ``within_days``
+    days (`router reload` passes CERT_WARN_DAYS: a certificate inside the warning window is not put in service
+    unless forced); else None. Raises RemoteError when the router host cannot be reached."""
     tls = cfg.router.tls
     pem, why = _read(host, tls.certificate)
     if pem is None:
@@ -240,7 +242,7 @@ def file_expiry_guard(host, cfg, now: Optional[dt.datetime] = None) -> Optional[
         return Check("tls_certificate", "fail", f"{tls.certificate} holds no PEM certificate",
                      "point router.tls.certificate at the full chain PEM (leaf first)")
     now = now or dt.datetime.now(dt.timezone.utc)
-    if now < cert.not_valid_before_utc or cert.not_valid_after_utc <= now:
+    if now < cert.not_valid_before_utc or cert.not_valid_after_utc <= now + dt.timedelta(days=within_days):
         return expiry_check(cert, tls.certificate, now)
     return None
 

@@ -32,6 +32,7 @@ class Observation:
     fields: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
     no_data: bool = False  # the metric exists but has nothing to judge yet (a histogram without observations)
+    cannot_judge: str = ""  # why the value is not judged: too few observations for the statistic ("" when judged)
 
 
 @dataclass
@@ -144,6 +145,11 @@ def _metric(t: Target, step: Step) -> Observation:
         return Observation(None, fields, f"{spec.name}: no observations yet (nothing to judge)", no_data=True)
     mean = hist.sum / hist.count
     fields["mean"] = round(mean, 6)
+    needed = spec.samples_needed
+    if hist.count < needed:  # the statistic would be the slowest request, not a tail: nothing to compare
+        what = f"P{spec.q * 100:g}" if spec.q is not None else spec.stat
+        reason = f"cannot judge: {hist.count:g} samples ({what} needs >= {needed})"
+        return Observation(None, fields, f"{spec.name} {reason}", cannot_judge=reason)
     if spec.q is not None:
         fields["quantile"] = round(hist.quantile(spec.q), 6)
     if spec.stat == "mean":

@@ -60,21 +60,51 @@ class MetricCheck(_M):
     e2e, queue_time, kv_usage, waiting, running, preemptions, success, rejected) resolved through the deployed
     engine's adapter, or a literal Prometheus name. stat: value (sum over matching series), present (bool),
     quantile (histogram, q), mean (histogram sum/count), tail_ratio (histogram quantile q / mean: how far the
-    tail is from the average), count (histogram count), increase (counter, over window_s)."""
+    tail is from the average), count (histogram count), increase (counter, over window_s).
+
+    A histogram statistic judges only from enough observations (``samples_needed``): quantile and tail_ratio need
+    promhist.min_samples_for_quantile(q) (P99: 100), mean one; ``min_samples`` may ask for more, never fewer.
+    With fewer the step says "cannot judge: N samples" (polling for more within timeout_s with ``wait: true``);
+    with none at all (no requests yet, or the engine exports no such metric) ``no_data`` decides."""
     name: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
     labels: dict[str, str] = Field(default_factory=dict)
     stat: Literal["value", "present", "quantile", "mean", "tail_ratio", "count", "increase"] = "value"
     q: Optional[float] = Field(None, gt=0, le=1)
     window_s: float = Field(0, ge=0, le=MAX_WAIT_S)
     no_data: Literal["pass", "fail"] = "pass"  # a histogram without observations (no requests yet) is nothing to judge
+    min_samples: Optional[int] = Field(None, ge=1)
+
+    @property
+    def samples_needed(self) -> int:
+        """Observations this statistic needs before it judges (0: it is not a statistic over observations)."""
+        from deployctl.promhist import min_samples_for_quantile
+
+        if self.stat in ("quantile", "tail_ratio"):
+            needed = 1 if self.q == 1 else min_samples_for_quantile(self.q)
+        elif self.stat == "mean":
+            needed = 1
+        else:
+            return 0
+        return max(needed, self.min_samples or 0)
 
     @model_validator(mode="after")
     def _q(self) -> "MetricCheck":
         if self.stat in ("quantile", "tail_ratio") and self.q is None:
             raise ValueError(f"stat {self.stat} needs q, e.g. q: 0.99")
+        if self.min_samples is not None:
+            if self.stat not in ("quantile", "tail_ratio", "mean"):
+                raise ValueError(f"min_samples applies to quantile, tail_ratio and mean, not stat {self.stat}")
+            floor = self.model_copy(update={"min_samples": None}).samples_needed
+            if self.min_samples < floor:
+                raise ValueError(f"min_samples {self.min_samples} is below what {_label(self)} needs ({floor}: with "
+                                 f"fewer its value is the largest observation); leave it out or set it >= {floor}")
         if self.stat == "increase" and not self.window_s:
             raise ValueError("stat increase needs window_s, e.g. window_s: 5")
         return self
+
+
+def _label(spec: "MetricCheck") -> str:
+    return f"P{spec.q * 100:g}" if spec.stat in ("quantile", "tail_ratio") else spec.stat
 
 
 class LogCheck(_M):

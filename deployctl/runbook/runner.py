@@ -6,6 +6,9 @@ timeout_s) and the step is "fixed" or "not fixed".
 A host's run succeeds when no step escalated and its last executed step passed or was fixed; its outcome is then
 "healthy" (no check failed), "fixed" (an action fixed something) or "ok". Otherwise the outcome is "escalated" (a
 finding for a person) or the last step's: "failed", "declined", "would act" (dry-run), "not fixed" or "error".
+A step whose statistic had too few observations (MetricCheck.samples_needed) neither passes nor acts: its outcome
+is "cannot judge", no action runs, the run goes on as after a pass (on_pass's flow), and the host's outcome is "cannot judge" (exit 1) unless
+something escalated or failed.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class StepResult:
     recorded: dict[str, Any] = field(default_factory=dict)
     action: Optional[str] = None
     result: Optional[str] = None
-    outcome: str = "ok"  # ok | failed | fixed | done | not fixed | declined | would act | escalated | error
+    outcome: str = "ok"  # ok | failed | fixed | done | not fixed | declined | would act | escalated | cannot judge | error
     duration_s: float = 0.0
 
 
@@ -119,7 +122,12 @@ def _observe(t: Target, step: Step, timeout: float, poll_s: float, wait: bool) -
     deadline = time.monotonic() + timeout
     while True:
         obs = observe(t, step)
-        ok = (getattr(step.check.spec, "no_data", "fail") == "pass") if obs.no_data else expect.holds(obs.value, t.fill)
+        if obs.cannot_judge:
+            ok = False  # too few observations: with wait, poll for more within the bound
+        elif obs.no_data:
+            ok = getattr(step.check.spec, "no_data", "fail") == "pass"
+        else:
+            ok = expect.holds(obs.value, t.fill)
         if ok or not wait or time.monotonic() + poll_s > deadline:
             return obs, ok
         time.sleep(poll_s)
@@ -137,7 +145,10 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
         res = StepResult(t.host_cfg.name, step.id, step.title, step.check.kind, obs.value, step.expect, ok, obs.detail,
                          {k: obs.fields.get(k) for k in step.record}, outcome="ok" if ok else "failed")
         flow = step.on_pass if ok else step.on_fail
-        if not ok:
+        if obs.cannot_judge:  # neither a pass nor a finding: say so, take no action, go on as after a pass
+            res.outcome = "cannot judge"
+            flow = step.on_pass if isinstance(step.on_pass, str) else "next"
+        elif not ok:
             failed_any = True
         if isinstance(flow, Action):
             try:
@@ -156,8 +167,11 @@ def _run_host(rb: Runbook, t: Target, hr: HostReport, report: RunReport, opts: R
     last = hr.steps[-1].outcome if hr.steps else "ok"
     if any(s.outcome == "escalated" for s in hr.steps):
         hr.outcome = "escalated"  # a finding for a person, even when the run went on to other steps
-    elif last in ("ok", "fixed", "done"):
-        hr.outcome = "fixed" if fixed_any else ("ok" if failed_any else "healthy")
+    elif last in ("ok", "fixed", "done", "cannot judge"):
+        if any(s.outcome == "cannot judge" for s in hr.steps):
+            hr.outcome = "cannot judge"  # not healthy either: a statistic had too few samples to say
+        else:
+            hr.outcome = "fixed" if fixed_any else ("ok" if failed_any else "healthy")
     else:
         hr.outcome = last
 

@@ -224,6 +224,30 @@ def complete(port: int, *, prompt: str = "Hello", max_tokens: int = 8, timeout: 
         return 0
 
 
+def histogram_count(port: int, name: str) -> int:
+    """The runtime's observations of histogram ``name`` (e.g. "e2e_request_latency_seconds"); -1: no answer."""
+    import httpx
+
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return -1
+    line = f"deployctl_runtime_{name}_count"
+    return int(sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(line + " ") or l.startswith(line + "{")))
+
+
+def judge_enough(port: int, n: int = 100) -> None:
+    """Send short requests until the latency histograms hold ``n`` observations (100: what a P99 needs to be more
+    than the slowest request, deployctl.promhist.min_samples_for_quantile). Eight tokens each (TPOT counts them): a
+    request of a few ms sits low in the E2E histogram's lowest bucket, whose estimate is interpolated from 0 up to
+    its 50 ms bound, so the P99/mean of very short requests reads as a tail."""
+    while (have := min(histogram_count(port, h) for h in ("e2e_request_latency_seconds",
+                                                           "time_per_output_token_seconds"))) < n:
+        assert have >= 0, "the runtime's /metrics did not answer"
+        for _ in range(n - have):
+            assert complete(port, max_tokens=8, ignore_eos=True) == 200
+
+
 def run_inproc(name: str, cfg_path: Path, **opts):
     """Run a shipped runbook in this process (the engine without the CLI): a RunReport."""
     from deployctl.config import load_config

@@ -116,6 +116,7 @@ class Fleet:
         self._passwords: dict[str, str] = {}
         self._sudoers: list[Path] = []
         self.max_sessions: dict[str, int] = {}  # host name -> sshd_config MaxSessions (default 50)
+        self.max_startups: dict[str, str] = {}  # host name -> sshd_config MaxStartups (default 100:30:200)
         (root / "authorized_keys").mkdir(exist_ok=True)
         os.chmod(root / "authorized_keys", 0o755)
 
@@ -183,7 +184,7 @@ class Fleet:
             f"PidFile {host.dir / 'sshd.pid'}", f"AuthorizedKeysFile {self.root}/authorized_keys/%u",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UseDNS no",
-            "PrintMotd no", "MaxStartups 100:30:200", f"MaxSessions {self.max_sessions.get(host.name, 50)}",
+            "PrintMotd no", f"MaxStartups {self.max_startups.get(host.name, '100:30:200')}", f"MaxSessions {self.max_sessions.get(host.name, 50)}",
             "Subsystem sftp internal-sftp",
             # each root host its own $HOME, as separate machines have: sshd runs commands through the login
             # shell, and Debian's bash sources ~/.bashrc for them. This machine's /root/.bashrc runs `pyenv init`,
@@ -251,13 +252,15 @@ class Fleet:
             except ProcessLookupError:
                 pass
 
-    def restart(self, name: str, *, max_sessions: Optional[int] = None) -> None:
-        """Stop and start the sshd of ``name``, with sshd_config's MaxSessions set to ``max_sessions`` (None: 50)."""
+    def restart(self, name: str, *, max_sessions: Optional[int] = None, max_startups: Optional[str] = None) -> None:
+        """Stop and start the sshd of ``name``, with sshd_config's MaxSessions set to ``max_sessions`` (None: 50)
+        and MaxStartups to ``max_startups`` ("start:rate:full"; None: 100:30:200)."""
         self.stop(name)
-        if max_sessions is None:
-            self.max_sessions.pop(name, None)
-        else:
-            self.max_sessions[name] = max_sessions
+        for table, value in ((self.max_sessions, max_sessions), (self.max_startups, max_startups)):
+            if value is None:
+                table.pop(name, None)
+            else:
+                table[name] = value
         self.start(name)
 
     def stop(self, name: str) -> None:

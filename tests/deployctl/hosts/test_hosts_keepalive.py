@@ -122,7 +122,7 @@ def test_max_sessions_below_max_channels_is_refused_naming_both(ssh_fleet):
 
         def busy():
             started.set()
-            host.run(["sleep", "3"], timeout=10)
+            host.run(["sleep", "5"], timeout=10)  # held past the refused open's retries (REFUSED_RETRY_S, 2 s)
 
         t = threading.Thread(target=busy)
         t.start()
@@ -138,3 +138,34 @@ def test_max_sessions_below_max_channels_is_refused_naming_both(ssh_fleet):
         assert host.run(["echo", "after"]).stdout == "after\n"  # the connection itself is fine
     finally:
         host.close()
+
+
+def test_max_sessions_2_with_max_channels_2_runs_four_rounds_in_a_row(ssh_fleet):
+    """Issue 41: with MaxSessions 2 and max_channels 2, as the refusal's own fix advises, a channel opened just after
+    another closed was refused (sshd frees the slot on a later turn of its loop). Four rounds of a fresh connection,
+    an SFTP write and 24 commands, two at a time, each with env (an SFTP file) and a file read: none refused."""
+    fleet = ssh_fleet(1)
+    name = fleet.hosts[0].name
+    fleet.restart(name, max_sessions=2)
+    errors: list[Exception] = []
+    for round_ in range(4):
+        host = _host(fleet, max_channels=2)
+        path = f"/tmp/deployctl-ms2-{name}/f{round_}"
+        try:
+            host.put_text("x", path)
+
+            def one(i: int) -> None:
+                try:
+                    assert host.run(["true"], timeout=30, env={"N": str(i)}).exit_code == 0
+                    assert host.read_text(path, timeout=30) == "x"
+                except Exception as e:  # noqa: BLE001 - every failure is reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            host.close()
+    assert not errors, errors

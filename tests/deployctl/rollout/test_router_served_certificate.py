@@ -1,7 +1,7 @@
 """The certificate nginx serves, checked through a real nginx (TLS handshake with SNI, from the router host): a
 renewed file not yet reloaded is named (served vs file: notAfter, fingerprint, SAN) and `router reload` makes them
-agree; an expired certificate file is refused before the reload, so nginx never serves it. No runtime behind
-nginx: the handshake is the point."""
+agree; an expired certificate file is refused before the reload, so nginx never serves it, and one inside the
+warning window unless `--force`. No runtime behind nginx: the handshake is the point."""
 from __future__ import annotations
 
 import ssl
@@ -79,3 +79,28 @@ def test_an_expired_certificate_file_is_refused_before_nginx_serves_it(edge):
     # preflight says so too: the file fails, the served leaf (still the valid one) differs from it
     checks = {c.name: c for c in router_certificate(edge["cfg"])[1]}
     assert checks["tls_certificate"].status == "fail" and checks["tls_served"].status == "warn"
+
+
+@pytest.mark.parametrize("days", [3, 20])  # under CERT_FAIL_DAYS (7), then only under CERT_WARN_DAYS (30)
+def test_a_certificate_inside_the_warning_window_is_refused_before_the_reload_unless_forced(edge, days):
+    from cryptography import x509
+
+    port, cert = edge["router"].port, edge["cert"]
+    served = _served_serial(port)
+    soon, _ = edge["ca"].issue("soon", ["localhost"], days=days, key=edge["key"])
+    cert.write_bytes(soon.read_bytes())
+    new = x509.load_pem_x509_certificates(soon.read_bytes())[0].serial_number
+
+    result = run_cli("router", "reload", "-c", str(edge["path"]))
+    assert result.returncode == 1, result.stdout + result.stderr
+    err = " ".join(result.stderr.split())
+    assert "refusing to reload nginx on router" in err and f"{cert} expires in" in err, err
+    assert "deployctl router reload --force" in err and "certbot renew" in err
+    assert _served_serial(port) == served  # refused before nginx read it
+
+    result = run_cli("router", "reload", "-c", str(edge["path"]), "--force")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _served_serial(port) == new  # served now, and its expiry still reported
+    out = " ".join(result.stdout.split())
+    assert f"{'fail' if days < 7 else 'warn'} tls_certificate: {cert} expires in" in out, out
+    assert "pass tls_served" in out

@@ -1,6 +1,7 @@
 """canary-went-bad against a real canary rollout (tests/rollout_env.py: sshd fleet, nginx, the runtime on CPU):
 `deployctl deploy` holds a slow canary (every token +300 ms, injected into the new release) at 50% while its
-analysis has too little traffic to judge; the runbook on the canary host finds P99 TPOT over the SLO, aborts with
+analysis has too little traffic to judge; the runbook on the canary host finds mean TPOT over the P99 objective
+(a P99 of a few requests cannot be judged), aborts with
 --yes (the running deploy puts traffic back on stable and the canary back on the previous release), and then finds
 the canary answering on the previous release, so no rollback is needed."""
 from __future__ import annotations
@@ -49,8 +50,9 @@ def test_canary_went_bad_is_aborted_back_to_stable(rollout_env):
     recs = audit_records(env.host(canary)["deploy_root"])
     last = {x["step"]: x for x in recs if x["run_id"] == recs[-1]["run_id"]}
     assert last["sample"]["outcome"] == "ok" and last["errors"]["outcome"] == "ok"
-    assert last["tpot_p99"]["observed"] >= 0.3 and last["tpot_p99"]["outcome"] == "done"
-    assert "aborted" in last["tpot_p99"]["result"]
+    # a handful of requests: the mean judges (>= 1 sample), the P99 could not (< 100) and is not reached
+    assert last["tpot_mean"]["observed"] >= 0.3 and last["tpot_mean"]["outcome"] == "done"
+    assert "aborted" in last["tpot_mean"]["result"] and "tpot_p99" not in last
     assert last["rolled_back"]["outcome"] == "ok"  # the deploy's abort already put the canary back on v1
     assert "weight=" not in env.upstream_conf()
     assert any(h["action"] == "deploy" and h["result"] == "aborted" for h in env.history())

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from support.runbook_fleet import (alive, audit_records, cli, complete, free_port, hold_port, http_status, install_release,
-                           kill_group, make_tiny_model, pidfile_pid, run_inproc, start_runtime, stop_runtime,
-                           wait_until, write_deploy_yaml)
+                           judge_enough, kill_group, make_tiny_model, pidfile_pid, run_inproc, start_runtime,
+                           stop_runtime, wait_until, write_deploy_yaml)
 from deployctl.resources import runbooks_dir
 
 ALL = sorted(p.stem for p in runbooks_dir().glob("*.yaml"))
@@ -67,8 +67,7 @@ def test_healthy_host_finds_nothing_changes_nothing(env, name):
         # on this module's shared runtime (CI saw P99 E2E > 5x the mean over 33 mixed requests)
         stop_runtime(env.root)
         start_runtime(env.root, env.port)
-    for _ in range(3):
-        assert complete(env.port) == 200  # latency histograms have observations
+    judge_enough(env.port)  # P99 steps judge from >= 100 observations; fewer is "cannot judge"
     pid = pidfile_pid(env.root)
     before = len(audit_records(env.root))
     cfg_text = env.cfg.read_text()

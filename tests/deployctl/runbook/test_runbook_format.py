@@ -245,3 +245,31 @@ def test_an_infinite_timeout_is_a_config_error(tmp_path):
     # `timeout_s: .inf` with `wait: true` polled a failing check for ever (and window_s: .inf slept for ever)
     bad = write(tmp_path, "forever.yaml", "title: Forever\n" + PROCESS_STEP + "    timeout_s: .inf\n    wait: true\n")
     config_error(runbook(tmp_path, "show", "forever"), str(bad), "timeout_s")
+
+
+METRIC_STEP = """title: t
+when: [always]
+steps:
+  - id: a
+    title: tail
+    check: {metric: {name: e2e, stat: tail_ratio, q: 0.99, min_samples: 10}}
+    expect: "< 10"
+"""
+
+
+def test_a_statistic_needs_enough_samples_and_min_samples_only_raises_it():
+    from deployctl.promhist import min_samples_for_quantile
+
+    # P99 needs 100 observations for one to lie above it; below the median the rule mirrors
+    assert [min_samples_for_quantile(q) for q in (0.99, 0.95, 0.9, 0.5, 0.999, 0.1)] == [100, 20, 10, 2, 1000, 10]
+    err = _err(METRIC_STEP)
+    assert "rb.yaml:6:" in err and "min_samples 10 is below what P99 needs (100" in err
+    step = parse_runbook(METRIC_STEP.replace("min_samples: 10", "min_samples: 500"), "rb.yaml", "rb").steps[0]
+    assert step.check.metric.samples_needed == 500
+    step = parse_runbook(METRIC_STEP.replace(", min_samples: 10", ""), "rb.yaml", "rb").steps[0]
+    assert step.check.metric.samples_needed == 100
+    mean = parse_runbook(METRIC_STEP.replace("stat: tail_ratio, q: 0.99, min_samples: 10", "stat: mean"),
+                         "rb.yaml", "rb").steps[0]
+    assert mean.check.metric.samples_needed == 1
+    err = _err(METRIC_STEP.replace("stat: tail_ratio, q: 0.99", "stat: value"))
+    assert "min_samples applies to quantile, tail_ratio and mean, not stat value" in err
