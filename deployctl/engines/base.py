@@ -84,6 +84,9 @@ MiB = 1024 ** 2
 # The inference routes a client reaches through the router (OpenAI's chat and completions, and the model list):
 # nginx passes exactly these paths and answers 404 to every other one (deployctl.render.edge).
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# ... and OpenAI's Responses API, where the engine serves it (the bundled runtime; vLLM 0.33's
+# entrypoints/openai/responses/api_router.py; SGLang 0.5.23's srt/entrypoints/http_server.py)
+RESPONSES_ROUTES = OPENAI_ROUTES + ("/v1/responses",)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """deployctl-runtime, the bundled server (runtime/; its settings go into runtime.yaml, read by
 ``python -m deployctl_runtime serve --config``; metrics: runtime/deployctl_runtime/server/metrics.py)."""
-from deployctl.engines.base import MiB, Adapter, Flag, Metrics, Sleep, Switch
+from deployctl.engines.base import RESPONSES_ROUTES, MiB, Adapter, Flag, Metrics, Sleep, Switch
 
 _P = "deployctl_runtime_"
 
 ADAPTER = Adapter(
+    public_routes=RESPONSES_ROUTES,  # the service's routes, /v1/responses included (the router passes only these)
     kind="deployctl-runtime",
     distribution=None,  # the release's own wheel (built from runtime/), installed by rollout.release
     module="deployctl_runtime",

@@ -1,8 +1,9 @@
 """SGLang's server (``python -m sglang.launch_server``; flags: sglang/srt/server_args.py, metrics:
 sglang/srt/metrics/collector.py of the pinned version)."""
-from deployctl.engines.base import GiB, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
+from deployctl.engines.base import RESPONSES_ROUTES, GiB, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
 
 ADAPTER = Adapter(
+    public_routes=RESPONSES_ROUTES,  # the service's routes, /v1/responses included (the router passes only these)
     kind="sglang",
     distribution="sglang",
     module="sglang",

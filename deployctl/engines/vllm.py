@@ -1,8 +1,9 @@
 """vLLM's OpenAI-compatible server (``vllm serve``; flags: vllm/engine/arg_utils.py, routes and API key:
 vllm/entrypoints/openai/api_server.py, metrics: vllm/v1/metrics/loggers.py of the pinned version)."""
-from deployctl.engines.base import GiB, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
+from deployctl.engines.base import RESPONSES_ROUTES, GiB, Adapter, ErrorShare, Flag, Metrics, Sleep, Switch
 
 ADAPTER = Adapter(
+    public_routes=RESPONSES_ROUTES,  # the service's routes, /v1/responses included (the router passes only these)
     kind="vllm",
     distribution="vllm",
     module="vllm",

@@ -27,11 +27,11 @@ from support.ports import free_port
 from support.render import make_config
 from support.runtime import serve_runtime, subprocess_env
 
-SERVICE = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+SERVICE = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
 # The engines' documented routes besides the service's (vLLM's, SGLang's, the bundled runtime's), health and
 # metrics, then spellings that decode or resolve to them: 30+ paths, none of which may answer 200 without a key.
 DOCUMENTED = ["/invocations", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v1/rerank",
-              "/v2/rerank", "/v1/score", "/v1/embeddings", "/v1/responses", "/v1/audio/transcriptions", "/generate",
+              "/v2/rerank", "/v1/score", "/v1/embeddings", "/v1/audio/transcriptions", "/generate",
               "/version", "/metrics", "/docs", "/redoc", "/openapi.json", "/ping", "/load", "/get_model_info",
               "/get_server_info", "/server_info", "/collective_rpc", "/sleep?level=1", "/wake_up", "/is_sleeping",
               "/reset_prefix_cache", "/identity", "/flush_cache", "/update_weights_from_disk", "/start_profile",
@@ -141,7 +141,7 @@ def test_only_the_service_routes_reach_the_backend(nginx_router, backend):
                 assert json.loads(body)["error"]["code"] == "route_not_served", (path, body)
     assert backend.paths == []  # nothing reached the engine
     for path in SERVICE + ("/v1/models?limit=2",):
-        code, body = _ask(url, "POST" if "completions" in path else "GET", path)
+        code, body = _ask(url, "GET" if "models" in path else "POST", path)
         assert (code, body.split(":")[0]) == (200, f"reached {path}"), (path, code, body)
     for path, reached in PASSED_SPELLINGS.items():
         backend.paths.clear()
