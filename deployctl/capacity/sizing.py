@@ -242,14 +242,22 @@ def plan_json(sized: SizedPlan, status: str, message: str) -> dict:
 
 
 def override_engine(engine: EngineConfig, **changes) -> EngineConfig:
-    """A copy of ``engine`` with the non-None ``changes`` applied and validated again."""
+    """A copy of ``engine`` with the non-None ``changes`` applied and validated again, with deploy.yaml's rules for
+    the engine's own settings (engines.validate.check_engine_settings). Raises ConfigError (exit 3)."""
+    from deployctl.engines.validate import check_engine_settings
+
     data = engine.model_dump()
     data.update({k: v for k, v in changes.items() if v is not None})
     try:
-        return EngineConfig.model_validate(data)
+        changed = EngineConfig.model_validate(data)
     except Exception as exc:
         first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
         raise ConfigError(f"engine.{'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')} (got {first.get('input')!r})") from None
+    try:
+        check_engine_settings(changed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return changed
 
 
 __all__ = ["SizedPlan", "size_plan", "plan_verdict", "plan_json", "PER_GPU_KEYS", "override_engine", "gpu_memory_from_nvml"]

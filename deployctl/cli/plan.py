@@ -59,7 +59,7 @@ def plan(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="auto or fp8 (engine.kv_cache_dtype)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Traffic: prompt=MEAN[/P90],output=MEAN[/P90],concurrency=N (or a JSON object / @file)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Traffic: prompt=MEAN[/P90[/P99]],output=MEAN[/P90[/P99]],concurrency=N (or a JSON object / @file); sized at P99 where given, else P90."),
     from_log: Optional[Path] = typer.Option(None, "--from-log", help="Traffic from the runtime's access log (needs --concurrency)."),
     bench: Optional[Path] = typer.Option(None, "--bench", help="A `deployctl bench --json` result: its knee caps the sessions."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Peak concurrent requests (with --from-log or --bench)."),
@@ -190,9 +190,10 @@ def _print_traffic(t) -> None:
     table.add_column("value", justify="right")
     table.add_column("how")
     pr = t.profile
-    table.add_row("tokens / session", f"{t.tokens_per_session_p90:,.0f} (mean {t.tokens_per_session_mean:,.0f})",
-                  f"P90 prompt {pr.prompt_p90:g} + P90 output {pr.output_p90:g}")
-    table.add_row("sessions (KV)", f"{t.sessions_at_p90:.2f} (mean {t.sessions_at_mean:.2f})", "KV pool tokens / tokens per session")
+    prompt, output = pr.tail()
+    table.add_row(f"tokens / session ({t.sized_at})", f"{t.tokens_per_session_tail:,.0f} (mean {t.tokens_per_session_mean:,.0f})",
+                  f"{t.sized_at} prompt {prompt:g} + {t.sized_at} output {output:g}: the pool is sized at {t.sized_at}")
+    table.add_row("sessions (KV)", f"{t.sessions_at_tail:.2f} (mean {t.sessions_at_mean:.2f})", "KV pool tokens / tokens per session")
     if t.knee is not None:
         table.add_row("bench knee", str(t.knee), "highest concurrency within the SLO")
     table.add_row("sessions / replica", f"{t.sessions_per_replica:.2f}", f"limited by {t.limited_by}")

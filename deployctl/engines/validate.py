@@ -97,6 +97,20 @@ def check_extra_args(kind: str, args: Sequence[str]) -> list[str]:
     return list(args)
 
 
+def check_engine_settings(engine) -> None:
+    """The settings ``engine`` (an EngineConfig) sets away from their default that its kind has no flag for (e.g.
+    kv_cache_dtype fp8 on deployctl-runtime, whose KV cache is the serving dtype). The one home of the rule for
+    deploy.yaml (check_engine_config) and `plan`'s overrides (capacity.sizing.override_engine). Raises ValueError
+    (one line: the key, the value, the fix)."""
+    if engine.kind not in KINDS:
+        return  # check_kind reports it
+    a = adapter(engine.kind)
+    for setting, default in DEFAULT_UNRENDERED.items():
+        if getattr(engine, setting) != default and not a.has(setting):
+            raise ValueError(f"engine.{setting} {getattr(engine, setting)!r}: {engine.kind} has no such setting; "
+                             "remove it or use engine.kind vllm or sglang")
+
+
 def check_engine_config(cfg) -> None:
     """Cross-key checks of ``engine`` against ``hosts`` and ``server``. Raises ValueError (one line: key, fix)."""
     e = cfg.engine
@@ -109,10 +123,7 @@ def check_engine_config(cfg) -> None:
     if a.config_file and e.version:
         raise ValueError(f"engine.version does not apply to {e.kind} (its version is the release's wheel); "
                          "remove engine.version")
-    for setting, default in DEFAULT_UNRENDERED.items():
-        if getattr(e, setting) != default and not a.has(setting):
-            raise ValueError(f"engine.{setting} {getattr(e, setting)!r}: {e.kind} has no such setting; remove it or "
-                             "use engine.kind vllm or sglang")
+    check_engine_settings(e)
     sleep_env = sorted(set(a.sleep.enable_env if a.sleep else ()) & (set(e.env) | set(e.secret_env)))
     if sleep_env:
         # the same rule as extra_args' sleep flags: deployctl turns sleep mode on for a standby on the SSH targets

@@ -101,6 +101,10 @@ def _error_terms(a, job: str) -> dict | None:
 # DeployctlEngineStalled: requests running or waiting through this whole window and no token generated in it
 # (runbooks/engine-stalled.yaml); a Prometheus duration
 STALL_WINDOW = "2m"
+# DeployctlRuntimeFlapping: a target up for under max_up_share of its scrapes in window (avg_over_time of up) that
+# went down and came back at least twice in it (changes >= min_changes), for "for"; a target down throughout is
+# DeployctlRuntimeDown's, one outage and recovery is neither
+FLAP = {"window": "10m", "max_up_share": 0.9, "min_changes": 4, "for": "5m"}
 
 
 def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
@@ -119,7 +123,7 @@ def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
            "hosts": [h.name for h in cfg.hosts] if per_host else [], "node_job": cfg.slo.prometheus_node_job,
            "pseudo_fs": PSEUDO_FILESYSTEMS, "disk_fail": DISK_FAIL_BYTES, "disk_warn": DISK_WARN_BYTES,
            "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES),
-           "stall_window": STALL_WINDOW}
+           "stall_window": STALL_WINDOW, "flap": FLAP}
     ctx["errors"] = _error_terms(a, ctx["job"])
     from deployctl.render.watch import alert_context
 

@@ -63,13 +63,13 @@ def scrape_jobs(cfg: DeployConfig) -> list[dict]:
 
 
 def gpu_selectors(cfg: DeployConfig, job_label: str = "job") -> list[dict]:
-    """Per host: ``{"host", "selector"}`` with the PromQL label matchers of that host's GPUs (job, deployctl_host,
-    gpu=~"0|1")."""
+    """Per host: ``{"host", "num_gpus", "selector"}``: the number of GPUs it serves on and the PromQL label matchers
+    of those GPUs (job, deployctl_host, gpu=~"0|1")."""
     out = []
     for h in cfg.hosts:
         ids = "|".join(str(i) for i in h.gpu_ids)
-        out.append({"host": h.name, "selector": f'{job_label}="{cfg.slo.prometheus_gpu_job}", '
-                                                f'deployctl_host="{h.name}", gpu=~"{ids}"'})
+        out.append({"host": h.name, "num_gpus": len(h.gpu_ids),
+                    "selector": f'{job_label}="{cfg.slo.prometheus_gpu_job}", deployctl_host="{h.name}", gpu=~"{ids}"'})
     return out
 
 
@@ -83,6 +83,8 @@ def alert_context(cfg: DeployConfig) -> dict:
     if watches_gpus(cfg):
         gpu = {"job": cfg.slo.prometheus_gpu_job, "util": GPU_UTIL, "used": GPU_FB_USED, "free": GPU_FB_FREE,
                "xid": GPU_XID, "idle_pct": GPU_IDLE_PCT,
+               # every series a GPU rule reads: one missing per GPU while the exporter answers is a silent rule
+               "series": (GPU_UTIL, GPU_FB_USED, GPU_FB_FREE, GPU_XID),
                # the engine takes gpu_memory_utilization of the GPU; used beyond it by 5 points is someone else
                "max_used_share": round(min(0.99, cfg.engine.gpu_memory_utilization + 0.05), 4),
                "hosts": gpu_selectors(cfg)}

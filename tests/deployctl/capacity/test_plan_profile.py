@@ -97,7 +97,7 @@ def test_bench_knee_caps_the_sessions(tmp_path):
     (["--profile", "prompt=100,output=100,concurrency=-2"], 3, ["peak concurrent requests must be positive, got '-2'"]),
     (["--profile", "prompt=100/50,output=100,concurrency=2"], 3, ["P90 prompt tokens 50 is below the mean 100"]),
     (["--profile", "prompt=100,output=100"], 3, ["no concurrency=N part", "--concurrency N"]),
-    (["--profile", "prompts=100,output=100,concurrency=1"], 3, ["'prompts=100' is not prompt=MEAN[/P90]"]),
+    (["--profile", "prompts=100,output=100,concurrency=1"], 3, ["'prompts=100' is not prompt=MEAN[/P90[/P99]]"]),
     (["--from-log", "{empty}", "--concurrency", "2"], 3, ["no request lines", "access log"]),
     (["--from-log", "{empty}"], 3, ["no request lines"]),
     (["--profile", "prompt=1,output=1,concurrency=1", "--concurrency", "0"], 3, ["--concurrency must be a positive", "got 0"]),
@@ -157,3 +157,36 @@ def test_server_caps_render_into_runtime_yaml_and_are_refused_elsewhere(tmp_path
         load_config(tmp_path / "v.yaml")
     with pytest.raises(ConfigError, match="server.max_prompt_tokens 16384 is not below engine.max_model_len 16384"):
         load_config(_runtime_cfg(tmp_path, "{max_prompt_tokens: 16384}"))
+
+
+def test_json_profile_refuses_unknown_keys_as_the_inline_form_does(tmp_path):
+    """Issue 44: a JSON key the profile does not know was ignored (prompt_p99 became the mean, exit 0)."""
+    cfg = _setup(tmp_path)
+    doc = {"prompt_mean": 2000, "prompt_p95": 7000, "output_mean": 300, "peak_concurrency": 4}
+    as_json = _plan(cfg, "--profile", json.dumps(doc))
+    inline = _plan(cfg, "--profile", "prompt=2000,prompt_p95=7000,output=300,concurrency=4")
+    assert as_json.returncode == inline.returncode == 3, (as_json.stderr, inline.stderr)
+    for proc, part in ((as_json, "'prompt_p95'"), (inline, "'prompt_p95=7000'")):
+        err = proc.stderr.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert f"--profile: {part} is not prompt=MEAN[/P90[/P99]], output=MEAN[/P90[/P99]] or concurrency=N" in err
+        assert "prompt_p99" in err  # the JSON keys are named
+
+
+def test_p99_sizes_the_pool_and_the_plan_says_so(tmp_path):
+    cfg = _setup(tmp_path)
+    p90 = json.loads(_plan(cfg, "--profile", "prompt=2300/4000,output=300/600,concurrency=4", "--json").stdout)["traffic"]
+    assert p90["sized_at"] == "P90" and p90["tokens_per_session_tail"] == 4600
+    for spec in ('{"prompt_mean": 2300, "prompt_p90": 4000, "prompt_p99": 7000, "output_mean": 300, '
+                 '"output_p90": 600, "output_p99": 1000, "peak_concurrency": 4}',
+                 "prompt=2300/4000/7000,output=300/600/1000,concurrency=4"):
+        proc = _plan(cfg, "--profile", spec, "--json")
+        assert proc.returncode == 0, proc.stderr
+        t = json.loads(proc.stdout)["traffic"]
+        assert t["sized_at"] == "P99" and t["tokens_per_session_tail"] == 8000 and t["tokens_per_session_p90"] == 4600
+        assert t["sessions_at_tail"] == pytest.approx(p90["sessions_at_tail"] * 4600 / 8000)
+        assert "P99 8000 tokens" in t["message"]
+    human = _plan(cfg, "--profile", "prompt=2300/4000/7000,output=300/600/1000,concurrency=4")
+    assert "the pool is sized at P99" in human.stdout, human.stdout
+    bad = _plan(cfg, "--profile", "prompt=2300/4000/3000,output=300,concurrency=4")
+    assert bad.returncode == 3 and "P99 prompt tokens 3000 is below the P90 4000" in bad.stderr, bad.stderr

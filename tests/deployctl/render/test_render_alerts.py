@@ -6,16 +6,11 @@ import yaml
 
 from deployctl.render.targets import render_alerts
 from deployctl.render.validate import check_alert_rules
-from support.render import make_config, promtool_rule_tests
+from support.alerts import RuleCases, expected, rendered_rules, run_rule_cases
+from support.render import make_config
 
 JOB = 'job="chat-7b"'
-
-
-def _expected(rules: dict, alertname: str, **labels: str) -> dict:
-    rule = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == alertname)
-    annotations = {k: v.replace("{{ $labels.instance }}", labels.get("instance", ""))
-                   for k, v in rule["annotations"].items()}
-    return {"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}
+_expected = _expected_all = expected
 
 
 def _hist(name: str, instance: str, per_min: dict[str, int]) -> list[dict]:
@@ -27,14 +22,10 @@ def _hist(name: str, instance: str, per_min: dict[str, int]) -> list[dict]:
     return out
 
 
-def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
+def slo_cases() -> RuleCases:
+    """KV cache, errors, TTFT/TPOT, rejections for length, restarts and the queue on the bundled runtime."""
     cfg = make_config(slo={"ttft_p99_s": 2.0, "tpot_p99_s": 0.1})
-    rendered = render_alerts(cfg)
-    rules_path = tmp_path / "alerts.rules.yaml"
-    rules_path.write_text(rendered.content)
-    checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 20 rules found" in checked.output, checked.output
-    rules = yaml.safe_load(rendered.content)
+    rules = rendered_rules(cfg)
     m = "deployctl_runtime_"
     tests = [
         {   # KV cache at 90% on a, 80% on b: only a alerts, and only after 10 minutes.
@@ -89,8 +80,32 @@ def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
                 {"eval_time": "25m", "alertname": "DeployctlQueueGrowing",
                  "exp_alerts": [_expected(rules, "DeployctlQueueGrowing", job="chat-7b", instance="a")]}],
         },
+        {   # a healthy runtime: fast answers, no failures, the cache half full, a queue that comes and goes
+            "interval": "1m",
+            "input_series": [
+                {"series": f'{m}kv_cache_usage_ratio{{{JOB},instance="a"}}', "values": "0.5x40"},
+                {"series": f'{m}request_success_total{{{JOB},instance="a",finish_reason="stop"}}', "values": "0+100x40"},
+                {"series": f'{m}request_rejected_total{{{JOB},instance="a",reason="queue_full"}}', "values": "0x40"},
+                {"series": f'{m}num_requests_waiting{{{JOB},instance="a"}}', "values": "0 2 4 2 0 " * 8},
+                {"series": f'process_start_time_seconds{{{JOB},instance="a"}}', "values": "100x40"},
+                *_hist(f"{m}time_to_first_token_seconds", "a", {"0.5": 99, "2.5": 1, "+Inf": 0}),
+                *_hist(f"{m}time_per_output_token_seconds", "a", {"0.025": 99, "0.05": 1, "+Inf": 0})],
+            "alert_rule_test": [{"eval_time": "30m", "alertname": name, "exp_alerts": []} for name in (
+                "DeployctlKVCacheNearlyFull", "DeployctlErrorRateHigh", "DeployctlTTFTP99OverObjective",
+                "DeployctlTPOTP99OverObjective", "DeployctlRejectedForLength", "DeployctlQueueGrowing",
+                "DeployctlRuntimeRestarted")],
+        },
     ]
-    result = promtool_rule_tests(tmp_path / "alerts.test.yaml", rules_path, tests)
+    return RuleCases("slo", cfg, tests)
+
+
+def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
+    cases = slo_cases()
+    rules_path = tmp_path / "alerts.rules.yaml"
+    rules_path.write_text(render_alerts(cases.cfg).content)
+    checked = check_alert_rules(rules_path)
+    assert checked.ok and "SUCCESS: 24 rules found" in checked.output, checked.output
+    result = run_rule_cases(tmp_path, cases)
     assert result.ok, result.output
 
 
@@ -100,29 +115,11 @@ def test_alert_thresholds_follow_slo_settings():
     assert "> 0.75\n" in text and "> 0.9\n" in text and 'job="llm"' in text and 'job="chat-7b"' not in text
 
 
-def _expected_all(rules: dict, alertname: str, **labels: str) -> dict:
-    """_expected with every ``{{ $labels.NAME }}`` of the annotations filled from ``labels`` (and the rule's own)."""
-    rule = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == alertname
-                and all(r["labels"].get(k, v) == v for k, v in labels.items()))
-    all_labels = {**rule["labels"], **labels}
-    annotations = {}
-    for k, v in rule["annotations"].items():
-        for name, value in all_labels.items():
-            v = v.replace("{{ $labels.%s }}" % name, value)
-        annotations[k] = v
-    return {"exp_labels": all_labels, "exp_annotations": annotations}
-
-
-def test_down_absent_error_finish_e2e_and_disk_alerts_fire(tmp_path):
+def down_cases() -> RuleCases:
     """A runtime that stays down, a host whose series disappear, a whole service gone, requests that end with an
-    error mid-generation, E2E P99 over its objective, a filling disk: each fires in `promtool test rules`."""
+    error mid-generation, E2E P99 over its objective, a filling disk."""
     cfg = make_config(slo={"e2e_p99_s": 20.0, "down_for_m": 5})
-    rendered = render_alerts(cfg)
-    rules_path = tmp_path / "alerts.rules.yaml"
-    rules_path.write_text(rendered.content)
-    checked = check_alert_rules(rules_path)
-    assert checked.ok, checked.output
-    rules = yaml.safe_load(rendered.content)
+    rules = rendered_rules(cfg)
     m = "deployctl_runtime_"
     up = 'up{%s,instance="%s",deployctl_host="%s"}'
     gib = 2**30
@@ -190,8 +187,29 @@ def test_down_absent_error_finish_e2e_and_disk_alerts_fire(tmp_path):
                                               mountpoint=mp, fstype=fs)
                                 for h, mp, fs in (("gpu-a", "/opt", "ext4"), ("gpu-b", "/", "xfs"))]}],
         },
+        {   # healthy: both targets up, answers well inside the E2E objective, plenty of disk
+            "interval": "1m",
+            "input_series": [
+                {"series": up % (JOB, "10.0.0.11:8080", "gpu-a"), "values": "1x40"},
+                {"series": up % (JOB, "10.0.0.12:8080", "gpu-b"), "values": "1x40"},
+                *_hist(f"{m}e2e_request_latency_seconds", "a", {"5": 99, "30": 1, "+Inf": 0}),
+                *[{"series": f'node_filesystem_avail_bytes{{job="node",deployctl_host="{h}",mountpoint="/",fstype="ext4"}}',
+                   "values": f"{50 * gib}x40"} for h in ("gpu-a", "gpu-b")]],
+            "alert_rule_test": [{"eval_time": "30m", "alertname": name, "exp_alerts": []} for name in (
+                "DeployctlRuntimeDown", "DeployctlRuntimeFlapping", "DeployctlRuntimeAbsent", "DeployctlServiceDown",
+                "DeployctlE2EP99OverObjective", "DeployctlDiskNearlyFull", "DeployctlDiskFull")],
+        },
     ]
-    result = promtool_rule_tests(tmp_path / "alerts.test.yaml", rules_path, tests)
+    return RuleCases("down", cfg, tests)
+
+
+def rule_cases() -> list[RuleCases]:
+    return [slo_cases(), down_cases()]
+
+
+def test_down_absent_error_finish_e2e_and_disk_alerts_fire(tmp_path):
+    """Each fires in `promtool test rules` on its fault, and stays silent beside it."""
+    result = run_rule_cases(tmp_path, down_cases())
     assert result.ok, result.output
 
 

@@ -9,8 +9,8 @@ import yaml
 
 from deployctl.engines import adapter
 from deployctl.render.targets import render_alerts
-from deployctl.render.validate import check_alert_rules
-from support.render import make_config, promtool_rule_tests
+from support.alerts import RuleCases, rendered_rules, run_rule_cases
+from support.render import make_config
 
 ENGINES = {"deployctl-runtime": {}, "vllm": {"kind": "vllm", "version": "0.33.0"},
            "sglang": {"kind": "sglang", "version": "0.5.23"}}
@@ -21,19 +21,16 @@ def _series(name: str, instance: str, values: str, **labels: str) -> dict:
     return {"series": f'{name}{{job="chat-7b",instance="{instance}"{extra}}}', "values": values}
 
 
-@pytest.mark.parametrize("kind", sorted(ENGINES))
-def test_engine_stalled_fires_on_a_stall_only(tmp_path, kind):
+def _stalled_rule(cfg) -> dict:
+    return next(r for g in rendered_rules(cfg)["groups"] for r in g["rules"] if r.get("alert") == "DeployctlEngineStalled")
+
+
+def stall_cases(kind: str) -> RuleCases:
+    """Engine ``kind``'s own series: a stall fires; idle, slow-but-moving and only-just-open engines do not."""
     cfg = make_config(engine=ENGINES[kind])
-    rendered = render_alerts(cfg)
-    rules_path = tmp_path / "alerts.rules.yaml"
-    rules_path.write_text(rendered.content)
-    checked = check_alert_rules(rules_path)
-    assert checked.ok, checked.output
-    rule = next(r for g in yaml.safe_load(rendered.content)["groups"] for r in g["rules"]
-                if r.get("alert") == "DeployctlEngineStalled")
+    rule = _stalled_rule(cfg)
     m = adapter(cfg.engine.kind).metrics
     running, waiting, tokens = m["running"], m["waiting"], m["generation_tokens"]
-    assert running in rule["expr"] and waiting in rule["expr"] and tokens in rule["expr"]
     label = {"model_name": "m"}  # vLLM and SGLang label their series by model; the rule sums them per instance
     series = [
         # a: tokens until minute 5, then none while one request runs and two wait: stalled
@@ -65,7 +62,20 @@ def test_engine_stalled_fires_on_a_stall_only(tmp_path, kind):
         {"eval_time": "11m", "alertname": "DeployctlEngineStalled", "exp_alerts": fired("a")},  # d: only just open
         {"eval_time": "14m", "alertname": "DeployctlEngineStalled", "exp_alerts": fired("a", "d")},
     ]}]
-    result = promtool_rule_tests(tmp_path / "alerts.test.yaml", rules_path, tests)
+    return RuleCases(f"stall-{kind}", cfg, tests)
+
+
+def rule_cases() -> list[RuleCases]:
+    return [stall_cases(kind) for kind in sorted(ENGINES)]
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINES))
+def test_engine_stalled_fires_on_a_stall_only(tmp_path, kind):
+    cases = stall_cases(kind)
+    m = adapter(cases.cfg.engine.kind).metrics
+    expr = _stalled_rule(cases.cfg)["expr"]
+    assert m["running"] in expr and m["waiting"] in expr and m["generation_tokens"] in expr
+    result = run_rule_cases(tmp_path, cases)
     assert result.ok, result.output
 
 

@@ -3,11 +3,10 @@ https://server_name, checked by `promtool check rules` and unit-tested with `pro
 on its condition, only for this service's probe, and stays quiet on a healthy certificate."""
 from __future__ import annotations
 
-import yaml
-
 from deployctl.render.targets import render_alerts
 from deployctl.render.validate import check_alert_rules
-from support.render import make_config, promtool_rule_tests
+from support.alerts import RuleCases, rendered_rules, run_rule_cases
+from support.render import make_config
 
 DAY = 86400
 TLS = {"certificate": "/etc/ssl/llm.pem", "key": "/etc/ssl/llm.key", "probe_job": "blackbox-https"}
@@ -25,14 +24,9 @@ def _expiry(instance: str, expires_at_s: int, job: str = "blackbox-https") -> di
             "values": f"{expires_at_s}x300"}
 
 
-def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
+def tls_cases() -> RuleCases:
     cfg = make_config(router={"server_name": "llm.example.com", "listen": 443, "tls": TLS})
-    rendered = render_alerts(cfg)
-    rules_path = tmp_path / "alerts.rules.yaml"
-    rules_path.write_text(rendered.content)
-    checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 23 rules found" in checked.output, checked.output
-    rules = yaml.safe_load(rendered.content)
+    rules = rendered_rules(cfg)
     ours_20d, ours_3d = "https://llm.example.com:443", "https://llm.example.com/v1/models"
     tests = [
         {   # promtool starts at time() = 0: a value of N days is N days left.
@@ -62,8 +56,27 @@ def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
                  "exp_alerts": [_alert(rules, "DeployctlTLSProbeFailing", job="blackbox-https",
                                        instance="https://llm.example.com:8443")]}],
         },
+        {   # the probe answers: quiet
+            "interval": "1m",
+            "input_series": [{"series": f'probe_success{{job="blackbox-https",instance="{ours_20d}"}}',
+                              "values": "1x300"}],
+            "alert_rule_test": [{"eval_time": "3h", "alertname": "DeployctlTLSProbeFailing", "exp_alerts": []}],
+        },
     ]
-    result = promtool_rule_tests(tmp_path / "alerts_tls.test.yaml", rules_path, tests)
+    return RuleCases("tls", cfg, tests)
+
+
+def rule_cases() -> list[RuleCases]:
+    return [tls_cases()]
+
+
+def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
+    cases = tls_cases()
+    rules_path = tmp_path / "alerts.rules.yaml"
+    rules_path.write_text(render_alerts(cases.cfg).content)
+    checked = check_alert_rules(rules_path)
+    assert checked.ok and "SUCCESS: 27 rules found" in checked.output, checked.output
+    result = run_rule_cases(tmp_path, cases)
     assert result.ok, result.output
 
 

@@ -10,15 +10,15 @@ import shutil
 import subprocess
 
 import pytest
-import yaml
 
 from deployctl.engines import adapter
 from deployctl.render.dashboard import dashboard_file, expressions
 from deployctl.render.targets import _error_terms, render_alerts
-from deployctl.render.validate import check_alert_rules, check_dashboard, check_dashboard_model
+from deployctl.render.validate import check_dashboard, check_dashboard_model
 from deployctl.render.watch import router_files
 from support.paths import DATA
-from support.render import make_config, promtool_rule_tests
+from support.alerts import RuleCases, rendered_rules, run_rule_cases
+from support.render import make_config
 
 # dcgm-exporter's etc/default-counters.csv (NVIDIA/dcgm-exporter): the gauges and counters it exports by default
 DCGM_DEFAULT_COUNTERS = {
@@ -48,18 +48,11 @@ def _expected(rules: dict, alertname: str, value: str = "", **labels: str) -> di
     return {"exp_labels": all_labels, "exp_annotations": annotations}
 
 
-def _rules(tmp_path, cfg):
-    path = tmp_path / "alerts.rules.yaml"
-    path.write_text(render_alerts(cfg).content)
-    checked = check_alert_rules(path)
-    assert checked.ok, checked.output
-    return path, yaml.safe_load(path.read_text())
-
-
-def test_router_5xx_share_and_a_silent_mtail_alert(tmp_path):
+def router_cases() -> RuleCases:
     """3% of the router's answers are 502 (a runtime stopped behind it): fires; 0.5% does not; mtail's target gone
     (no up series at all) fires after slo.down_for_m, an mtail that answers does not."""
-    path, rules = _rules(tmp_path, make_config())
+    cfg = make_config()
+    rules = rendered_rules(cfg)
     c = 'deployctl_router_requests_total{job="mtail",deployctl_host="router",status="%s",release="%s"}'
     tests = [
         {"interval": "1m",
@@ -81,16 +74,21 @@ def test_router_5xx_share_and_a_silent_mtail_alert(tmp_path):
              {"eval_time": "10m", "alertname": "DeployctlRouterMetricsDown",
               "exp_alerts": [_expected(rules, "DeployctlRouterMetricsDown", job="mtail")]}]},
     ]
-    result = promtool_rule_tests(tmp_path / "router.test.yaml", path, tests)
+    return RuleCases("router", cfg, tests)
+
+
+def test_router_5xx_share_and_a_silent_mtail_alert(tmp_path):
+    result = run_rule_cases(tmp_path, router_cases())
     assert result.ok, result.output
 
 
-def test_gpu_memory_idle_and_xid_alerts_watch_the_services_gpus_only(tmp_path):
+def gpu_cases() -> RuleCases:
     """gpu-a serves on GPU 0, gpu-b on GPU 1 (deploy.yaml hosts[].gpu). Recorded dcgm-exporter series: GPU 0 of
     gpu-a past 95% of its memory fires, a fuller GPU 1 there (not the service's) does not; gpu-a's GPU idle while
     its runtime has requests waiting fires (gpu-b busy with a queue does not); Xid 79 on gpu-b's GPU 1 fires for
     15 minutes, on an unused GPU never."""
-    path, rules = _rules(tmp_path, make_config())
+    cfg = make_config()
+    rules = rendered_rules(cfg)
     d = 'DCGM_FI_DEV_%s{job="dcgm",deployctl_host="%s",gpu="%s"}'
     waiting = 'deployctl_runtime_num_requests_waiting{job="chat-7b",deployctl_host="%s",instance="%s:8080"}'
     tests = [
@@ -125,8 +123,23 @@ def test_gpu_memory_idle_and_xid_alerts_watch_the_services_gpus_only(tmp_path):
              {"eval_time": "15m", "alertname": "DeployctlGPUMetricsDown", "exp_alerts": [
                  _expected(rules, "DeployctlGPUMetricsDown", job="dcgm", deployctl_host="gpu-b",
                            instance="10.0.0.12:9400")]}]},
+        {"interval": "1m",  # an idle GPU with nothing waiting, a busy one with a queue: neither is stuck
+         "input_series": [{"series": d % ("GPU_UTIL", "gpu-a", "0"), "values": "0x30"},
+                          {"series": waiting % ("gpu-a", "10.0.0.11"), "values": "0x30"},
+                          {"series": d % ("GPU_UTIL", "gpu-b", "1"), "values": "95x30"},
+                          {"series": waiting % ("gpu-b", "10.0.0.12"), "values": "5x30"}],
+         "alert_rule_test": [
+             {"eval_time": "25m", "alertname": "DeployctlGPUIdleWhileRequestsWait", "exp_alerts": []}]},
     ]
-    result = promtool_rule_tests(tmp_path / "gpu.test.yaml", path, tests)
+    return RuleCases("gpu", cfg, tests)
+
+
+def rule_cases() -> list[RuleCases]:
+    return [router_cases(), gpu_cases()]
+
+
+def test_gpu_memory_idle_and_xid_alerts_watch_the_services_gpus_only(tmp_path):
+    result = run_rule_cases(tmp_path, gpu_cases())
     assert result.ok, result.output
     cpu = render_alerts(make_config(engine={"device": "cpu"})).content
     assert "DCGM_" not in cpu and "DeployctlRouterErrorRateHigh" in cpu  # no GPUs to watch on CPU hosts

@@ -1,0 +1,45 @@
+"""Issue 44: `plan` follows deploy.yaml's rules for the engine (one home: engines.validate.check_engine_settings),
+and counts a tied checkpoint's weights as the engines load them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from deployctl.config import parse_config
+from deployctl.errors import ConfigError
+
+LLAMA_TINY = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 2048,
+              "torch_dtype": "float32"}
+
+
+def _deploy_yaml(model, engine: str) -> str:
+    return (f"service: {{name: x}}\nmodel: {{path: {model}, dtype: float32}}\n"
+            f"engine: {{{engine}}}\nhosts:\n  - {{name: h0, address: 10.0.0.1, deploy_root: /opt/x}}\n")
+
+
+def _plan(cfg, *args):
+    return subprocess.run([sys.executable, "-m", "deployctl", "plan", "-c", str(cfg), "--gpu-memory", "8GiB", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_plan_refuses_fp8_kv_on_the_bundled_runtime_as_deploy_yaml_does(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_TINY))
+    with pytest.raises(ConfigError) as refused:
+        parse_config(_deploy_yaml(model, "max_model_len: 1024, kv_cache_dtype: fp8"), "deploy.yaml")
+    says = "engine.kv_cache_dtype 'fp8': deployctl-runtime has no such setting; remove it or use engine.kind vllm or sglang"
+    assert says in str(refused.value)
+    cfg = tmp_path / "deploy.yaml"
+    cfg.write_text(_deploy_yaml(model, "max_model_len: 1024"))
+    proc = _plan(cfg, "--kv-cache-dtype", "fp8", "--json")
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert _plan(cfg, "--json").returncode == 0
+    # vLLM takes it: the same override plans
+    cfg.write_text(_deploy_yaml(model, "kind: vllm, version: 0.33.0, device: cuda, max_model_len: 1024"))
+    assert _plan(cfg, "--kv-cache-dtype", "fp8", "--json").returncode in (0, 1)
