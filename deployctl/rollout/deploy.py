@@ -29,6 +29,7 @@ from deployctl.errors import DeployctlError, Fenced, HealthError, RolloutAborted
 from deployctl.rollout import hostops, release, standby
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
+from deployctl.rollout.infra import InfraAborted, kind as infrastructure
 from deployctl.rollout.interrupt import Interruption, StopRequested
 from deployctl.rollout.journal import Journal, Progress as JournalProgress
 from deployctl.rollout.outputgate import OutputGate, OutputsFailed, changed_note, history_outputs
@@ -452,5 +453,11 @@ class Deployment(WeightSteps):
         if interrupted:
             raise Interrupted(f"deploy interrupted: {where}{extra}",
                               fix="run `deployctl status` to check, then `deployctl deploy` again")
+        infra = infrastructure(cause)
+        if infra:  # not the release's fault: it was never judged (deployctl.rollout.infra, exit 4)
+            raise InfraAborted(f"rollout aborted by an infrastructure error ({infra}), not by the release: {reason}; "
+                               f"{where}{extra}",
+                               fix="fix the host it names (`deployctl hosts check`), then deploy the same release "
+                                   "again") from cause
         raise RolloutAborted(f"rollout aborted: {reason}; {where}{extra}",
                              fix="see `deployctl history`; fix the release and deploy again") from cause
