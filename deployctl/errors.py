@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     REMOTE = 4  # a remote or SSH operation failed
     HEALTH = 5  # health or sample inference failed
     ABORTED = 6  # the rollout was aborted and traffic is back on stable
+    TAKEN_OVER = 7  # another command took the lock over: this one's actions were refused (fenced)
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
@@ -67,6 +68,18 @@ class RolloutAborted(DeployctlError):
     """The rollout was aborted and traffic is back on stable (exit 6)."""
 
     exit_code = ExitCode.ABORTED
+
+
+class Fenced(DeployctlError):
+    """Another command took the deploy lock over (a newer lock generation): an action of this one, presenting
+    the older generation, was refused where it would have changed something (exit 7). ``generation`` is ours,
+    ``current`` the one that refused it, ``by`` who holds it."""
+
+    exit_code = ExitCode.TAKEN_OVER
+
+    def __init__(self, message: str, *, generation: int = 0, current: int = 0, by: str = "", fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.generation, self.current, self.by = generation, current, by
 
 
 def about(host: str, err: object) -> str:

@@ -22,6 +22,7 @@ half-way through a rollout. It re-reads only when one of these variables changed
 | DEPLOYCTL_DETACH            | how `deploy --detach` starts its runner: `auto` (a systemd transient unit where systemd runs, else a daemonized process), `systemd`, `process` | auto |
 | DEPLOYCTL_TRACE_REMOTE      | a file to append one JSON line per remote command to: host, seconds, exit code, the command (profiling a fleet step) | none |
 | DEPLOYCTL_TEST_KILL_AT      | test-only: SIGKILL this process right after writing a rollout journal record: its N-th, or the first named ``KIND[:STEP]`` (crash tests) | none |
+| DEPLOYCTL_TEST_STOP_AT      | test-only: SIGSTOP this process right after writing a rollout journal record: its N-th, or the first named ``KIND[:STEP]`` (fencing tests) | none |
 
 Also here: ``operator()`` (who runs deployctl: ``$SUDO_USER`` or the login name, at this machine) and
 ``secret(name)`` (the value of a variable that deploy.yaml or a flag names, e.g. ``server.api_key_env``).
@@ -100,6 +101,7 @@ class Settings:
     fake_gpu_memory: Optional[str] = None
     state_dir: Path = Path("~/.local/state/deployctl").expanduser()
     test_kill_at: Optional[str] = None
+    test_stop_at: Optional[str] = None
     trace_remote: Optional[Path] = None
     detach: str = "auto"
 
@@ -121,6 +123,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object], object]] = {
     "fake_gpu_memory": (FAKE_GPU_VAR, _text, None),
     "state_dir": ("DEPLOYCTL_STATE", _path, Path("~/.local/state/deployctl").expanduser()),
     "test_kill_at": ("DEPLOYCTL_TEST_KILL_AT", _text, None),
+    "test_stop_at": ("DEPLOYCTL_TEST_STOP_AT", _text, None),
     "trace_remote": ("DEPLOYCTL_TRACE_REMOTE", _path, None),
     "detach": ("DEPLOYCTL_DETACH", lambda var, raw: _choice(var, raw, ("auto", "systemd", "process")), "auto"),
 }

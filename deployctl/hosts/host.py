@@ -32,6 +32,7 @@ from deployctl.hosts.base import (Argv, HostDeadline, RemoteCommandError, RunRes
 
 if TYPE_CHECKING:
     from deployctl.config import HostConfig
+    from deployctl.hosts.fence import Fence
 
 T = TypeVar("T")
 
@@ -46,6 +47,8 @@ class Host:
         self.is_local: bool = config.address == "local"
         self._transport = transport
         self._lock = threading.Lock()
+        # the deploy lock's generation this host's commands present (deployctl.hosts.fence); None: unguarded
+        self.fence: Optional["Fence"] = None
 
     @property
     def connect_retries(self) -> int:
@@ -72,7 +75,8 @@ class Host:
         """Run ``argv`` (list: quoted; str: a command line) with ``timeout`` seconds. ``on_stderr``: called with
         each line of the command's stderr as it comes (progress of a long install); the result holds it all too.
         Raises CommandTimeout, RemoteCommandError (non-zero exit and check), HostUnreachable, AuthFailed,
-        HostKeyUnknown, HostKeyChanged."""
+        HostKeyUnknown, HostKeyChanged; Fenced (check or not) when the host carries a ``fence`` and a newer lock
+        generation refused the command before it ran (deployctl.hosts.fence)."""
         cmd = command_line(argv)
         if env:
             for key in env:
@@ -80,7 +84,11 @@ class Host:
                     raise RemoteCommandError(f"env name {key!r} for {self.name} is not a shell identifier",
                                              host=self.name, command=cmd)
         t0 = time.monotonic()
-        result = self._transport.exec(cmd, timeout=timeout, input=input, env=env, on_stderr=on_stderr)
+        fence = self.fence
+        sent = f"{fence.guard(self.config)}\n{cmd}" if fence is not None else cmd
+        result = self._transport.exec(sent, timeout=timeout, input=input, env=env, on_stderr=on_stderr)
+        if fence is not None:
+            fence.check(self.name, result.exit_code, result.stderr)
         trace = settings.current().trace_remote
         if trace is not None:
             _trace(trace, self.name, time.monotonic() - t0, result.exit_code, cmd)
@@ -111,8 +119,13 @@ class Host:
             full = f"LC_ALL=C sudo -S -p '' -- {target}"
         else:
             full = f"LC_ALL=C sudo -n -- {target}"
+        fence = self.fence
+        if fence is not None:
+            full = f"{fence.guard(self.config)}\n{full}"
         result = self._transport.exec(full, timeout=timeout, input=(password + "\n") if password else None,
                                       env=None, on_stderr=None)
+        if fence is not None:
+            fence.check(self.name, result.exit_code, result.stderr)
         err = result.stderr
         if result.exit_code != 0 and ("a password is required" in err or "incorrect password" in err
                                       or "no password was provided" in err or "Sorry, try again" in err):
@@ -155,12 +168,30 @@ class Host:
 
     # -- files ------------------------------------------------------------------------------------
     def put(self, local: Path, remote: str, *, mode: int | None = None, timeout: float = 300) -> None:
-        """Copy local file ``local`` to ``remote`` atomically (temp file + rename); parents created."""
-        self._transport.put_file(Path(local), remote, mode=mode, timeout=timeout)
+        """Copy local file ``local`` to ``remote`` atomically (temp file + rename); parents created. With a
+        ``fence``, the rename is a guarded command (Fenced when refused; the temporary file is removed)."""
+        self._fenced_put(remote, lambda dst: self._transport.put_file(Path(local), dst, mode=mode, timeout=timeout))
 
     def put_text(self, text: str, remote: str, *, mode: int | None = None, timeout: float = 60) -> None:
-        """Write ``text`` to ``remote`` atomically; the temp file is 0600 from creation, then ``mode``."""
-        self._transport.write_bytes(remote, text.encode(), mode=mode, timeout=timeout)
+        """Write ``text`` to ``remote`` atomically; the temp file is 0600 from creation, then ``mode``. With a
+        ``fence``, as ``put``."""
+        self._fenced_put(remote, lambda dst: self._transport.write_bytes(dst, text.encode(), mode=mode,
+                                                                         timeout=timeout))
+
+    def _fenced_put(self, remote: str, write: Callable[[str], None]) -> None:
+        if self.fence is None:
+            write(remote)
+            return
+        import secrets
+
+        tmp = f"{remote}.fenced-{secrets.token_hex(4)}"
+        write(tmp)
+        q = shlex.quote
+        try:
+            self.run(f"mv -f -- {q(tmp)} {q(remote)}", timeout=60)
+        except BaseException:
+            self._transport.exec(f"rm -f -- {q(tmp)}", timeout=30, input=None, env=None, on_stderr=None)
+            raise
 
     def get(self, remote: str, local: Path, *, timeout: float = 300) -> None:
         """Copy ``remote`` to local file ``local``."""

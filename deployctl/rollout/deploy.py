@@ -25,10 +25,11 @@ from typing import Callable, Optional
 
 from deployctl import settings
 from deployctl.config import DeployConfig
-from deployctl.errors import DeployctlError, HealthError, RolloutAborted, about
+from deployctl.errors import DeployctlError, Fenced, HealthError, RolloutAborted, about
 from deployctl.rollout import hostops, release, standby
 from deployctl.rollout.events import Progress, emitter
 from deployctl.rollout.fleet import Fleet, Interrupted
+from deployctl.rollout.infra import InfraAborted, kind as infrastructure
 from deployctl.rollout.interrupt import Interruption, StopRequested
 from deployctl.rollout.journal import Journal, Progress as JournalProgress
 from deployctl.rollout.outputgate import OutputGate, OutputsFailed, changed_note, history_outputs
@@ -215,6 +216,13 @@ class Deployment(WeightSteps):
         record comes after the lock is released, the deploy's very last act."""
         try:
             result = fn()
+        except Fenced as e:  # taken over: the journal is the new holder's when it was taken here (refused then)
+            if self._journal_open:
+                try:
+                    self.journal.finish(type(e).__name__, e.exit_code, str(e))
+                except Fenced:
+                    pass
+            raise
         except DeployctlError as e:
             if self._journal_open:
                 self.journal.finish(type(e).__name__, e.exit_code, str(e))
@@ -231,6 +239,7 @@ class Deployment(WeightSteps):
 
     def _locked(self, plan: DeployPlan, t0: float) -> DeployResult:
         fl = self.fleet
+        self.journal.generation = fl.generation  # a newer holder's lock fences our journal too
         why_not = None
         if self.resume:
             from deployctl.rollout import resume
@@ -275,14 +284,19 @@ class Deployment(WeightSteps):
                 self._canary(plan)
             else:
                 self._all_at_once(plan)
+        except Fenced:
+            raise  # another command holds the lock now: this deploy touches nothing more (deployctl.hosts.fence)
         except Intervened as iv:
             c = iv.control
             if c.command == "rollback":
                 reason = f"aborted by rollback from {c.by}"
                 self.say("abort", reason)
-                fl.unlock()  # the rollback waits for our lock: let go first
                 fl.store.append_history("deploy", release=plan.release.id, result="aborted", reason=reason)
-                raise RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`") from None
+                err = RolloutAborted(reason, fix="the rollback restores the previous release; see `deployctl status`")
+                self.journal.finish(type(err).__name__, err.exit_code, str(err))  # before the rollback holds the lock
+                self._journal_open = False
+                fl.unlock()  # the rollback waits for our lock: let go (last: from then on it fences us)
+                raise err from None
             return self._abort(plan, f"aborted by {c.by}" + (f": {c.reason}" if c.reason else ""))
         except (StopRequested, KeyboardInterrupt):  # KeyboardInterrupt: a caller's own handler (not the CLI's)
             self.interruption.request()
@@ -396,9 +410,16 @@ class Deployment(WeightSteps):
         return (f"The abort did not finish: {where}; last traffic split: {traffic}. Run `deployctl status`, then "
                 f"{back} (it breaks this deploy's stale lock).")
 
+    def _raise_if_fenced(self) -> None:
+        """Raise the first refusal of this deploy's lock generation (deployctl.hosts.fence), if a host refused."""
+        fence = self.fleet.fence
+        if fence is not None and fence.refused is not None:
+            raise fence.refused
+
     def _abort(self, plan: DeployPlan, reason: str, *, verdict: Optional[dict] = None,
                cause: Optional[BaseException] = None, interrupted: bool = False):
         fl = self.fleet
+        self._raise_if_fenced()
         if self.outputs is not None:
             self.outputs.stop()
         self.say("abort", f"aborting: {reason}")
@@ -411,6 +432,7 @@ class Deployment(WeightSteps):
         except Exception:
             pass
         problems = fl.restore(plan, self.switched, self._route if self.cfg.router else None)
+        self._raise_if_fenced()  # restore reports a host's error as a problem: a refusal ends the abort here
         for p in problems:
             self.say("warn", p)
         status = "interrupted" if interrupted else "aborted"
@@ -420,6 +442,7 @@ class Deployment(WeightSteps):
                                     problems=problems, verdict=verdict, paths=self.paths,
                                     **({"standby": self.standbys} if self.standbys else {}))
         except Exception as e:  # state is best effort once we are aborting
+            self._raise_if_fenced()
             self.say("warn", f"could not record the abort on every host: {e}")
         where = f"traffic back on {plan.from_release}" if plan.from_release else "nothing serves"
         extra = f"; not restored: {'; '.join(problems)}" if problems else ""
@@ -430,5 +453,11 @@ class Deployment(WeightSteps):
         if interrupted:
             raise Interrupted(f"deploy interrupted: {where}{extra}",
                               fix="run `deployctl status` to check, then `deployctl deploy` again")
+        infra = infrastructure(cause)
+        if infra:  # not the release's fault: it was never judged (deployctl.rollout.infra, exit 4)
+            raise InfraAborted(f"rollout aborted by an infrastructure error ({infra}), not by the release: {reason}; "
+                               f"{where}{extra}",
+                               fix="fix the host it names (`deployctl hosts check`), then deploy the same release "
+                                   "again") from cause
         raise RolloutAborted(f"rollout aborted: {reason}; {where}{extra}",
                              fix="see `deployctl history`; fix the release and deploy again") from cause

@@ -32,6 +32,7 @@ class Fleet:
         self.gpu_facts: dict = {}
         self.store: Optional[StateStore] = None
         self._lock: Optional[DeployLock] = None
+        self.fence = None  # deployctl.hosts.fence.Fence of the lock this fleet took (kept after unlock)
         self._router_host = None
         self.wheel = None
 
@@ -62,18 +63,18 @@ class Fleet:
     def reconnect(self) -> None:
         """Fresh connections to every host and the router, for the abort (issue 31): a connection that was in use
         when a failure or Ctrl-C came may be broken or still busy in an abandoned worker. The state store, the
-        router and the lock move to the new Host objects; the old ones are closed in the background."""
-        from deployctl.hosts import Host
-
+        router and the lock move to the new Host objects (with their fence); the old ones are closed in the
+        background."""
         old = [*self.hosts.values(), self._router_host]
-        self.hosts = {n: Host.from_config(h.config) for n, h in self.hosts.items()}
+        self.hosts = {n: _fresh(h) for n, h in self.hosts.items()}
         self.store = StateStore(list(self.hosts.values()), workers=self.workers)
         if self._router_host is not None:
-            self._router_host = Host.from_config(self._router_host.config)
+            self._router_host = _fresh(self._router_host)
             self.router.host = self._router_host
         if self._lock is not None:
             self._lock.hosts = [self.hosts[h.name] for h in self._lock.hosts]
             self._lock.held = [self.hosts[h.name] for h in self._lock.held]
+            self._lock.extra = [self._router_host] if self._lock.extra else []
         _close_in_background(old)
 
     def close(self) -> None:
@@ -95,12 +96,37 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ lock
     def lock(self, command: str, *, break_lock: bool = False, break_stale: bool = False,
              take_over: bool = False, runner=None) -> None:
-        self._lock = DeployLock(list(self.hosts.values()), command=command, runner=runner, workers=self.workers)
+        """Take the deploy lock (deployctl.rollout.lock.DeployLock.acquire) over the hosts, the router host fenced
+        with its generation too; this machine's journal of the service is fenced with it as well
+        (deployctl.rollout.journal.raise_fence). A lock taken over from another holder is said and recorded in the
+        history (action ``takeover``: ``by`` this command, ``from`` the holder, ``reason`` why). Raises LockHeld."""
+        from deployctl.rollout.journal import raise_fence, read_fence
+
+        extra = (self._router_host,) if self._router_host is not None else ()
+        self._lock = DeployLock(list(self.hosts.values()), command=command, runner=runner, workers=self.workers,
+                                extra=extra, floor=read_fence(self.cfg.service.name)[0])
+        broken: dict[str, tuple[dict, str, list[str]]] = {}
 
         def told(host, owner, why):
             self.say("warn", f"broke the lock on {host} held by {describe(owner)}: {why}")
+            key = str(owner.get("token") or describe(owner))
+            broken.setdefault(key, (owner, why, []))[2].append(host)
 
         self._lock.acquire(break_lock=break_lock, break_stale=break_stale, take_over=take_over, on_break=told)
+        self.fence = self._lock.fence
+        raise_fence(self.cfg.service.name, self._lock.generation, self._lock.who())
+        for owner, why, hosts in broken.values():
+            self.store.append_history("takeover", release=None, result="ok", by=command,
+                                      generation=self._lock.generation,
+                                      reason=f"{command} took over the lock on {', '.join(hosts)} from "
+                                             f"{describe(owner)}: {why}",
+                                      **{"from": {k: owner.get(k) for k in ("owner", "machine", "pid", "command",
+                                                                            "unit", "generation") if k in owner}})
+
+    @property
+    def generation(self) -> int:
+        """The generation of the lock this fleet took (0: none)."""
+        return self.fence.generation if self.fence is not None else 0
 
     def inspect_lock(self):
         return DeployLock(list(self.hosts.values()), command="inspect", workers=self.workers).inspect()
@@ -239,6 +265,15 @@ class Fleet:
             except Exception as e:
                 problems.append(f"router: {e}")
         return problems
+
+
+def _fresh(host):
+    """A new connection to ``host``'s machine carrying the same fence (deployctl.hosts.fence)."""
+    from deployctl.hosts import Host
+
+    h = Host.from_config(host.config)
+    h.fence = host.fence
+    return h
 
 
 def _quiet_close(host) -> None:

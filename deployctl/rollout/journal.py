@@ -14,10 +14,18 @@ step (``step``: upload, drain, activate, validate, outputs (at weight 0), weight
 pause began, ``window`` with each analysis window's ``result``), ``abort`` (the abort began: reason), ``finish``
 (result and exit code). ``Progress.of(records)`` reads them back.
 
+Fencing: ``<DEPLOYCTL_STATE>/<service.name>/fence`` holds the newest deploy lock generation taken on this machine
+(``raise_fence``: line 1 the generation, line 2 who took it). A Journal given the ``generation`` its deploy holds
+refuses to write once the file names a newer one (Fenced, exit 7): a deploy stopped while ``rollback`` or
+``deploy --resume`` took its lock over appends nothing when it runs again. (The check and the append are two
+system calls of one process: a process stopped exactly between them writes one record late; the hosts' own
+checks, deployctl.hosts.fence, are atomic with what they guard.)
+
 Test-only kill hook: DEPLOYCTL_TEST_KILL_AT=N makes the process SIGKILL itself right after writing its N-th
 record (counted from 1 in this process), DEPLOYCTL_TEST_KILL_AT=KIND[:STEP] right after the first record of that
 kind and step (``begin:activate``, ``point:upload:put``, ``abort``): the production path, with a kill between any
-two journaled moments.
+two journaled moments. DEPLOYCTL_TEST_STOP_AT (the same forms) SIGSTOPs it there instead: a process frozen between
+two moments, for the fencing tests.
 """
 from __future__ import annotations
 
@@ -31,14 +39,37 @@ from pathlib import Path
 from typing import Any, Optional
 
 from deployctl import settings
+from deployctl.errors import Fenced
 from deployctl.rollout.state import now_iso
 
 JOURNAL = "journal.jsonl"
+FENCE = "fence"
 
 
 def control_dir(service: str) -> Path:
     """``<DEPLOYCTL_STATE>/<service>``: the journal and the detached runner's files (created on first use)."""
     return Path(settings.current().state_dir) / service
+
+
+def read_fence(service: str) -> tuple[int, str]:
+    """(generation, who) of this machine's fence file for ``service`` ((0, "") when there is none)."""
+    try:
+        lines = (control_dir(service) / FENCE).read_text(encoding="utf-8").splitlines()
+        return int(lines[0]), (lines[1] if len(lines) > 1 else "")
+    except (OSError, ValueError, IndexError):
+        return 0, ""
+
+
+def raise_fence(service: str, generation: int, who: str) -> None:
+    """Raise this machine's fence for ``service`` to ``generation`` (never lower it; atomic: temporary file and
+    rename). Called by whoever takes the deploy lock here (deployctl.rollout.fleet.Fleet.lock)."""
+    d = control_dir(service)
+    d.mkdir(parents=True, exist_ok=True)
+    if read_fence(service)[0] >= generation:
+        return
+    tmp = d / f".{FENCE}.{os.getpid()}"
+    tmp.write_text(f"{int(generation)}\n{who}\n", encoding="utf-8")
+    os.replace(tmp, d / FENCE)
 
 
 class Journal:
@@ -52,6 +83,9 @@ class Journal:
         self._lock = threading.Lock()
         self._written = 0
         self._kill_at = settings.current().test_kill_at
+        self._stop_at = settings.current().test_stop_at
+        self.service = service
+        self.generation = 0  # the deploy lock's generation this deploy holds (0: not fenced yet)
 
     # ------------------------------------------------------------------------------------------ write
     def start(self, record: dict[str, Any]) -> None:
@@ -62,6 +96,7 @@ class Journal:
         line = json.dumps({"kind": "start", "time": now_iso(), "pid": os.getpid(), **mark, **record}, sort_keys=True)
         tmp = self.dir / f".{JOURNAL}.{os.getpid()}"
         with self._lock:
+            self._fenced()
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(line + "\n")
                 f.flush()
@@ -95,6 +130,7 @@ class Journal:
     def _append(self, rec: dict[str, Any]) -> None:
         line = json.dumps({"time": now_iso(), **rec}, sort_keys=True) + "\n"
         with self._lock:
+            self._fenced()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, line.encode())
@@ -103,14 +139,24 @@ class Journal:
                 os.close(fd)
             self._after_write(rec)
 
+    def _fenced(self) -> None:
+        """Raise Fenced when a newer lock generation than ours was taken on this machine (module doc)."""
+        if not self.generation:
+            return
+        current, who = read_fence(self.service)
+        if current > self.generation:
+            raise Fenced(f"deploy (lock generation {self.generation}) was taken over: its journal {self.path} "
+                         f"refused a record, the generation is {current}" + (f", taken over by {who}" if who else ""),
+                         generation=self.generation, current=current, by=who,
+                         fix="this process changed nothing after the takeover; see `deployctl status` and "
+                             "`deployctl history`")
+
     def _after_write(self, rec: dict[str, Any]) -> None:
         self._written += 1
-        spec = self._kill_at
-        if not spec:
-            return
         key = ":".join(str(x) for x in (rec.get("kind"), rec.get("step") or rec.get("what")) if x)
-        if (spec.isdigit() and self._written == int(spec)) or spec == key:
-            os.kill(os.getpid(), signal.SIGKILL)
+        for spec, sig in ((self._kill_at, signal.SIGKILL), (self._stop_at, signal.SIGSTOP)):
+            if spec and ((spec.isdigit() and self._written == int(spec)) or spec == key):
+                os.kill(os.getpid(), sig)
 
 
 def _fsync_dir(path: Path) -> None:

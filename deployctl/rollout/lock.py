@@ -11,6 +11,13 @@ the bound, at most 60 s) from a thread of its own, through every step and every 
 that machine is this one), or when its heartbeat (the file's age, read with the host's own clock: no skew between
 machines) is older than ``max_age_s`` ($DEPLOYCTL_LOCK_MAX_AGE_S, 600 s): its holder was killed elsewhere, its
 machine is gone or hangs, or its pid was reused by another process here. A live holder's lock is never stale.
+
+Generation (a fencing token): every taking of the lock raises ``<deploy_root>/state/fence`` on every host and on the
+``extra`` hosts (the router host) to one more than the highest found, in the same remote command that creates the
+lock file, and records it in the lock (``generation``). From then on the holder's Host objects carry that
+generation (deployctl.hosts.fence.Fence) and every command they run is refused on the host once a newer holder
+raised the fence there: a holder stopped while its lock was taken over (rollback after its grace, or a
+``deploy --resume`` once its heartbeat stopped) changes nothing when it runs again.
 """
 from __future__ import annotations
 
@@ -118,8 +125,13 @@ def _parse(text: str) -> Optional[dict]:
 class DeployLock:
     """The lock over all hosts of a service. Use ``acquire()``; ``release()`` removes only our own lock files."""
 
-    def __init__(self, hosts: list, *, command: str, timeout: float = 15, runner=None, workers: int = 8):
+    def __init__(self, hosts: list, *, command: str, timeout: float = 15, runner=None, workers: int = 8,
+                 extra: tuple = (), floor: int = 0):
         self.hosts = hosts
+        self.floor = floor  # the generation is above this too (this machine's journal fence: deployctl.rollout.journal)
+        self.extra = list(extra)  # fenced with the lock's generation, not locked (the router host)
+        self.generation = 0  # the lock's generation once acquired (module doc)
+        self.fence = None  # deployctl.hosts.fence.Fence once acquired
         self.workers = workers  # hosts read or released at once (rollout.parallel_hosts: deployctl.rollout.fleet)
         self.record = {"owner": settings.operator(), "machine": socket.gethostname(), "pid": os.getpid(),
                        "started": now_iso(), "command": command, "token": f"{os.getpid()}-{time.time_ns()}"}
@@ -135,9 +147,12 @@ class DeployLock:
     def _try_create(self, host) -> tuple[bool, Optional[dict]]:
         """(created, the holder's record when not created) in one remote command."""
         path = shlex.quote(state_file(host.config, "lock"))
+        from deployctl.hosts.fence import write_command
+
+        fence = write_command(host.config, self.generation, self.who())
         cmd = (f"mkdir -p {shlex.quote(state_dir(host.config))} && "
-               f"if ( set -C; printf '%s\\n' {shlex.quote(self._line())} > {path} ) 2>/dev/null; then echo CREATED; "
-               f"else {_READ.format(path=path)}; fi")
+               f"if ( set -C; printf '%s\\n' {shlex.quote(self._line())} > {path} ) 2>/dev/null; then {fence}; "
+               f"echo CREATED; else {_READ.format(path=path)}; fi")
         out = host.run(cmd, timeout=self.timeout).stdout.strip()
         if out == "CREATED":
             return True, None
@@ -159,6 +174,35 @@ class DeployLock:
                 out.append(LockInfo(o.host, o.value, stale, why))
         return out
 
+    def who(self) -> str:
+        """The holder as the fence file names it: ``COMMAND of USER@MACHINE, pid N, since TIME``."""
+        r = self.record
+        unit = f", systemd unit {r['unit']}" if r.get("unit") else ""
+        return f"{r['command']} of {r['owner']}, pid {r['pid']}{unit}, since {r['started']}"
+
+    def _next_generation(self) -> int:
+        """One more than the highest fence generation on the hosts and the extra hosts (those that answer)."""
+        from deployctl.hosts import run_on_hosts
+        from deployctl.hosts.fence import read_command
+
+        def read(host):
+            return int((host.run(read_command(host.config), timeout=self.timeout).stdout.strip() or "0"))
+
+        found = run_on_hosts([*self.hosts, *self.extra], read, max_workers=self.workers,
+                             deadline_s=3 * self.timeout + 15, what="the lock's generation")
+        return 1 + max([self.floor, *(o.value for o in found if o.error is None and o.value is not None)])
+
+    def _fence_all(self) -> None:
+        """Raise the extra hosts' fence to our generation; arm every Host of ours with it (module doc)."""
+        from deployctl.hosts.fence import Fence, write_command
+
+        for host in self.extra:
+            host.run(f"mkdir -p {shlex.quote(state_dir(host.config))} && "
+                     + write_command(host.config, self.generation, self.who()), timeout=self.timeout)
+        self.fence = Fence(self.generation, self.record["command"])
+        for host in [*self.hosts, *self.extra]:
+            host.fence = self.fence
+
     def _remove(self, host) -> None:
         host.run(["rm", "-f", state_file(host.config, "lock")], timeout=self.timeout)
 
@@ -168,7 +212,10 @@ class DeployLock:
         ``break_lock`` (any lock), ``break_stale`` (stale ones) or ``take_over`` (any; used by rollback after
         its grace period) allows removing it (a stale lock of an earlier start of the same detached runner
         always); ``on_break(host, owner, why)`` is told about each removal.
-        On failure the locks taken so far are released."""
+        On failure the locks taken so far are released. Once every lock file is ours, the hosts carry its
+        generation (module doc; ``generation``, ``fence``)."""
+        self.generation = self._next_generation()
+        self.record["generation"] = self.generation
         try:
             for host in self.hosts:
                 for _attempt in range(3):
@@ -198,6 +245,7 @@ class DeployLock:
                     )
                 else:
                     raise LockHeld(f"could not take the lock on {host.name} after 3 tries", owner={})
+            self._fence_all()
         except BaseException:
             self.release()
             raise

@@ -21,6 +21,15 @@ from typing import Optional
 RUNNER_FLAG = "--runner"
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped on this machine (state T: SIGSTOP, SIGTSTP; t: a debugger's trace stop): alive,
+    and doing nothing until it is continued."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def pid_running(pid: int) -> bool:
     """Whether ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
     if pid <= 0:

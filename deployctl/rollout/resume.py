@@ -10,7 +10,9 @@ the abort path, every host that a begun step switched back on the previous relea
 
 A deploy that still runs is never resumed (``take_lock``): its detached runner alive here, or a live holder of the
 lock (its heartbeat fresh: deployctl.rollout.lock), refuses the resume naming it; a second step machine on the same
-fleet would fight the first.
+fleet would fight the first. A runner whose lease expired (its lock's heartbeat older than DEPLOYCTL_LOCK_MAX_AGE_S:
+stopped with SIGSTOP, hung) is taken over, and the history says so (a ``takeover`` record): the lock's new
+generation fences it, so that once continued it changes nothing (deployctl.hosts.fence).
 """
 from __future__ import annotations
 
@@ -44,9 +46,7 @@ def take_lock(fleet, cfg: DeployConfig, runner=None) -> None:
 
     busy = detach.runner_pid(cfg.service.name)
     if busy and busy != os.getpid():
-        raise detach.RunnerBusy(f"deploy --resume: the detached rollout of {cfg.service.name} still runs as "
-                                f"{detach.describe_runner(cfg.service.name, busy)}; nothing to resume",
-                                fix=RUNNING_FIX)
+        _runner_expired(fleet, cfg, busy)
     try:
         fleet.lock("deploy", break_stale=True, runner=runner)
     except LockHeld as e:
@@ -56,6 +56,33 @@ def take_lock(fleet, cfg: DeployConfig, runner=None) -> None:
         raise LockHeld(f"deploy --resume: the {what} that holds the lock on {e.host} still runs: {describe(e.owner)} "
                        "(its heartbeat is fresh); nothing to resume", owner=e.owner, host=e.host,
                        fix=RUNNING_FIX) from None
+
+
+def _runner_expired(fleet, cfg: DeployConfig, pid: int) -> None:
+    """Return when the service's detached runner ``pid`` (alive here) lost its lease: every lock it holds has a
+    heartbeat older than DEPLOYCTL_LOCK_MAX_AGE_S (said, then taken over by the caller). Else RunnerBusy: it still
+    runs, or it is stopped (SIGSTOP) and its lease has not expired yet (when it will is said)."""
+    from deployctl import settings
+    from deployctl.rollout import detach, procs
+
+    service = cfg.service.name
+    who = detach.describe_runner(service, pid)
+    held = [i for i in fleet.inspect_lock() if int(i.owner.get("pid") or 0) == pid]
+    if held and all(i.stale for i in held):
+        state = "stopped (SIGSTOP)" if procs.is_stopped(pid) else "not refreshing its lock"
+        fleet.say("warn", f"the detached rollout of {service} ({who}) is {state}: its lease expired "
+                          f"({held[0].why_stale}); taking it over")
+        return
+    if held and procs.is_stopped(pid):
+        bound = settings.current().lock_max_age_s
+        age = max(float(i.owner.get("heartbeat_age_s") or 0) for i in held)
+        raise detach.RunnerBusy(
+            f"deploy --resume: the detached rollout of {service} ({who}) is stopped (SIGSTOP) and holds the lock; "
+            f"its lease expires when its heartbeat is {bound:g} s old (now {age:.0f} s)",
+            fix=f"continue it (kill -CONT {pid}), or run `deployctl deploy --resume` again in {max(1, bound - age):.0f} s "
+                "to take it over (or `deployctl rollback`)")
+    raise detach.RunnerBusy(f"deploy --resume: the detached rollout of {service} still runs as {who}; nothing to "
+                            "resume", fix=RUNNING_FIX)
 
 
 def start_record(plan: DeployPlan, generation: int) -> dict[str, Any]:

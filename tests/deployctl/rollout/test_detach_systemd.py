@@ -109,7 +109,7 @@ def test_a_runner_killed_in_its_unit_is_restarted_and_resumes_the_deploy(rollout
         r = env.cli("deploy", "--detach", "--yes", timeout=60)
         assert r.returncode == 0, r.stderr
         props = json.loads(systemd_run.read_text())["properties"]
-        assert props["Restart"] == "on-failure" and props["RestartPreventExitStatus"] == "1 2 3 4 5 6 130", props
+        assert props["Restart"] == "on-failure" and props["RestartPreventExitStatus"] == "1 2 3 4 5 6 7 130", props
         assert int(props["StartLimitBurst"]) >= 2 and float(props["RestartSec"]) > 0, props
         token = json.loads((control / "runner.json").read_text())["token"]
         first = json.loads(systemd_run.read_text())["pid"]
