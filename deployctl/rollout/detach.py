@@ -150,6 +150,10 @@ def spawn(service: str, argv: list[str], *, note: Callable[[str], None] = lambda
     its runner does not start within 30 s."""
     f = files(service)
     busy = runner_pid(service)
+    if busy and procs.is_stopped(busy):
+        raise RunnerBusy(f"a detached rollout of {service} is stopped (SIGSTOP) as {describe_runner(service, busy)}",
+                         fix=f"continue it (kill -CONT {busy}), or take it over once its lease expired with "
+                             "`deployctl deploy --resume` (in this shell) or `deployctl rollback`")
     if busy:
         raise RunnerBusy(f"a detached rollout of {service} runs as {describe_runner(service, busy)}",
                          fix="follow it with `deployctl rollout watch`, or stop it with `deployctl abort`")

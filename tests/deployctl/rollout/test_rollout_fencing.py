@@ -99,6 +99,8 @@ def test_resume_takes_over_a_stopped_runner_once_its_lease_expired(rollout_env, 
         assert r.returncode == 1, r.stderr  # is stopped, not that it "still runs"
         assert f"(pid {runner}) is stopped (SIGSTOP)" in r.stderr and "still runs" not in r.stderr, r.stderr
         assert "its lease expires" in r.stderr and f"kill -CONT {runner}" in r.stderr, r.stderr
+        r = env.cli("deploy", "--resume", "--detach", timeout=60)  # a second runner is never spawned beside it
+        assert r.returncode == 1 and f"is stopped (SIGSTOP) as pid {runner}" in r.stderr, r.stderr
         env.cfg["engine"]["max_num_seqs"] = 4  # deploy.yaml changed: the resume rolls back
         env.write()
         wait_for(lambda: all(i for i in _lock_ages(env)), 60, "the stopped runner's lease expired")
