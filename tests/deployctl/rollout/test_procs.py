@@ -106,8 +106,15 @@ def test_resume_refuses_while_the_detached_runner_runs_naming_it(state):
         f = detach.files("svc")
         f.dir.mkdir(parents=True)
         f.pid.write_text(f"{runner.pid}\n")
+        class Fleet:  # the hosts hold no lock of the runner's: its lease has not expired, nothing is taken over
+            def inspect_lock(self):
+                return []
+
+            def lock(self, *a, **k):
+                raise AssertionError("a live runner's lock was taken")
+
         with pytest.raises(detach.RunnerBusy) as e:
-            take_lock(None, Cfg)  # no fleet: refused before any host is asked
+            take_lock(Fleet(), Cfg)  # refused before any lock is taken
         assert f"still runs as pid {runner.pid}" in e.value.message and "nothing to resume" in e.value.message
         assert "rollout watch" in e.value.fix and "abort" in e.value.fix
     finally:

@@ -17,7 +17,8 @@ def _cfg(**host):
     doc = {"service": {"name": "svc"}, "model": {"path": "/m"},
            "hosts": [{"name": "a", "address": "127.0.0.1", "deploy_root": "/d/a", "launcher": "process",
                       "server_port": 8001, **host}],
-           "router": {"host": "local", "listen": 8080, "upstream_conf": "/tmp/unused/llm.conf"}}
+           "router": {"host": "local", "listen": 8080, "listen_address": "127.0.0.1",
+                      "upstream_conf": "/tmp/unused/llm.conf"}}
     return parse_config(yaml.safe_dump(doc, sort_keys=False), "test-deploy.yaml")
 
 
