@@ -170,8 +170,9 @@ def load_model_config(path: str | Path) -> ModelShape:
     return parse_model_config(cfg, str(p))
 
 
-def safetensors_data_bytes(path: Path) -> int:
-    """Sum of tensor bytes declared in one safetensors file's header (dtype size × element count)."""
+def safetensors_data_bytes(path: Path, skip: frozenset[str] = frozenset()) -> int:
+    """Sum of tensor bytes declared in one safetensors file's header (dtype size × element count), leaving out the
+    tensors named in ``skip``."""
     with path.open("rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
@@ -182,7 +183,7 @@ def safetensors_data_bytes(path: Path) -> int:
         header = json.loads(f.read(header_len))
     total = 0
     for name, info in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or name in skip:
             continue
         count = 1
         for dim in info["shape"]:
@@ -194,15 +195,23 @@ def safetensors_data_bytes(path: Path) -> int:
     return total
 
 
+# the output projection's tensor names in an HF checkpoint: the embedding's copy when the weights are tied
+TIED_OUTPUT_TENSORS = frozenset({"lm_head.weight"})
+
+
 def weights_bytes(model_dir: Optional[Path], shape: ModelShape, dtype_bytes: int) -> tuple[int, str]:
     """Weights size in bytes and where it came from ("safetensors headers": exact data bytes of every tensor, any
     dtype, quantized ones included; or "config estimate": ModelShape.estimated_weights_bytes). A Mistral-style
-    ``consolidated.safetensors`` beside the HF shards is the same weights again and is not counted."""
+    ``consolidated.safetensors`` beside the HF shards is the same weights again and is not counted. With
+    ``tie_word_embeddings`` a stored ``lm_head.weight`` is not counted either: the engines build the output layer
+    on the embedding's tensor (vllm 0.33.0 models/llama.py ``lm_head.tie_weights(self.model.embed_tokens)``; the
+    bundled runtime's loader.py skips the tensor), so it is in memory once."""
     files = sorted(model_dir.glob("*.safetensors")) if model_dir and model_dir.is_dir() else []
     if len(files) > 1:
         files = [f for f in files if not f.name.startswith("consolidated")] or files
     if files:
-        return sum(safetensors_data_bytes(f) for f in files), "safetensors headers"
+        skip = TIED_OUTPUT_TENSORS if shape.tie_word_embeddings else frozenset()
+        return sum(safetensors_data_bytes(f, skip) for f in files), "safetensors headers"
     how = f"config estimate ({shape.quant_method} {shape.quant_bits}-bit)" if shape.quant_method else "config estimate"
     return shape.estimated_weights_bytes(dtype_bytes), how
 

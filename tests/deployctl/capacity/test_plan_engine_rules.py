@@ -43,3 +43,48 @@ def test_plan_refuses_fp8_kv_on_the_bundled_runtime_as_deploy_yaml_does(tmp_path
     # vLLM takes it: the same override plans
     cfg.write_text(_deploy_yaml(model, "kind: vllm, version: 0.33.0, device: cuda, max_model_len: 1024"))
     assert _plan(cfg, "--kv-cache-dtype", "fp8", "--json").returncode in (0, 1)
+
+
+def _checkpoint(model, *, tied: bool, with_lm_head: bool) -> dict:
+    """A real safetensors checkpoint of LLAMA_TINY's shape (float32, numpy), with both the embedding and, when
+    ``with_lm_head``, a stored lm_head.weight. Returns the tensors' byte sizes by name."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    model.mkdir()
+    c = {**LLAMA_TINY, "tie_word_embeddings": tied}
+    (model / "config.json").write_text(json.dumps(c))
+    h, v, i = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
+    tensors = {"model.embed_tokens.weight": np.zeros((v, h), np.float32), "model.norm.weight": np.ones(h, np.float32)}
+    for n in range(c["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        tensors |= {p + f"self_attn.{x}_proj.weight": np.zeros((h, h), np.float32) for x in "qkvo"}
+        tensors |= {p + "mlp.gate_proj.weight": np.zeros((i, h), np.float32),
+                    p + "mlp.up_proj.weight": np.zeros((i, h), np.float32),
+                    p + "mlp.down_proj.weight": np.zeros((h, i), np.float32),
+                    p + "input_layernorm.weight": np.ones(h, np.float32),
+                    p + "post_attention_layernorm.weight": np.ones(h, np.float32)}
+    if with_lm_head:
+        tensors["lm_head.weight"] = np.zeros((v, h), np.float32)
+    save_file(tensors, str(model / "model.safetensors"))
+    return {name: t.nbytes for name, t in tensors.items()}
+
+
+def _weights(tmp_path, name: str, **kw) -> tuple[int, dict]:
+    model = tmp_path / name
+    sizes = _checkpoint(model, **kw)
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(_deploy_yaml(model, "max_model_len: 1024"))
+    proc = _plan(cfg, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    return doc["weights_bytes"], sizes  # tensor_parallel_size 1: the GPU holds them all
+
+
+def test_a_tied_checkpoint_that_stores_lm_head_counts_it_once(tmp_path):
+    tied, sizes = _weights(tmp_path, "tied", tied=True, with_lm_head=True)
+    assert tied == sum(sizes.values()) - sizes["lm_head.weight"]
+    tied_without, _ = _weights(tmp_path, "tied-without", tied=True, with_lm_head=False)
+    assert tied == tied_without  # the same model in memory, whether the file repeats the tensor or not
+    untied, sizes = _weights(tmp_path, "untied", tied=False, with_lm_head=True)
+    assert untied == sum(sizes.values())  # an untied lm_head is a tensor of its own
