@@ -78,11 +78,14 @@ class Traffic:
                         self.failures[type(e).__name__] += 1
                 time.sleep(0.002)
 
+    key: "str | None" = None  # the client's API key, sent as a bearer token when set (a rotation changes it live)
+
     def _one(self, client, completions: bool):
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else None
         if completions:
-            return client.post("/v1/chat/completions", json={
+            return client.post("/v1/chat/completions", headers=headers, json={
                 "model": self.model, "max_tokens": self.max_tokens, "messages": [{"role": "user", "content": "hello"}]})
-        return client.get("/v1/models")
+        return client.get("/v1/models", headers=headers)
 
     def start(self) -> "Traffic":
         self._stop.clear()

@@ -27,13 +27,6 @@ class KeyedTraffic(Traffic):
 
     key = OLD
 
-    def _one(self, client, completions: bool):
-        headers = {"Authorization": f"Bearer {self.key}"}
-        if completions:
-            return client.post("/v1/chat/completions", headers=headers, json={
-                "model": self.model, "max_tokens": self.max_tokens, "messages": [{"role": "user", "content": "hi"}]})
-        return client.get("/v1/models", headers=headers)
-
 
 def _stream(url: str, key: str, out: list) -> None:
     """One long streamed completion through the router: (status, ended with [DONE], chunks, error)."""

@@ -37,13 +37,6 @@ class KeyedTraffic(Traffic):
 
     key = OLD
 
-    def _one(self, client, completions: bool):
-        headers = {"Authorization": f"Bearer {self.key}"}
-        if completions:
-            return client.post("/v1/chat/completions", headers=headers, json={
-                "model": self.model, "max_tokens": self.max_tokens, "messages": [{"role": "user", "content": "hi"}]})
-        return client.get("/v1/models", headers=headers)
-
 
 def test_clients_move_to_the_next_key_and_the_old_one_is_dropped_without_a_failed_request(tmp_path, rollout_model, rollout_cache,
                                                                    rollout_python):
