@@ -40,6 +40,7 @@ app = typer.Typer(
     cls=_Group,
     name="deployctl",
     help="Put an LLM inference service into production and take it back out.",
+    epilog="Example: deployctl plan --gpu-memory 80GiB",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

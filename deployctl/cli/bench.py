@@ -77,7 +77,7 @@ def _positive(name: str, value: Optional[float]) -> None:
         raise UsageError(f"{name} {value} must be a positive finite number", fix=f"pass {name} > 0 or leave it out")
 
 
-@app.command("bench")
+@app.command("bench", epilog="Example: deployctl bench --url http://gpu-a:8000 --concurrency 1,4 --requests 16")
 def bench(
     url: Optional[List[str]] = typer.Option(None, "--url", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000; twice to compare A and B side by side."),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="deploy.yaml to resolve --hosts from."),

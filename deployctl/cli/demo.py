@@ -10,7 +10,7 @@ import typer
 from deployctl.cli._app import app, out_console
 
 
-@app.command()
+@app.command(epilog="Example: deployctl demo --keep --workdir /tmp/demo1")
 def demo(
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to put the model, hosts and nginx (default: a new temp dir)."),
     keep: bool = typer.Option(False, "--keep", help="Leave the runtimes and nginx running at the end."),

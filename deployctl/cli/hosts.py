@@ -9,7 +9,7 @@ import typer
 from deployctl.cli._app import app, err_console, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON, seconds
 
-hosts_app = typer.Typer(help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
+hosts_app = typer.Typer(epilog="Example: deployctl hosts check", help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
 
 
@@ -28,7 +28,7 @@ def _select(config: Path, name: Optional[str]):
     raise UsageError(f"host {name!r} is not in {config}", fix=f"use one of: {names}")
 
 
-@hosts_app.command("trust")
+@hosts_app.command("trust", epilog="Example: deployctl hosts trust gpu-a")
 def trust(
     name: str = typer.Argument(..., help="Host name from deploy.yaml."),
     config: Path = CONFIG,
@@ -69,7 +69,7 @@ def trust(
                           f" (deployctl's file: {known_hosts_path()})", soft_wrap=True)
 
 
-@hosts_app.command("check")
+@hosts_app.command("check", epilog="Example: deployctl hosts check -c deploy.yaml")
 def check(
     name: Optional[str] = typer.Argument(None, help="Only this host (default: every host)."),
     config: Path = CONFIG,

@@ -10,7 +10,7 @@ import typer
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-keys_app = typer.Typer(help="The API keys the router accepts: add one, retire one, list them with their last use.",
+keys_app = typer.Typer(epilog="Example: deployctl keys list", help="The API keys the router accepts: add one, retire one, list them with their last use.",
                        no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -24,7 +24,7 @@ def _router(config: Path):
     return cfg, Host.from_config(router_host_config(cfg))
 
 
-@keys_app.command("add")
+@keys_app.command("add", epilog="Example: deployctl keys add --from-env NEW_API_KEY")
 def add(from_env: Optional[str] = typer.Option(None, "--from-env", metavar="VAR",
                                                help="Read the key from this environment variable (default: "
                                                     "generate one and print it once)."),
@@ -60,7 +60,7 @@ def add(from_env: Optional[str] = typer.Option(None, "--from-env", metavar="VAR"
     err_console.print(f"key {entry.id} accepted on {escape(host.name)} (nginx reloaded; the other keys still work)")
 
 
-@keys_app.command("retire")
+@keys_app.command("retire", epilog="Example: deployctl keys retire 3f2a")
 def retire(ids: List[str] = typer.Argument(..., metavar="ID...", help="Key ids (or unique prefixes), from keys list."),
            config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Stop accepting keys once their clients moved (keys list: last use), then reload nginx; requests with them get
@@ -78,7 +78,7 @@ def retire(ids: List[str] = typer.Argument(..., metavar="ID...", help="Key ids (
     err_console.print(f"retired {', '.join(gone)} on {escape(host.name)} (nginx reloaded)")
 
 
-@keys_app.command("list")
+@keys_app.command("list", epilog="Example: deployctl keys list --json")
 def list_(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Every key the router accepts and every retired one: id (SHA-256 prefix, as the access log's key_id), where
     it came from, when it was added or retired, and its last request and request count in the access log."""

@@ -11,7 +11,7 @@ from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
 
 
-@app.command()
+@app.command(epilog="Example: deployctl init /models/llama-3-8b > deploy.yaml")
 def init(
     model_dir: Path = typer.Argument(..., help="HF model directory with config.json."),
     out: Path = typer.Option(Path("deploy.yaml"), "--out", "-o", help="Where to write deploy.yaml."),
@@ -46,7 +46,7 @@ def _next_step(out: Path, device: str) -> tuple[str, str]:
     return f"deployctl plan -c {out}", ""
 
 
-@app.command()
+@app.command(epilog="Example: deployctl plan --gpu-memory 80GiB --profile prompt=512/2048,output=256/1024,concurrency=64")
 def plan(
     config: Path = CONFIG,
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="config.json (or model dir) instead of model.path."),

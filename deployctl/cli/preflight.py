@@ -12,7 +12,7 @@ from deployctl.cli._app import app, err_console, escape, out_console, print_json
 _COLORS = {"pass": "green", "warn": "yellow", "fail": "red"}
 
 
-@app.command()
+@app.command(epilog="Example: deployctl preflight --host gpu-a")
 def preflight(
     config: Path = CONFIG,
     host: Optional[List[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
@@ -96,7 +96,7 @@ def _print_report(report) -> None:
     out_console.print(f"preflight {verdict}: {len(report.hosts)} host(s), {n['pass']} pass, {n['warn']} warn, {n['fail']} fail")
 
 
-@app.command()
+@app.command(epilog="Example: deployctl manifest /models/llama-3-8b")
 def manifest(
     model_dir: Path = typer.Argument(..., help="Model directory to hash."),
     name: str = typer.Option("manifest.sha256", "--name", help="Manifest file name inside MODEL_DIR."),

@@ -11,7 +11,7 @@ from deployctl.cli._app import app, err_console, print_json
 from deployctl.errors import UsageError
 
 
-@app.command()
+@app.command(epilog="Example: deployctl render --out out/ --target systemd")
 def render(
     out: Path = typer.Option(..., "--out", "-o", help="Directory to write the rendered files to."),
     target: str = typer.Option("systemd", "--target", "-t", help="systemd, container, k8s or k8s-rollout."),

@@ -38,7 +38,7 @@ def _confirm(yes: bool):
     return ask
 
 
-@app.command()
+@app.command(epilog="Example: deployctl deploy --canary 5 --yes")
 def deploy(
     config: Path = CONFIG,
     canary: Optional[int] = typer.Option(None, "--canary", help="First canary weight in percent (then rollout.steps above it)."),
@@ -139,12 +139,12 @@ def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, ru
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 
-rollout_app = typer.Typer(help="Detached rollouts (deploy --detach): follow one from any shell.",
+rollout_app = typer.Typer(epilog="Example: deployctl rollout watch", help="Detached rollouts (deploy --detach): follow one from any shell.",
                           no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
 
 
-@rollout_app.command("watch")
+@rollout_app.command("watch", epilog="Example: deployctl rollout watch --timeout 3600")
 def rollout_watch(
     config: Path = CONFIG,
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
@@ -161,7 +161,7 @@ def rollout_watch(
         raise typer.Exit(code)
 
 
-@app.command()
+@app.command(epilog="Example: deployctl promote -c deploy.yaml")
 def promote(config: Path = CONFIG) -> None:
     """Move a running rollout on to its next step now (ends the current analysis pause)."""
     from deployctl.config import load_config
@@ -170,7 +170,7 @@ def promote(config: Path = CONFIG) -> None:
     out_console.print(signal(load_config(config), "promote", progress=progress_printer))
 
 
-@app.command()
+@app.command(epilog="Example: deployctl abort -c deploy.yaml")
 def abort(config: Path = CONFIG) -> None:
     """Send all traffic back to stable and put the canary hosts back on the previous release."""
     from deployctl.config import load_config
@@ -179,7 +179,7 @@ def abort(config: Path = CONFIG) -> None:
     out_console.print(signal(load_config(config), "abort", progress=progress_printer))
 
 
-@app.command()
+@app.command(epilog="Example: deployctl rollback --json")
 def rollback(
     config: Path = CONFIG,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
@@ -207,7 +207,7 @@ def rollback(
         out_console.print(f"rolled back to {r.target} in {r.duration_s:.1f} s")
 
 
-@app.command()
+@app.command(epilog="Example: deployctl status --check")
 def status(config: Path = CONFIG, as_json: bool = JSON,
            check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
                                       "when the hosts differ in release, engine, model manifest or config.")) -> None:
@@ -292,7 +292,7 @@ def _status_check(doc: dict, check: bool) -> None:
         raise CheckFailed(f"status --check: {'; '.join(problems)}")
 
 
-@app.command()
+@app.command(epilog="Example: deployctl history --json")
 def history(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Past deploys, promotions, aborts and rollbacks with who, when, result and reason."""
     from rich.table import Table
@@ -313,7 +313,7 @@ def history(config: Path = CONFIG, as_json: bool = JSON) -> None:
     out_console.print(table)
 
 
-@app.command("compare-outputs")
+@app.command("compare-outputs", epilog="Example: deployctl compare-outputs --canary-url http://gpu-a:8001 --stable-url http://gpu-b:8000")
 def compare_outputs(
     canary_url: str = typer.Option(..., "--canary-url", help="Base URL of the canary (http://host:port, no /v1)."),
     stable_url: str = typer.Option(..., "--stable-url", help="Base URL of stable (http://host:port, no /v1)."),

@@ -8,12 +8,12 @@ import typer
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-router_app = typer.Typer(help="The nginx router: reload it (a renewed TLS certificate, changed router settings).",
+router_app = typer.Typer(epilog="Example: deployctl router reload", help="The nginx router: reload it (a renewed TLS certificate, changed router settings).",
                          no_args_is_help=True)
 app.add_typer(router_app, name="router")
 
 
-@router_app.command("reload")
+@router_app.command("reload", epilog="Example: deployctl router reload")
 def reload(config: Path = CONFIG, as_json: bool = JSON,
            force: bool = typer.Option(False, "--force", help="Reload even when the certificate file expires within "
                                       "the warning window (an expired one is refused all the same).")) -> None:

@@ -9,7 +9,7 @@ import typer
 from deployctl.cli.params import CONFIG, JSON
 from deployctl.cli._app import app, err_console, fail, out_console, print_json
 
-runbook_app = typer.Typer(help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
+runbook_app = typer.Typer(epilog="Example: deployctl runbook list", help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(runbook_app, name="runbook")
 
@@ -22,7 +22,7 @@ OUTCOME_STYLE = {"ok": "green", "healthy": "green", "fixed": "green", "done": "g
                  "cannot judge": "yellow"}
 
 
-@runbook_app.command("list")
+@runbook_app.command("list", epilog="Example: deployctl runbook list")
 def list_(as_json: bool = JSON,
           config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """Every runbook with its title and symptoms. Exit 3 when a runbook file is invalid (the others still list)."""
@@ -48,7 +48,7 @@ def list_(as_json: bool = JSON,
         raise typer.Exit(lib.errors[0].exit_code)
 
 
-@runbook_app.command()
+@runbook_app.command(epilog="Example: deployctl runbook show standby-expired")
 def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`)."),
          config: Optional[Path] = CONFIG_ACCEPTED) -> None:
     """The runbook as readable text: when to use it, then each step's check, expectation and action."""
@@ -58,7 +58,7 @@ def show(name: str = typer.Argument(..., help="Runbook name (see `deployctl runb
     out_console.print(render_text(load_library().get(name)), markup=False, highlight=False, soft_wrap=True)
 
 
-@runbook_app.command()
+@runbook_app.command(epilog="Example: deployctl runbook run standby-expired --dry-run")
 def run(
     name: str = typer.Argument(..., help="Runbook name (see `deployctl runbook list`)."),
     host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable); default: all."),

@@ -9,12 +9,12 @@ import typer
 from deployctl.cli._app import app, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-standby_app = typer.Typer(help="The previous release kept asleep on each host's other port (rollout.standby_s).",
+standby_app = typer.Typer(epilog="Example: deployctl standby stop --host gpu-a", help="The previous release kept asleep on each host's other port (rollout.standby_s).",
                           no_args_is_help=True)
 app.add_typer(standby_app, name="standby")
 
 
-@standby_app.command("stop")
+@standby_app.command("stop", epilog="Example: deployctl standby stop --host gpu-a --reason 'free the GPU'")
 def stop(config: Path = CONFIG,
          host: Optional[List[str]] = typer.Option(None, "--host", help="Only this host (repeat for more; default: every host)."),
          reason: str = typer.Option("", "--reason", help="Why, for the history record."),

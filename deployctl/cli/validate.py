@@ -57,7 +57,7 @@ def _targets(config: Optional[Path], url: Optional[str], host: Optional[str]):
     return f"http://{url_host(network_address(cfg.router_host()))}:{r.listen}", metrics, key, cfg
 
 
-@app.command("validate")
+@app.command("validate", epilog="Example: deployctl validate -c deploy.yaml --duration 10m --report report/")
 def validate(
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="deploy.yaml: the router's URL (or --host), the SLOs, the hosts' /metrics."),
     url: Optional[str] = typer.Option(None, "--url", help="Validate this server instead (base URL, e.g. http://127.0.0.1:8000)."),
