@@ -20,4 +20,4 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)

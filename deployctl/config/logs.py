@@ -19,7 +19,9 @@ MiB = 1024 * 1024
 
 
 class LogsConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     max_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=4096)] = 100 * MiB
+    """Size at which the runtime's log file is rotated (bytes or a size string)."""
     backup_count: int = Field(5, ge=1, le=100)
+    """How many rotated log files are kept."""

@@ -29,13 +29,18 @@ IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 
 class ServiceConfig(_Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    """The service's name: systemd unit, nginx upstream, state directory and k8s object names."""
 
 
 class ModelConfig(_Frozen):
     path: str
+    """The model directory (HF format) on each host."""
     manifest: str = "manifest.sha256"
+    """The sha256sum-format manifest of the weight files, relative to model.path (`deployctl manifest` writes it)."""
     served_name: Optional[str] = None
+    """The model name clients send; default: the model directory's basename."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations dtype; auto: the checkpoint's torch_dtype."""
 
     @property
     def name(self) -> str:
@@ -44,42 +49,65 @@ class ModelConfig(_Frozen):
 
 
 class EngineConfig(_Frozen):
-    # Which inference server runs (deployctl.engines.KINDS) and its pinned version (pip version on the hosts,
-    # image tag for the container targets; None: the bundled runtime's own wheel, or required for the others).
     kind: str = "deployctl-runtime"
+    """Which inference server runs (deployctl.engines.KINDS): deployctl-runtime, vllm, sglang, transformers, openai."""
     version: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+    """The engine's pinned version (pip version on the hosts, image tag for the container targets); default: the
+    bundled runtime's own wheel, required for the other engines.
+    """
     tensor_parallel_size: int = Field(1, ge=1, le=64)
-    extra_args: list[str] = Field(default_factory=list)  # flags deployctl does not model, passed as they are
+    """Tensor-parallel degree: GPUs per engine (hosts[].gpu is the first of them)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """flags deployctl does not model, passed as they are"""
     device: Literal["cuda", "cpu"] = "cuda"
+    """The device the engine runs on; cpu for tests and the demo."""
     max_model_len: int = Field(8192, ge=2)
+    """Longest sequence (prompt + output tokens) the engine accepts."""
     max_num_seqs: int = Field(64, gt=0)
+    """Most sequences the engine runs at once (`deployctl bench --apply` sets it below the measured knee)."""
     max_num_batched_tokens: int = Field(8192, gt=0)
+    """Most tokens one engine step schedules (chunked prefill's chunk budget)."""
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
+    """Share of the GPU's memory the engine may take (weights, reserve and KV pool)."""
     block_size: int = Field(16, gt=0, le=1024)
+    """Tokens per KV-cache block; a power of two."""
     enable_prefix_caching: bool = True
+    """Reuse the KV blocks of a prompt prefix already computed."""
     enable_chunked_prefill: bool = True
+    """Split long prefills into chunks scheduled beside decodes."""
     num_gpu_blocks_override: Optional[int] = Field(None, gt=0)
-    # KV pool budget in bytes on CPU (the runtime's --kv-cache-memory); on CUDA the budget is
-    # total × gpu_memory_utilization − weights − runtime_overhead.
+    """A fixed number of KV blocks instead of the one computed from the memory budget."""
     kv_cache_memory: Optional[ByteSize] = None
-    # The bundled runtime's reserve in the capacity plan on CUDA (it measures its activation peak and CUDA graphs
-    # at start; vLLM and SGLang are planned from their reserve parts, deployctl.engines.reserve).
+    """KV pool budget in bytes on CPU (the runtime's --kv-cache-memory); on CUDA the budget is total ×
+    gpu_memory_utilization − weights − runtime_overhead.
+    """
     runtime_overhead: ByteSize = 1536 * 1024 * 1024
-    # KV cache element type (vLLM --kv-cache-dtype; SGLang --kv-cache-dtype fp8_e4m3): fp8 halves bf16's bytes/token.
+    """The bundled runtime's reserve in the capacity plan on CUDA (it measures its activation peak and CUDA graphs at
+    start; vLLM and SGLang are planned from their reserve parts, deployctl.engines.reserve).
+    """
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    # No CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): the plan's CUDA-graph reserve is 0.
+    """KV cache element type (vLLM --kv-cache-dtype; SGLang --kv-cache-dtype fp8_e4m3): fp8 halves bf16's
+    bytes/token.
+    """
     enforce_eager: bool = False
-    # engine.kind openai: the server's command template, routes, metrics and stop (config/openai_server.py)
+    """No CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): the plan's CUDA-graph reserve is 0."""
     server: Optional[OpenAIServerConfig] = None
-    # The engine process's own variables (engines/processenv.py), all written to the release's 0600 runtime.env:
-    # plain ones, names whose values come from deployctl's environment (HF_TOKEN), and one cache directory per
-    # host shared by every release (HF hub, torch.compile/inductor, Triton, vLLM's compile cache).
+    """engine.kind openai: the server's command template, routes, metrics and stop (config/openai_server.py)"""
     env: dict[str, str] = Field(default_factory=dict)
+    """The engine process's own variables (engines/processenv.py), all written to the release's 0600 runtime.env:
+    plain ones, names whose values come from deployctl's environment (HF_TOKEN), and one cache directory per host
+    shared by every release (HF hub, torch.compile/inductor, Triton, vLLM's compile cache).
+    """
     secret_env: list[str] = Field(default_factory=list)
+    """Names of variables whose values come from deployctl's environment (HF_TOKEN), written to runtime.env."""
     cache_dir: Optional[str] = None
-    # seconds for a host to pip-install a pinned engine into its shared venv (rollout/release.py ENGINE_INSTALL:
-    # once per host and version; vLLM with its torch is several GB)
+    """One cache directory per host shared by every release (HF hub, torch.compile/inductor, Triton, vLLM's compile
+    cache); default: none set.
+    """
     install_timeout_s: float = Field(1800, gt=0, le=MAX_SECONDS)
+    """seconds for a host to pip-install a pinned engine into its shared venv (rollout/release.py ENGINE_INSTALL:
+    once per host and version; vLLM with its torch is several GB)
+    """
 
     @field_validator("kind")
     @classmethod
@@ -115,29 +143,43 @@ ENGINE_STALL_TIMEOUT_S = 120.0  # the bundled runtime's own default (--engine-st
 
 class ServerConfig(_Frozen):
     bind: str = "127.0.0.1"
+    """Address the runtime listens on."""
     port: int = Field(8080, ge=1, le=65535)
+    """Port the runtime listens on (hosts[].server_port overrides it per host)."""
     api_key_env: Optional[str] = None
-    # During a key rotation: a second key the runtime accepts beside api_key_env's (deployctl's own probes send
-    # api_key_env's). docs/runbook-api-key-rotation.md
+    """Name of the environment variable holding the API key the runtime requires; default: no key."""
     next_api_key_env: Optional[str] = None
+    """During a key rotation: a second key the runtime accepts beside api_key_env's (deployctl's own probes send
+    api_key_env's). docs/runbook-api-key-rotation.md
+    """
     request_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS)
+    """Longest a request may take before the runtime ends it."""
     max_queued_requests: int = Field(256, gt=0)
-    # Per-request caps (the runtime's --max-prompt-tokens / --max-completion-tokens: 400 above them; an omitted
-    # max_tokens defaults to min(remaining context, max_completion_tokens)). The plan sizes a request's worst case on them.
+    """Requests the runtime queues beyond max_num_seqs before it answers 429."""
     max_prompt_tokens: Optional[int] = Field(None, gt=0)
+    """Per-request caps (the runtime's --max-prompt-tokens / --max-completion-tokens: 400 above them; an omitted
+    max_tokens defaults to min(remaining context, max_completion_tokens)). The plan sizes a request's worst case
+    on them.
+    """
     max_completion_tokens: Optional[int] = Field(None, gt=0)
+    """Cap on a request's max_tokens; default: max_model_len minus the prompt."""
     drain_timeout_s: float = Field(30, gt=0, le=MAX_SECONDS)
-    # Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s
-    # startup probe budget and the container healthcheck's start period.
+    """On stop, seconds the runtime lets in-flight requests finish before it exits."""
     startup_timeout_s: float = Field(600, gt=0, le=MAX_SECONDS)
+    """Longest expected start (weights load + KV allocation + warm-up): systemd TimeoutStartSec, the k8s startup
+    probe budget and the container healthcheck's start period.
+    """
     log_prompts: bool = False
-    # The runtime's SSE comment interval while a stream waits (queue, long prefill); 0: off. Below
-    # request_timeout_s, so below nginx's proxy_read_timeout (request_timeout_s + 30 s).
+    """Write prompts and completions to the runtime's log (off: only counts and timings)."""
     sse_keepalive_s: float = Field(15, ge=0, le=MAX_SECONDS)
-    # The bundled runtime's progress watchdog: with requests open and no engine step completed for this long it
-    # answers 503 engine_stalled and exits 4 (its supervisor restarts it); the systemd unit's WatchdogSec= is this
-    # plus render.release.WATCHDOG_MARGIN_S (the runtime pings WATCHDOG=1 from its engine loop). 0: both off.
+    """The runtime's SSE comment interval while a stream waits (queue, long prefill); 0: off. Below
+    request_timeout_s, so below nginx's proxy_read_timeout (request_timeout_s + 30 s).
+    """
     engine_stall_timeout_s: float = Field(ENGINE_STALL_TIMEOUT_S, ge=0, le=MAX_SECONDS)
+    """The bundled runtime's progress watchdog: with requests open and no engine step completed for this long it
+    answers 503 engine_stalled and exits 4 (its supervisor restarts it); the systemd unit's WatchdogSec= is this
+    plus render.release.WATCHDOG_MARGIN_S (the runtime pings WATCHDOG=1 from its engine loop). 0: both off.
+    """
 
     @model_validator(mode="after")
     def _keepalive_below_timeout(self) -> "ServerConfig":
@@ -157,42 +199,63 @@ class ServerConfig(_Frozen):
 
 class HostConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    address: str  # "local" runs on this machine without SSH
+    """The host's name in deployctl's output and commands (--host NAME)."""
+    address: str
+    """"local" runs on this machine without SSH"""
     user: Optional[str] = Field(None, pattern=USER_PATTERN)
+    """SSH user; default: the current user or ~/.ssh/config's."""
     port: int = Field(22, ge=1, le=65535)
+    """SSH port."""
     deploy_root: str
+    """Directory on the host under which releases, state and the shared venvs live."""
     python: str = "python3"
+    """The host's Python interpreter that creates the runtime's venv."""
     launcher: Literal["systemd", "process"] = "systemd"
+    """How the runtime is supervised: a systemd unit, or a process started by launch.sh."""
     gpu: int = Field(0, ge=0)
-    gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None  # GPU ids for tensor parallelism; default [gpu]
-    ssh_key: Optional[str] = None  # private key file; default: ssh agent / ~/.ssh
-    sudo_password_env: Optional[str] = None  # env var holding the sudo password; default: sudo -n
+    """The first GPU index the engine uses on this host."""
+    gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    """GPU ids for tensor parallelism; default [gpu]"""
+    ssh_key: Optional[str] = None
+    """private key file; default: ssh agent / ~/.ssh"""
+    sudo_password_env: Optional[str] = None
+    """env var holding the sudo password; default: sudo -n"""
     connect_timeout_s: float = Field(10, gt=0, le=MAX_SECONDS)
-    # SSH channels deployctl opens at once on its connection to this host (one is SFTP's, the rest commands; more
-    # wait for a free one): keep it at or below sshd's MaxSessions there (OpenSSH's default 10)
+    """Seconds to wait for an SSH connection to open."""
     max_channels: int = Field(8, ge=2, le=1000)
-    # SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
-    # that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
-    # ServerAliveInterval / ServerAliveCountMax)
+    """SSH channels deployctl opens at once on its connection to this host (one is SFTP's, the rest commands; more
+    wait for a free one): keep it at or below sshd's MaxSessions there (OpenSSH's default 10)
+    """
     keepalive_interval_s: Annotated[float, BeforeValidator(parse_duration)] = 15
+    """SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
+    that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
+    ServerAliveInterval / ServerAliveCountMax)
+    """
     keepalive_count: int = Field(3, ge=2, le=100)
-    server_port: Optional[int] = Field(None, ge=1, le=65535)  # the runtime's port on this host; default server.port
-    # a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
-    # there beside the one serving, switches the router over, then drains the old one; the two ports alternate
+    """Keepalives without an answer before SSH gives the connection up."""
+    server_port: Optional[int] = Field(None, ge=1, le=65535)
+    """the runtime's port on this host; default server.port"""
     spare_port: Optional[int] = Field(None, ge=1, le=65535)
-    # the distributed-init (rendezvous) port of a multi-GPU engine (tensor_parallel_size > 1: SGLang --nccl-port,
-    # vLLM VLLM_PORT); default server_port + 20000 (engines.command.dist_port)
+    """a second port for the runtime (process launcher, bundled runtime): a rollback starts the restored release
+    there beside the one serving, switches the router over, then drains the old one; the two ports alternate
+    """
     dist_port: Optional[int] = Field(None, ge=1, le=65535)
+    """the distributed-init (rendezvous) port of a multi-GPU engine (tensor_parallel_size > 1: SGLang --nccl-port,
+    vLLM VLLM_PORT); default server_port + 20000 (engines.command.dist_port)
+    """
     # the port the runtime listens on now when that is not the configured one (after a rollback onto
     # spare_port): state read from the host (deployctl.service.launcher.load_port), never from deploy.yaml
     _active_port: Optional[int] = PrivateAttr(None)
-    # several engines side by side on this machine (config/replicas.py: expanded into one entry per replica before
-    # validation); ``replica``: this entry's index among them (its unit is <service>-r<replica>.service)
     replicas: int = Field(1, ge=1, le=64)
+    """several engines side by side on this machine (config/replicas.py: expanded into one entry per replica before
+    validation); ``replica``: this entry's index among them (its unit is <service>-r<replica>.service)
+    """
     replica: Optional[int] = Field(None, ge=0, le=63)
-    # set by config/replicas.py on replica 0: GPU ids the entry listed beyond replicas × tensor_parallel_size (no
-    # replica gets them; preflight's gpus check warns)
+    """This entry's index among the replicas of one machine (set by the expansion of `replicas`)."""
     idle_gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    """set by config/replicas.py on replica 0: GPU ids the entry listed beyond replicas × tensor_parallel_size (no
+    replica gets them; preflight's gpus check warns)
+    """
 
     @field_validator("deploy_root")
     @classmethod
@@ -243,27 +306,41 @@ DISK_WARN_BYTES = 5 * 2**30
 class SloConfig(_Frozen):
     """Service-level objectives behind the rendered Prometheus alert rules (seconds, shares 0–1, minutes)."""
 
-    ttft_p99_s: float = Field(2.0, gt=0)  # P99 time to first token
-    tpot_p99_s: float = Field(0.1, gt=0)  # P99 time per output token after the first
+    ttft_p99_s: float = Field(2.0, gt=0)
+    """P99 time to first token"""
+    tpot_p99_s: float = Field(0.1, gt=0)
+    """P99 time per output token after the first"""
     max_error_rate: float = Field(0.01, gt=0, le=1)
+    """The canary's largest error rate (share of failed requests) before the rollout aborts."""
     max_kv_cache_usage: float = Field(0.85, gt=0, le=1)
+    """Highest KV-cache usage (0–1) the service should run at; alert and bench threshold."""
     max_rejected_length_share: float = Field(0.001, gt=0, le=1)
-    prometheus_job: Optional[str] = None  # the scrape job of the runtimes; default: service.name
-    # P99 arrival-to-last-token; None: no E2E alert (E2E grows with the answer's length, so only a service whose
-    # answers have a known bound has a useful objective)
+    """Highest share of requests rejected for their length (prompt + max_tokens over max_model_len) before an alert."""
+    prometheus_job: Optional[str] = None
+    """the scrape job of the runtimes; default: service.name"""
     e2e_p99_s: Optional[float] = Field(None, gt=0)
-    down_for_m: int = Field(5, ge=1, le=1440)  # a runtime (or the whole service) down this long alerts
-    prometheus_node_job: str = Field("node", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # node_exporter's job (disk alerts)
-    prometheus_router_job: str = Field("mtail", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # mtail over the router's log
-    prometheus_gpu_job: str = Field("dcgm", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")  # dcgm-exporter (CUDA hosts)
+    """P99 arrival-to-last-token; None: no E2E alert (E2E grows with the answer's length, so only a service whose
+    answers have a known bound has a useful objective)
+    """
+    down_for_m: int = Field(5, ge=1, le=1440)
+    """a runtime (or the whole service) down this long alerts"""
+    prometheus_node_job: str = Field("node", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")
+    """node_exporter's job (disk alerts)"""
+    prometheus_router_job: str = Field("mtail", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")
+    """mtail over the router's log"""
+    prometheus_gpu_job: str = Field("dcgm", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")
+    """dcgm-exporter (CUDA hosts)"""
 
 
 class ContainerConfig(_Frozen):
     """Container and Kubernetes targets."""
 
-    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: deployctl/<service>:<release_id>
-    base_image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)  # default: a CUDA runtime image on cuda, python slim on cpu
+    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)
+    """default: deployctl/<service>:<release_id>"""
+    base_image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)
+    """default: a CUDA runtime image on cuda, python slim on cpu"""
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Kubernetes namespace of the rendered manifests."""
 
 
 class CapacityConfig(_Frozen):
@@ -271,20 +348,32 @@ class CapacityConfig(_Frozen):
     usable sessions per replica = floor(sessions × (1 − margin))."""
 
     margin: float = Field(0.25, ge=0, lt=1)
+    """Headroom the capacity plan adds on top of the traffic profile (0.25: plan for 25% more)."""
 
 
 class DeployConfig(_Frozen):
     service: ServiceConfig
+    """service: the service's identity."""
     model: ModelConfig
+    """model: the checkpoint served."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """engine: which inference server runs and its settings."""
     server: ServerConfig = Field(default_factory=ServerConfig)
+    """server: the runtime's listener, limits and keys."""
     hosts: list[HostConfig] = Field(min_length=1)
+    """hosts: the GPU hosts the service runs on (at least one)."""
     router: Optional[RouterConfig] = None
+    """router: the nginx router in front of the hosts; default: none."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """rollout: canary steps, analysis, standby and releases kept."""
     slo: SloConfig = Field(default_factory=SloConfig)
+    """slo: the service's latency and error objectives (alerts, analysis, bench)."""
     container: ContainerConfig = Field(default_factory=ContainerConfig)
+    """container: the container image settings for --target container|k8s|k8s-rollout."""
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    """capacity: the capacity plan's settings."""
     logs: LogsConfig = Field(default_factory=LogsConfig)
+    """logs: the runtime's log rotation."""
 
     @model_validator(mode="before")
     @classmethod

@@ -27,10 +27,13 @@ _SECRET_WORDS = ("--api-key", "--api-key-file", "api_key")
 class ErrorShareSpec(BaseModel):
     """A counter of the server's requests and the label matchers (PromQL, no braces) selecting the failed ones."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
     counter: str = Field(pattern=_METRIC)
+    """The Prometheus counter of the server's requests."""
     errors: str = Field(min_length=1, max_length=200)
+    """Label matchers (PromQL, no braces) selecting the failed requests on that counter."""
     total: str = Field("", max_length=200)
+    """Label matchers selecting the requests counted as the total; default: every request."""
 
 
 class OpenAIServerConfig(BaseModel):
@@ -40,28 +43,49 @@ class OpenAIServerConfig(BaseModel):
     a signal deployctl cannot judge it on. ``distribution`` (optional): a pip distribution pinned by
     engine.version, installed per release like vLLM's; without it ``{python}`` is hosts[].python."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
     command: list[str] = Field(min_length=1, max_length=200)
+    """The server's command template ({python}, {bin} and the settings as placeholders)."""
     distribution: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-    module: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,99}$")  # import name; default distribution
-    image: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")  # tag: engine.version
+    """A pip distribution pinned by engine.version, installed per release; default: none (`{python}` is
+    hosts[].python).
+    """
+    module: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,99}$")
+    """import name; default distribution"""
+    image: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")
+    """tag: engine.version"""
     ready_route: str = Field("/health", pattern=_ROUTE)
-    live_route: Optional[str] = Field(None, pattern=_ROUTE)  # default ready_route
-    metrics_route: Optional[str] = Field(None, pattern=_ROUTE)  # None: the server exports no metrics
+    """The route that answers 200 once the server takes requests."""
+    live_route: Optional[str] = Field(None, pattern=_ROUTE)
+    """default ready_route"""
+    metrics_route: Optional[str] = Field(None, pattern=_ROUTE)
+    """None: the server exports no metrics"""
     metrics: dict[str, str] = Field(default_factory=dict)
+    """Metric role (ttft, tpot, itl, e2e, queue_time, kv_usage, waiting, running, preemptions, success, rejected) ->
+    the server's Prometheus name; a role left out is a signal deployctl cannot judge it on.
+    """
     error_share: Optional[ErrorShareSpec] = None
-    api_key_env: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")  # env var it reads its key from
+    """How the share of failed requests is read from the server's metrics; default: not judged."""
+    api_key_env: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+    """env var it reads its key from"""
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGQUIT"] = "SIGTERM"
-    # the stop signal lets in-flight requests finish (False: it cuts them; a pod waits out the drain in preStop)
+    """The signal that stops the server."""
     sigterm_drains: bool = True
-    drain: str = Field("declared in deploy.yaml (engine.server)", max_length=400)  # what the stop does, in words
-    stop_overhead_s: int = Field(0, ge=0, le=3600)  # seconds it takes to exit after its drain
-    probe_timeout_s: int = Field(5, ge=1, le=600)  # seconds one readiness probe may take
-    ready_log: str = Field("", max_length=200)  # a line its start-up log prints once it serves
-    # its HTTP keep-alive timeout in seconds (nginx's is set below it); 5: uvicorn's default, the common case
+    """the stop signal lets in-flight requests finish (False: it cuts them; a pod waits out the drain in preStop)"""
+    drain: str = Field("declared in deploy.yaml (engine.server)", max_length=400)
+    """what the stop does, in words"""
+    stop_overhead_s: int = Field(0, ge=0, le=3600)
+    """seconds it takes to exit after its drain"""
+    probe_timeout_s: int = Field(5, ge=1, le=600)
+    """seconds one readiness probe may take"""
+    ready_log: str = Field("", max_length=200)
+    """a line its start-up log prints once it serves"""
     keep_alive_s: float = Field(5.0, gt=0, le=3600)
-    sse_done: bool = True  # streams end with data: [DONE]
-    model_name_is_path: bool = False  # clients must name the model by its path (model.served_name: model.path)
+    """its HTTP keep-alive timeout in seconds (nginx's is set below it); 5: uvicorn's default, the common case"""
+    sse_done: bool = True
+    """streams end with data: [DONE]"""
+    model_name_is_path: bool = False
+    """clients must name the model by its path (model.served_name: model.path)"""
 
     @field_validator("command")
     @classmethod

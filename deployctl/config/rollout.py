@@ -15,21 +15,34 @@ class OutputsConfig(_Frozen):
     any client traffic, and at every step."""
 
     enabled: bool = True
-    prompts: Optional[str] = None  # JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped
+    """Ask the golden prompts of canary and stable and judge the answers."""
+    prompts: Optional[str] = None
+    """JSON-lines file of {"messages": [...]} or {"prompt": "..."}; default: 16 shipped"""
     max_tokens: int = Field(32, ge=1, le=4096)
+    """Tokens per golden answer (greedy)."""
     timeout_s: float = Field(60, gt=0, le=3600)
-    min_exact_share: float = Field(1.0, ge=0, le=1)  # same engine and dtype: share of prompts answered identically
-    min_prefix_tokens: int = Field(8, ge=1)  # across engines or dtypes: tokens that must agree from the start
+    """Seconds for each golden prompt's answer."""
+    min_exact_share: float = Field(1.0, ge=0, le=1)
+    """same engine and dtype: share of prompts answered identically"""
+    min_prefix_tokens: int = Field(8, ge=1)
+    """across engines or dtypes: tokens that must agree from the start"""
     min_prefix_share: float = Field(0.9, ge=0, le=1)
-    # weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
-    # re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on purpose)
+    """Across engines or dtypes: share of prompts whose answers agree for min_prefix_tokens."""
     on_model_change: Literal["check", "skip"] = "check"
-    # the answers differ from stable's (the agreement rule failed, nothing degenerate): "abort" the rollout (exit 6),
-    # or "report": record the differences in the rollout's verdicts and history and go on
+    """weights changed (manifest of the weight files differs): "check" still requires agreement (a re-converted or
+    re-downloaded checkpoint should answer the same), "skip" runs only the degenerate checks (new weights on
+    purpose)
+    """
     on_change: Literal["abort", "report"] = "abort"
-    max_repeats: int = Field(8, ge=2)  # a token or n-gram (n <= 4) repeated this many times back to back
+    """the answers differ from stable's (the agreement rule failed, nothing degenerate): "abort" the rollout (exit
+    6), or "report": record the differences in the rollout's verdicts and history and go on
+    """
+    max_repeats: int = Field(8, ge=2)
+    """a token or n-gram (n <= 4) repeated this many times back to back"""
     min_length_ratio: float = Field(0.5, ge=0)
+    """Shortest answer, as a share of stable's length, before it counts as degenerate."""
     max_length_ratio: float = Field(2.0, gt=0)
+    """Longest answer, as a multiple of stable's length, before it counts as degenerate."""
 
 
 class ProbesConfig(_Frozen):
@@ -37,35 +50,52 @@ class ProbesConfig(_Frozen):
     host during each analysis window, timed on the client."""
 
     enabled: bool = True
-    requests: int = Field(4, ge=0, le=1000)  # per host and window
+    """Send active probes during each analysis window."""
+    requests: int = Field(4, ge=0, le=1000)
+    """per host and window"""
     max_tokens: int = Field(8, ge=2, le=1024)
+    """Tokens per probe request."""
     timeout_s: float = Field(30, gt=0, le=3600)
-    min_samples: int = Field(3, ge=1)  # successful probes per side before probe latencies are judged
+    """Seconds for each probe request."""
+    min_samples: int = Field(3, ge=1)
+    """successful probes per side before probe latencies are judged"""
 
 
 class AnalysisConfig(_Frozen):
     interval_s: float = Field(30, gt=0, le=MAX_SECONDS)
+    """Seconds between two analysis verdicts during a canary step."""
     min_requests: int = Field(20, ge=1)
+    """Client requests per side in a window before the canary's metrics are judged (fewer: inconclusive)."""
     max_error_rate: float = Field(0.01, ge=0, le=1)
+    """Largest canary error rate (share of failed requests) in a window."""
     max_p99_ttft_ratio: float = Field(2.0, gt=0)
+    """Largest canary P99 TTFT as a multiple of stable's."""
     max_p99_tpot_ratio: float = Field(2.0, gt=0)
-    # A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it,
-    # the difference is bucket resolution and noise).
+    """Largest canary P99 TPOT as a multiple of stable's."""
     min_p99_delta_s: float = Field(0.01, ge=0)
-    # A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until
-    # it holds enough. Counted from the canary's TTFT histogram.
+    """A P99 ratio over its limit fails only when canary − stable also exceeds this many seconds (below it, the
+    difference is bucket resolution and noise).
+    """
     min_latency_samples: int = Field(5, ge=1)
-    # this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause.
-    # When every window of the streak lacked client traffic (min_client_requests) the rollout aborts instead.
+    """A canary P99 from fewer latency samples than this is noise: the window stays open (inconclusive) until it
+    holds enough. Counted from the canary's TTFT histogram.
+    """
     inconclusive_limit: int = Field(5, ge=0)
-    # The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does
-    # (a fleet slow as a whole, or 100% against an old baseline).
-    max_slo_factor: float = Field(1.0, strict=True)  # strict: true is no factor
-    # Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
-    # pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
+    """this many inconclusive windows in a row pause the rollout for a human (promote or abort); 0: never pause. When
+    every window of the streak lacked client traffic (min_client_requests) the rollout aborts instead.
+    """
+    max_slo_factor: float = Field(1.0, strict=True)
+    """The canary's own P99 TTFT / TPOT / E2E fail a window over slo.*_p99_s × this factor, whatever stable does (a
+    fleet slow as a whole, or 100% against an old baseline). strict: true is no factor
+    """
     min_client_requests: int = Field(1, ge=0)
+    """Client requests (via the router, deployctl's probes not counted) the canary must serve in a window for it to
+    pass: below, the window is inconclusive even when the probes pass; 0: probes alone may promote.
+    """
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    """Golden outputs asked of canary and stable."""
     probes: ProbesConfig = Field(default_factory=ProbesConfig)
+    """Active probes sent to canary and stable hosts."""
 
     @field_validator("max_slo_factor")
     @classmethod
@@ -81,8 +111,10 @@ class RolloutStep(_Frozen):
     """One canary step: the canary's share of traffic (percent) and how long the analysis holds it there
     (``pause``: a duration, e.g. ``30s``, ``5m``, ``24h``; None: rollout.pause_s)."""
 
-    weight: int = Field(ge=1, le=100, strict=True)  # strict: yes/true and '5' are no percentage (YAML lax casts)
+    weight: int = Field(ge=1, le=100, strict=True)
+    """strict: yes/true and '5' are no percentage (YAML lax casts)"""
     pause: Optional[Duration] = None
+    """How long this step lasts before the next one; default: until `deployctl promote`."""
 
 
 def _step_form(v: Any) -> Any:
@@ -106,29 +138,39 @@ def _step_form(v: Any) -> Any:
 
 class RolloutConfig(_Frozen):
     canary_hosts: int = Field(1, ge=1)
-    # percentages, or {weight, pause} per step (e.g. [{weight: 5, pause: 24h}, {weight: 100, pause: 5m}])
+    """Hosts that take the canary's first step."""
     steps: Annotated[list[RolloutStep], BeforeValidator(_step_form)] = Field(
         default_factory=lambda: [RolloutStep(weight=w) for w in (5, 25, 50, 100)])
-    pause_s: Duration = 300  # the analysis pause of a step without its own ``pause``
+    """percentages, or {weight, pause} per step (e.g. [{weight: 5, pause: 24h}, {weight: 100, pause: 5m}])"""
+    pause_s: Duration = 300
+    """the analysis pause of a step without its own ``pause``"""
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
+    """The canary analysis: thresholds, golden outputs and probes."""
     keep_releases: int = Field(5, ge=2)
-    # Seconds the previous release stays asleep on every host after a promotion (a rollback inside the window
-    # wakes it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep
-    # mode (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
+    """Releases kept on each host (older ones are removed); at least 2 so that a rollback has somewhere to go."""
     standby_s: Duration = 86400
-    # When the next release does not fit on the GPU beside the sleeping standby's measured residue (rollout.residue):
-    # drop: stop the standby first, say so, start cold (no standby this time); fail: refuse before anything changes.
+    """Seconds the previous release stays asleep on every host after a promotion (a rollback inside the window wakes
+    it); 0: no standby (today's stop + cold start). Default 24 h: one business peak. Engines without a sleep mode
+    (engines.Adapter.sleep None, e.g. transformers) fall back to the cold start whatever this says.
+    """
     standby_misfit: Literal["drop", "fail"] = "drop"
-    # Seconds the old release gets to finish its in-flight requests (out of the router) before it sleeps; unset:
-    # server.drain_timeout_s. Past it: no standby (said in the deploy's output, status and history).
+    """When the next release does not fit on the GPU beside the sleeping standby's measured residue
+    (rollout.residue): drop: stop the standby first, say so, start cold (no standby this time); fail: refuse
+    before anything changes.
+    """
     standby_drain_s: Optional[Duration] = None
-    # Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
-    # the bound of deployctl's pool of SSH workers.
+    """Seconds the old release gets to finish its in-flight requests (out of the router) before it sleeps; unset:
+    server.drain_timeout_s. Past it: no standby (said in the deploy's output, status and history).
+    """
     parallel_hosts: int = Field(8, ge=1, le=256, strict=True)
-    # Hosts out of nginx at once while the roll after the canary's last step restarts the stable hosts: a count or
-    # "N%" of all hosts (rounded down, at least 1), as Kubernetes' maxUnavailable. Unset: the canary's host count,
-    # or a quarter of the fleet when that is more (rollout/plan.py).
+    """Hosts worked on at once by every fleet-wide step (upload, status, rollback's starts, each batch's restarts):
+    the bound of deployctl's pool of SSH workers.
+    """
     max_unavailable: Optional[int | str] = None
+    """Hosts out of nginx at once while the roll after the canary's last step restarts the stable hosts: a count or
+    "N%" of all hosts (rounded down, at least 1), as Kubernetes' maxUnavailable. Unset: the canary's host count,
+    or a quarter of the fleet when that is more (rollout/plan.py).
+    """
 
     @field_validator("max_unavailable", mode="before")
     @classmethod

@@ -23,60 +23,87 @@ _NAME = re.compile(r"^(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class TlsConfig(_Frozen):
     """HTTPS at the router: nginx serves ``router.listen`` with TLS 1.2/1.3 and HTTP/2."""
 
-    certificate: str = Field(pattern=NGINX_PATH_PATTERN)  # PEM chain (leaf first) on the router host
-    key: str = Field(pattern=NGINX_PATH_PATTERN)  # PEM private key on the router host
-    # plain HTTP on http_listen: true answers 308 to https://server_name (POST stays POST), false: nothing listens
+    certificate: str = Field(pattern=NGINX_PATH_PATTERN)
+    """PEM chain (leaf first) on the router host"""
+    key: str = Field(pattern=NGINX_PATH_PATTERN)
+    """PEM private key on the router host"""
     redirect_http: bool = False
+    """plain HTTP on http_listen: true answers 308 to https://server_name (POST stays POST), false: nothing listens"""
     http_listen: int = Field(80, ge=1, le=65535)
-    # the Prometheus job of the blackbox_exporter probing https://server_name (alert DeployctlCertificateExpiry*)
+    """Port of the plain-HTTP server that redirects to HTTPS (and serves ACME challenges)."""
     probe_job: str = Field("blackbox", pattern=r"^[A-Za-z0-9_:.-]{1,128}$")
+    """the Prometheus job of the blackbox_exporter probing https://server_name (alert DeployctlCertificateExpiry*)"""
 
 
 class LimitsConfig(_Frozen):
     """Per-client limits at the router (nginx limit_req / limit_conn). Over a limit: 429 in OpenAI's error shape
     with Retry-After."""
 
-    # a client: its address, or its Authorization header (requests without one are not limited: nginx skips empty
-    # keys; the runtime answers them 401 when it has API keys)
     key: Literal["remote_addr", "api_key"] = "remote_addr"
-    requests_per_s: Optional[float] = Field(None, gt=0, le=100000)  # limit_req rate per client
-    burst: int = Field(0, ge=0, le=100000)  # requests over the rate accepted at once before 429 (nodelay)
-    connections: Optional[int] = Field(None, ge=1, le=100000)  # limit_conn: open requests per client
-    zone_size: str = Field("10m", pattern=r"^[1-9][0-9]{0,5}[km]$")  # shared memory per zone (10m: ~160k clients)
+    """a client: its address, or its Authorization header (requests without one are not limited: nginx skips empty
+    keys; the runtime answers them 401 when it has API keys)
+    """
+    requests_per_s: Optional[float] = Field(None, gt=0, le=100000)
+    """limit_req rate per client"""
+    burst: int = Field(0, ge=0, le=100000)
+    """requests over the rate accepted at once before 429 (nodelay)"""
+    connections: Optional[int] = Field(None, ge=1, le=100000)
+    """limit_conn: open requests per client"""
+    zone_size: str = Field("10m", pattern=r"^[1-9][0-9]{0,5}[km]$")
+    """shared memory per zone (10m: ~160k clients)"""
 
 
 class RouterConfig(_Frozen):
     kind: Literal["nginx"] = "nginx"
-    host: str = "local"  # a host name from hosts:, "local", or an address reached over SSH
-    user: Optional[str] = Field(None, pattern=USER_PATTERN)  # SSH settings when host is an address, not a name from hosts:
+    """The router's software; only nginx."""
+    host: str = "local"
+    """a host name from hosts:, "local", or an address reached over SSH"""
+    user: Optional[str] = Field(None, pattern=USER_PATTERN)
+    """SSH settings when host is an address, not a name from hosts:"""
     port: int = Field(22, ge=1, le=65535)
+    """SSH port of the router host when host is an address."""
     ssh_key: Optional[str] = None
+    """SSH private key for the router host when host is an address."""
     listen: int = Field(80, ge=1, le=65535)
-    listen_address: Optional[str] = None  # e.g. 127.0.0.1; default: every address
+    """Port nginx listens on for clients."""
+    listen_address: Optional[str] = None
+    """e.g. 127.0.0.1; default: every address"""
     upstream_conf: str
-    nginx_conf: Optional[str] = None  # main nginx.conf for `nginx -t -c`; default: nginx's own
-    nginx_prefix: Optional[str] = None  # `nginx -p`; default: nginx's own
-    access_log: Optional[str] = None  # JSON access log read by canary analysis
-    server_name: Optional[str] = None  # the name clients use (nginx server_name; required with tls)
+    """Path of the nginx include file deployctl writes the upstream and split into."""
+    nginx_conf: Optional[str] = None
+    """main nginx.conf for `nginx -t -c`; default: nginx's own"""
+    nginx_prefix: Optional[str] = None
+    """`nginx -p`; default: nginx's own"""
+    access_log: Optional[str] = None
+    """JSON access log read by canary analysis"""
+    server_name: Optional[str] = None
+    """the name clients use (nginx server_name; required with tls)"""
     tls: Optional[TlsConfig] = None
-    # nginx max_conns on every upstream server: requests beyond it on every host get 429 (deployctl bench --apply
-    # sets it below the measured knee)
+    """TLS at the router: certificate, key and the HTTP redirect; default: plain HTTP."""
     max_conns_per_host: Optional[int] = Field(None, ge=1, le=100000)
-    retry_after_s: int = Field(1, ge=1, le=3600)  # Retry-After of the router's 429s
+    """nginx max_conns on every upstream server: requests beyond it on every host get 429 (deployctl bench --apply
+    sets it below the measured knee)
+    """
+    retry_after_s: int = Field(1, ge=1, le=3600)
+    """Retry-After of the router's 429s"""
     limits: Optional[LimitsConfig] = None
-    # failover (deployctl.render.failover): a server that fails max_fails connects within fail_timeout_s is left
-    # out for fail_timeout_s; 0 never marks it down
+    """Per-client rate and connection limits at the router; default: none."""
     max_fails: int = Field(1, ge=0, le=100)
+    """failover (deployctl.render.failover): a server that fails max_fails connects within fail_timeout_s is left out
+    for fail_timeout_s; 0 never marks it down
+    """
     fail_timeout_s: int = Field(10, ge=1, le=3600)
-    # nginx's upstream keepalive_timeout: idle connections to the engines are closed after this; the engine's own
-    # keep-alive is rendered longer (deployctl.engines.keepalive)
+    """Seconds a server failing max_fails connects is left out."""
     keepalive_timeout_s: float = Field(60, gt=0, le=3600)
+    """nginx's upstream keepalive_timeout: idle connections to the engines are closed after this; the engine's own
+    keep-alive is rendered longer (deployctl.engines.keepalive)
+    """
 
     def exposure(self) -> Optional[str]:
         """Where nginx publishes the service beyond loopback, as ``ADDRESS:PORT`` (``*:PORT ...`` when
