@@ -353,27 +353,27 @@ class CapacityConfig(_Frozen):
 
 class DeployConfig(_Frozen):
     service: ServiceConfig
-    """service: the service's identity."""
+    """The service's identity."""
     model: ModelConfig
-    """model: the checkpoint served."""
+    """The checkpoint served."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    """engine: which inference server runs and its settings."""
+    """Which inference server runs and its settings."""
     server: ServerConfig = Field(default_factory=ServerConfig)
-    """server: the runtime's listener, limits and keys."""
+    """The runtime's listener, limits and keys."""
     hosts: list[HostConfig] = Field(min_length=1)
-    """hosts: the GPU hosts the service runs on (at least one)."""
+    """The GPU hosts the service runs on (at least one)."""
     router: Optional[RouterConfig] = None
-    """router: the nginx router in front of the hosts; default: none."""
+    """The nginx router in front of the hosts; default: none."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    """rollout: canary steps, analysis, standby and releases kept."""
+    """Canary steps, analysis, standby and releases kept."""
     slo: SloConfig = Field(default_factory=SloConfig)
-    """slo: the service's latency and error objectives (alerts, analysis, bench)."""
+    """The service's latency and error objectives (alerts, analysis, bench)."""
     container: ContainerConfig = Field(default_factory=ContainerConfig)
-    """container: the container image settings for --target container|k8s|k8s-rollout."""
+    """The container image settings for --target container|k8s|k8s-rollout."""
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
-    """capacity: the capacity plan's settings."""
+    """The capacity plan's settings."""
     logs: LogsConfig = Field(default_factory=LogsConfig)
-    """logs: the runtime's log rotation."""
+    """The runtime's log rotation."""
 
     @model_validator(mode="before")
     @classmethod
