@@ -3,7 +3,6 @@ the checked-in pages equal a fresh render, a model field added without regenerat
 description stops the generator, and every command's --help ends with one example."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,9 @@ import typer
 from pydantic import Field
 from typer.testing import CliRunner
 
+from support.docs_gen import gen
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("docs_gen", ROOT / "docs" / "gen.py")
-gen = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gen)
 
 
 def test_checked_in_pages_equal_a_fresh_render():

@@ -11,7 +11,7 @@ from deployctl.cli._app import app, err_console, escape, out_console, print_json
 
 
 
-@app.command(epilog="Example: deployctl init /models/llama-3-8b > deploy.yaml")
+@app.command(epilog="Example: deployctl init /models/llama-3-8b --out deploy.yaml")
 def init(
     model_dir: Path = typer.Argument(..., help="HF model directory with config.json."),
     out: Path = typer.Option(Path("deploy.yaml"), "--out", "-o", help="Where to write deploy.yaml."),
