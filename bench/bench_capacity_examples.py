@@ -1,4 +1,4 @@
-"""The README's `deployctl plan --profile` examples, run for real (no GPU: --gpu-memory gives NVML's total).
+"""The `deployctl plan --profile` examples of docs/capacity.md, run for real (no GPU: --gpu-memory gives NVML's total).
 
 Usage: python bench/bench_capacity_examples.py
 1. A 7B (Llama-2-7B shape: 32 layers, 32 KV heads, fp16) with a 16k context and 8 users at the profile

@@ -1,7 +1,7 @@
 """Hand arithmetic of the capacity plan for published model shapes × TP × GPU, written from the engines' sources
 (not from deployctl's code: this script imports nothing of deployctl). Writes tests/data/capacity_published_vectors.json,
 which tests/deployctl/capacity/test_published_vectors.py compares `deployctl plan` against, and prints the table
-README's capacity section quotes.
+docs/capacity.md quotes.
 
 Usage: python bench/bench_capacity_vectors.py [--write]
 
