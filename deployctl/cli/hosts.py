@@ -9,7 +9,10 @@ import typer
 from deployctl.cli._app import app, err_console, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON, seconds
 
-hosts_app = typer.Typer(epilog="Example: deployctl hosts check", help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True)
+hosts_app = typer.Typer(
+    help="SSH hosts: trust host keys, check that every host answers.", no_args_is_help=True,
+    epilog="Example: deployctl hosts check",
+)
 app.add_typer(hosts_app, name="hosts")
 
 

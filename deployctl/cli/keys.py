@@ -10,8 +10,10 @@ import typer
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-keys_app = typer.Typer(epilog="Example: deployctl keys list", help="The API keys the router accepts: add one, retire one, list them with their last use.",
-                       no_args_is_help=True)
+keys_app = typer.Typer(
+    help="The API keys the router accepts: add one, retire one, list them with their last use.", no_args_is_help=True,
+    epilog="Example: deployctl keys list",
+)
 app.add_typer(keys_app, name="keys")
 
 

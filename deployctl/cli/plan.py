@@ -46,7 +46,8 @@ def _next_step(out: Path, device: str) -> tuple[str, str]:
     return f"deployctl plan -c {out}", ""
 
 
-@app.command(epilog="Example: deployctl plan --gpu-memory 80GiB --profile prompt=512/2048,output=256/1024,concurrency=64")
+@app.command(epilog="Example: deployctl plan --gpu-memory 80GiB "
+                     "--profile prompt=512/2048,output=256/1024,concurrency=64")
 def plan(
     config: Path = CONFIG,
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="config.json (or model dir) instead of model.path."),

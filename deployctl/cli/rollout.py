@@ -139,8 +139,10 @@ def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, ru
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 
-rollout_app = typer.Typer(epilog="Example: deployctl rollout watch", help="Detached rollouts (deploy --detach): follow one from any shell.",
-                          no_args_is_help=True)
+rollout_app = typer.Typer(
+    help="Detached rollouts (deploy --detach): follow one from any shell.", no_args_is_help=True,
+    epilog="Example: deployctl rollout watch",
+)
 app.add_typer(rollout_app, name="rollout")
 
 
@@ -313,7 +315,8 @@ def history(config: Path = CONFIG, as_json: bool = JSON) -> None:
     out_console.print(table)
 
 
-@app.command("compare-outputs", epilog="Example: deployctl compare-outputs --canary-url http://gpu-a:8001 --stable-url http://gpu-b:8000")
+@app.command("compare-outputs",
+             epilog="Example: deployctl compare-outputs --canary-url http://gpu-a:8001 --stable-url http://gpu-b:8000")
 def compare_outputs(
     canary_url: str = typer.Option(..., "--canary-url", help="Base URL of the canary (http://host:port, no /v1)."),
     stable_url: str = typer.Option(..., "--stable-url", help="Base URL of stable (http://host:port, no /v1)."),

@@ -8,8 +8,10 @@ import typer
 from deployctl.cli._app import app, err_console, escape, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-router_app = typer.Typer(epilog="Example: deployctl router reload", help="The nginx router: reload it (a renewed TLS certificate, changed router settings).",
-                         no_args_is_help=True)
+router_app = typer.Typer(
+    help="The nginx router: reload it (a renewed TLS certificate, changed router settings).", no_args_is_help=True,
+    epilog="Example: deployctl router reload",
+)
 app.add_typer(router_app, name="router")
 
 

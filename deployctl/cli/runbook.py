@@ -9,8 +9,11 @@ import typer
 from deployctl.cli.params import CONFIG, JSON
 from deployctl.cli._app import app, err_console, fail, out_console, print_json
 
-runbook_app = typer.Typer(epilog="Example: deployctl runbook list", help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
-                          no_args_is_help=True, rich_markup_mode=None)
+runbook_app = typer.Typer(
+    help="Scripted on-call runbooks: check, decide, act, leave an audit trail.",
+    no_args_is_help=True, rich_markup_mode=None,
+    epilog="Example: deployctl runbook list",
+)
 app.add_typer(runbook_app, name="runbook")
 
 # list/show read no deploy.yaml, but take -c like every other command so that a habit (or a script) works (C33)

@@ -9,8 +9,10 @@ import typer
 from deployctl.cli._app import app, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
-standby_app = typer.Typer(epilog="Example: deployctl standby stop --host gpu-a", help="The previous release kept asleep on each host's other port (rollout.standby_s).",
-                          no_args_is_help=True)
+standby_app = typer.Typer(
+    help="The previous release kept asleep on each host's other port (rollout.standby_s).", no_args_is_help=True,
+    epilog="Example: deployctl standby stop --host gpu-a",
+)
 app.add_typer(standby_app, name="standby")
 
 
