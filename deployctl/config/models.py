@@ -201,7 +201,7 @@ class HostConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The host's name in deployctl's output and commands (--host NAME)."""
     address: str
-    """"local" runs on this machine without SSH"""
+    """The host's address for SSH; \"local\" runs on this machine without SSH."""
     user: Optional[str] = Field(None, pattern=USER_PATTERN)
     """SSH user; default: the current user or ~/.ssh/config's."""
     port: int = Field(22, ge=1, le=65535)
@@ -311,9 +311,9 @@ class SloConfig(_Frozen):
     tpot_p99_s: float = Field(0.1, gt=0)
     """P99 time per output token after the first"""
     max_error_rate: float = Field(0.01, gt=0, le=1)
-    """The canary's largest error rate (share of failed requests) before the rollout aborts."""
+    """Largest share of failed requests the service should have: the error-rate alerts' threshold."""
     max_kv_cache_usage: float = Field(0.85, gt=0, le=1)
-    """Highest KV-cache usage (0–1) the service should run at; alert and bench threshold."""
+    """Highest KV-cache usage (0–1): the KV alert's threshold; a canary over it fails its analysis window."""
     max_rejected_length_share: float = Field(0.001, gt=0, le=1)
     """Highest share of requests rejected for their length (prompt + max_tokens over max_model_len) before an alert."""
     prometheus_job: Optional[str] = None
@@ -336,9 +336,9 @@ class ContainerConfig(_Frozen):
     """Container and Kubernetes targets."""
 
     image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)
-    """default: deployctl/<service>:<release_id>"""
+    """The image the container targets build and run; default: deployctl/<service>:<release_id>."""
     base_image: Optional[str] = Field(None, pattern=IMAGE_PATTERN)
-    """default: a CUDA runtime image on cuda, python slim on cpu"""
+    """The image the Dockerfile starts FROM; default: a CUDA runtime image on cuda, python slim on cpu."""
     namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     """Kubernetes namespace of the rendered manifests."""
 

@@ -51,15 +51,15 @@ class OpenAIServerConfig(BaseModel):
     hosts[].python).
     """
     module: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,99}$")
-    """import name; default distribution"""
+    """The Python module the server is imported as; default: the distribution's name."""
     image: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")
-    """tag: engine.version"""
+    """The server's container image for the container targets; its tag is engine.version."""
     ready_route: str = Field("/health", pattern=_ROUTE)
     """The route that answers 200 once the server takes requests."""
     live_route: Optional[str] = Field(None, pattern=_ROUTE)
-    """default ready_route"""
+    """The liveness route; default: ready_route."""
     metrics_route: Optional[str] = Field(None, pattern=_ROUTE)
-    """None: the server exports no metrics"""
+    """The Prometheus metrics route; default null: the server exports no metrics."""
     metrics: dict[str, str] = Field(default_factory=dict)
     """Metric role (ttft, tpot, itl, e2e, queue_time, kv_usage, waiting, running, preemptions, success, rejected) ->
     the server's Prometheus name; a role left out is a signal deployctl cannot judge it on.
@@ -67,7 +67,7 @@ class OpenAIServerConfig(BaseModel):
     error_share: Optional[ErrorShareSpec] = None
     """How the share of failed requests is read from the server's metrics; default: not judged."""
     api_key_env: Optional[str] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
-    """env var it reads its key from"""
+    """The environment variable the server reads its API key from."""
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGQUIT"] = "SIGTERM"
     """The signal that stops the server."""
     sigterm_drains: bool = True

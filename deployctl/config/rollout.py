@@ -112,7 +112,7 @@ class RolloutStep(_Frozen):
     (``pause``: a duration, e.g. ``30s``, ``5m``, ``24h``; None: rollout.pause_s)."""
 
     weight: int = Field(ge=1, le=100, strict=True)
-    """strict: yes/true and '5' are no percentage (YAML lax casts)"""
+    """The canary's traffic share at this step, a whole percentage (YAML yes/true and '5' are refused)."""
     pause: Optional[Duration] = None
     """How long this step lasts before the next one; default: until `deployctl promote`."""
 

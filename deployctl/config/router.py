@@ -65,7 +65,7 @@ class RouterConfig(_Frozen):
     host: str = "local"
     """a host name from hosts:, "local", or an address reached over SSH"""
     user: Optional[str] = Field(None, pattern=USER_PATTERN)
-    """SSH settings when host is an address, not a name from hosts:"""
+    """SSH user for the router host when host is an address, not a name from hosts:."""
     port: int = Field(22, ge=1, le=65535)
     """SSH port of the router host when host is an address."""
     ssh_key: Optional[str] = None
@@ -73,7 +73,7 @@ class RouterConfig(_Frozen):
     listen: int = Field(80, ge=1, le=65535)
     """Port nginx listens on for clients."""
     listen_address: Optional[str] = None
-    """e.g. 127.0.0.1; default: every address"""
+    """The address nginx listens on (e.g. 127.0.0.1); default: every address."""
     upstream_conf: str
     """Path of the nginx include file deployctl writes the upstream and split into."""
     nginx_conf: Optional[str] = None
