@@ -85,3 +85,23 @@ def test_every_command_help_ends_with_one_example(command):
     assert text.count("Example: ") == 1, f"`{command} --help` has no example (add epilog=\"Example: ...\")"
     example = text[text.index("Example: "):]
     assert example.startswith(f"Example: {command}"), f"`{command} --help` ends with {example!r}, not an example"
+
+
+@pytest.mark.parametrize("command", _leaves_and_groups())
+def test_every_example_parses(command):
+    """The example's options and arguments are the command's own: click parses them without running anything."""
+    import shlex
+
+    from deployctl.cli import app
+
+    cmd = typer.main.get_command(app)
+    for word in command.split()[1:]:
+        cmd = cmd.commands[word]
+    argv = shlex.split(cmd.epilog.removeprefix("Example: "))
+    assert argv[0] == "deployctl"
+    argv = argv[1:]
+    target = typer.main.get_command(app)
+    while hasattr(target, "commands") and argv and argv[0] in target.commands:
+        target, argv = target.commands[argv[0]], argv[1:]
+    assert not hasattr(target, "commands"), f"the example of `{command}` names no command: {cmd.epilog}"
+    target.make_context(target.name, argv)  # raises click's UsageError on an unknown option or a missing argument
