@@ -174,6 +174,10 @@ class Deployment(WeightSteps):
         if self.resume:
             return self._resumed(t0)
         try:
+            from deployctl.rollout.members import leave_out
+
+            # cordoned hosts and hosts not serving (warm pool, scaled in) are left out, said (issue 42)
+            self.cfg = fl.cfg = leave_out(self.cfg, self.say)
             fl.connect()
             self._before_changes()
             current = fl.current_releases()

@@ -170,8 +170,8 @@ class Fleet:
                          f"model manifest {info.model_manifest_hash[:12]}")
         return info
 
-    def upload_all(self, info, point=None) -> None:
-        """Upload ``info`` to every host at once (release.upload). ``point(what, host=...)``, when given, is told
+    def upload_all(self, info, point=None, hosts: Optional[list] = None) -> None:
+        """Upload ``info`` to every host (or those of ``hosts``) at once (release.upload). ``point(what, host=...)``, when given, is told
         inside each host's upload (the rollout journal's points): after its files are rendered and after the tar
         file is on the host, before it is unpacked. Raises the first host's error."""
         from deployctl import settings
@@ -190,8 +190,9 @@ class Fleet:
             return release.upload(h, self.cfg, info, self.wheel, files, platform=self.platform.get(h.name),
                                   on_put=(lambda: point("upload:put", host=h.name)) if point else None)
 
-        self.say("info", f"uploading release {info.id} to {len(self.hosts)} hosts")
-        _, bad = self.on_hosts(list(self.hosts.values()), up, deadline_s=release.UPLOAD_DEADLINE_S,
+        hosts = list(self.hosts.values()) if hosts is None else hosts
+        self.say("info", f"uploading release {info.id} to {len(hosts)} hosts")
+        _, bad = self.on_hosts(hosts, up, deadline_s=release.UPLOAD_DEADLINE_S,
                                   what=f"uploading release {info.id}")
         if bad:
             name, err = next(iter(bad.items()))

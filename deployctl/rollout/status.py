@@ -37,7 +37,9 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
     """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail", "supervised", "runtime_running",
     "engine", "engine_version", "model_manifest", "config_hash", "standby": {"release", "port", "since",
     "expires_at", "expires", "expired", "asleep", "residue_bytes": {"<gpu>": bytes}|None, "measured"?}|None,
-    "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), ...}], "rollout": {...}|None, "lock": {...}|None,
+    "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), "cordoned": {"by",
+    "reason", "since", "stopped"}|None, "serving": bool (false: warm pool or scaled in; deployctl.rollout.members),
+    ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""
@@ -62,6 +64,13 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
             else:
                 row["detail"] = f"unreachable: {bad[name]}"
             hosts.append(row)
+        from deployctl.rollout import members
+
+        cordoned, mem = members.read(fleet.store)
+        serving = set(members.serving_names(cfg, mem))
+        for row in hosts:
+            row["cordoned"] = cordoned.get(row["host"])
+            row["serving"] = row["host"] in serving
         st = fleet.store.read_rollout()
         locks = fleet.inspect_lock()
         lock = None
