@@ -80,7 +80,7 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
                     "command": i.owner.get("command"), "stale": i.stale, "why_stale": i.why_stale,
                     "text": describe(i.owner)}
         return {"hosts": hosts, "rollout": st.to_json() if st else None, "lock": lock,
-                "differences": differences(hosts), "journal": journal_status(cfg, st)}
+                "differences": differences([h for h in hosts if h["serving"] and not h["cordoned"]]), "journal": journal_status(cfg, st)}
     finally:
         fleet.close()
 
@@ -102,7 +102,8 @@ def check_problems(doc: dict[str, Any]) -> list[str]:
     live = rollout_live(doc)
     # a live rollout takes a host out of the router (weight 0) while it switches it: not serving is its job then
     problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"]
-                if not h["healthy"] and not (live and h.get("weight") == 0)]
+                if not h["healthy"] and not (live and h.get("weight") == 0)
+                and h.get("serving", True) and not h.get("cordoned")]  # out of service on purpose (issue 42)
     ro, lock = doc.get("rollout"), doc.get("lock")
     if not ro or ro["status"] not in IN_PROGRESS:
         return problems + doc["differences"]

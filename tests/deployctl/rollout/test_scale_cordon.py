@@ -6,27 +6,18 @@ fleet and the router are the point)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from deployctl.demo.run import Traffic
+from support.rollout import upstream_weights as weights
 
 pytestmark = [pytest.mark.timeout(400)]
 
 
 def _golden(env, name: str, release: str) -> Path:
     return Path(env.host(name)["deploy_root"]) / "shared" / "golden" / f"{release}.json"
-
-
-def weights(conf: str) -> dict[str, int]:
-    """{port: nginx weight} of the upstream's servers in ``conf`` (weight 1 when not written, 0 when down)."""
-    out = {}
-    for m in re.finditer(r"server\s+[\d.]+:(\d+)([^;]*);", conf):
-        w = re.search(r"weight=(\d+)", m.group(2))
-        out[m.group(1)] = 0 if " down" in m.group(2) else int(w.group(1)) if w else 1
-    return out
 
 
 def test_cordon_drains_without_a_failed_request_deploy_leaves_it_out_uncordon_checks_golden(rollout_env):
