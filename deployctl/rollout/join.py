@@ -71,7 +71,7 @@ def bring_up(fleet, host, cfg: DeployConfig, target: Optional[str], peers: list,
     t0 = time.monotonic()
     install(fleet, host, target, peers)
     share_golden(host, target, peers)
-    t = {"install_s": round(time.monotonic() - t0, 2)}
+    t = {"upload_s": round(time.monotonic() - t0, 2)}
     eng = Engine(host, cfg, release=target)
     if cur != target or not eng.running():
         return {**t, **hostops.activate(host, cfg, target, golden=when).timings}

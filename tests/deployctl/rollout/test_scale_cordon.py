@@ -1,7 +1,8 @@
-"""Issue 42, cordon and uncordon: under steady traffic through real nginx, `hosts cordon` takes a host to weight 0
+"""Issue 42, cordon and uncordon, and the host-maintenance runbook: under steady traffic through real nginx, `hosts cordon` takes a host to weight 0
 with no failed request and records who, why and since (status shows it); a deploy leaves it out and says so; an
 uncordon refuses while the host's golden answers differ (weight still 0) and, once they match, installs the release
-the fleet moved to, verifies it and gives the weight back. Real sshd fleet, real nginx, the stand-in engine (the
+the fleet moved to, verifies it and gives the weight back; the host-maintenance runbook cordons, checks and
+uncordons another host, all without a failed request. Real sshd fleet, real nginx, the stand-in engine (the
 fleet and the router are the point)."""
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def test_cordon_drains_without_a_failed_request_deploy_leaves_it_out_uncordon_ch
         assert json.loads(_golden(env, c, v2).read_text())["answers"] == record["answers"]
         assert all(h["cordoned"] is None for h in env.status()["hosts"])
         assert [x["action"] for x in env.history() if x["action"] in ("cordon", "uncordon")] == ["cordon", "uncordon"]
+
+        # the host-maintenance runbook: cordon, checks, uncordon, under the same traffic
+        r = env.cli("runbook", "run", "host-maintenance", "--host", b, "--yes", "--json")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        steps = {s["step"]: s for s in json.loads(r.stdout)["hosts"][0]["steps"]}
+        assert steps["cordon"]["outcome"] == "fixed" and f"{b}: router weight 0" in steps["cordon"]["result"], steps
+        assert steps["drained"]["outcome"] == "ok" and steps["healthy"]["outcome"] == "ok", steps
+        assert steps["uncordon"]["outcome"] == "fixed" and "golden" in steps["uncordon"]["result"], steps
+        assert weights(env.upstream_conf()) == {port[a]: 1, port[b]: 1, port[c]: 1}
+        assert [x["host"] for x in env.history() if x["action"] in ("cordon", "uncordon")] == [c, c, b, b]
     finally:
         traffic.stop()
     ok, failed = traffic.snapshot()
