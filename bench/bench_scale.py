@@ -70,6 +70,9 @@ def main() -> None:
     cold, wake = [], []
     try:
         _cli(path, "deploy", "--yes", env=env)
+        cfg["engine"]["max_num_seqs"] = 3  # a second release, deployed as a canary: its golden answers recorded,
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # so that both paths ask them
+        _cli(path, "deploy", "--yes", env=env)
         _cli(path, "scale", "out", "h2", "--slow-start", "1", env=env)  # the first start: pip caches warm
         for i in range(args.runs):
             _cli(path, "scale", "in", "h2", "--purge", env=env)
