@@ -174,11 +174,9 @@ class Deployment(WeightSteps):
         if self.resume:
             return self._resumed(t0)
         try:
-            from deployctl.rollout.members import leave_out
-
-            # cordoned hosts and hosts not serving (warm pool, scaled in) are left out, said (issue 42)
-            self.cfg = fl.cfg = leave_out(self.cfg, self.say)
             fl.connect()
+            fl.leave_out()  # cordoned hosts and hosts not serving (warm pool, scaled in) are left out, said
+            self.cfg = fl.cfg
             self._before_changes()
             current = fl.current_releases()
             if not self.skip_preflight:

@@ -60,6 +60,23 @@ class Fleet:
             self._router_host = Host.from_config(router_host_config(self.cfg))
             self.router = Router(self.cfg, self._router_host)
 
+    def leave_out(self) -> None:
+        """Keep only the serving, uncordoned hosts (deployctl.rollout.members.leave_out: each one left out is said):
+        ``cfg``, ``hosts`` and the state store then name those only (the others' connections closed). Raises
+        CheckFailed when none is left."""
+        from deployctl.rollout.members import leave_out
+
+        cfg = leave_out(self.cfg, self.say, store=self.store)
+        if cfg is self.cfg:
+            return
+        gone = [h for n, h in self.hosts.items() if n not in {c.name for c in cfg.hosts}]
+        self.cfg = cfg
+        self.hosts = {n: h for n, h in self.hosts.items() if n not in {g.name for g in gone}}
+        self.store = StateStore(list(self.hosts.values()), workers=self.workers)
+        if self.router is not None:
+            self.router.cfg = cfg
+        _close_in_background(gone)
+
     def reconnect(self) -> None:
         """Fresh connections to every host and the router, for the abort (issue 31): a connection that was in use
         when a failure or Ctrl-C came may be broken or still busy in an abandoned worker. The state store, the

@@ -52,18 +52,22 @@ def set_member(store: StateStore, name: str, serving: bool) -> None:
     write_doc(store, MEMBERS, {"joined": joined, "left": left})
 
 
-def leave_out(cfg: DeployConfig, say: Callable[..., None]) -> DeployConfig:
+def leave_out(cfg: DeployConfig, say: Callable[..., None], *, store: Optional[StateStore] = None) -> DeployConfig:
     """``cfg`` with only the serving, uncordoned hosts (module doc); each host left out is said (``say("warn",
     ...)``) with who cordoned it, when and why, or that it does not serve. Reads the state of every configured host
-    (one SSH round trip each, in parallel). Raises CheckFailed when no host is left."""
-    from deployctl.hosts import Host
+    through ``store`` (a connected fleet's), else over connections of its own (one SSH round trip each, in
+    parallel). Raises CheckFailed when no host is left."""
+    if store is not None:
+        cordoned, members = read(store)
+    else:
+        from deployctl.hosts import Host
 
-    hosts = [Host.from_config(h) for h in cfg.hosts]
-    try:
-        cordoned, members = read(StateStore(hosts, workers=cfg.rollout.parallel_hosts))
-    finally:
-        for h in hosts:
-            h.close()
+        hosts = [Host.from_config(h) for h in cfg.hosts]
+        try:
+            cordoned, members = read(StateStore(hosts, workers=cfg.rollout.parallel_hosts))
+        finally:
+            for h in hosts:
+                h.close()
     serving = set(serving_names(cfg, members))
     keep = []
     for h in cfg.hosts:

@@ -100,12 +100,11 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
              grace_s: float = GRACE_S) -> RollbackResult:
     say = emitter(progress)
     t0 = time.monotonic()
-    from deployctl.rollout.members import leave_out
-
-    cfg = leave_out(cfg, say)  # cordoned and not-serving hosts are left out, said (issue 42)
     fleet = Fleet(cfg, say)
     try:
         fleet.connect()
+        fleet.leave_out()  # cordoned and not-serving hosts are left out, said (issue 42)
+        cfg = fleet.cfg
         st = fleet.store.read_rollout(on_bad=lambda msg: say("warn", msg))
         target = _target(fleet, st, to)
 

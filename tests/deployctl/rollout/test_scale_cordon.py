@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deployctl.demo.run import Traffic
-from support.rollout import upstream_weights as weights
+from support.rollout import served, upstream_weights as weights
 
 pytestmark = [pytest.mark.timeout(400)]
 
@@ -31,13 +31,15 @@ def test_cordon_drains_without_a_failed_request_deploy_leaves_it_out_uncordon_ch
     v1 = env.current(a)
     traffic = Traffic(env.url, "tiny-chat", workers=2, completion_workers=1).start()
     try:
-        r = env.cli("hosts", "cordon", c, "--reason", "ECC errors on GPU 0")
+        r = env.cli("hosts", "cordon", c, "--reason", "ECC errors on GPU 0", "--stop")
         assert r.returncode == 0, r.stderr
         assert f"{c}: router weight 0" in r.stdout and f"{c}: drained in" in r.stdout, r.stdout
         assert weights(env.upstream_conf()) == {port[a]: 1, port[b]: 1, port[c]: 0}
+        assert served(int(port[c])) is None  # --stop: the engine stopped once drained
         row = next(h for h in env.status()["hosts"] if h["host"] == c)
         assert row["weight"] == 0 and row["cordoned"]["reason"] == "ECC errors on GPU 0"
-        assert row["cordoned"]["by"] and row["cordoned"]["since"].startswith("20") and row["healthy"]
+        assert row["cordoned"]["by"] and row["cordoned"]["since"].startswith("20") and row["cordoned"]["stopped"]
+        assert env.cli("status", "--check").returncode == 0  # out of service on purpose: not a problem
         assert f"cordoned: {c} by {row['cordoned']['by']} since" in env.cli("status").stdout
 
         env.cfg["engine"]["max_num_seqs"] = 6  # a new release
@@ -77,6 +79,7 @@ def test_cordon_drains_without_a_failed_request_deploy_leaves_it_out_uncordon_ch
         assert r.returncode == 0, (r.stdout, r.stderr)
         steps = {s["step"]: s for s in json.loads(r.stdout)["hosts"][0]["steps"]}
         assert steps["cordon"]["outcome"] == "fixed" and f"{b}: router weight 0" in steps["cordon"]["result"], steps
+        # without --stop the engine kept serving /healthz while cordoned: the runbook's check passed as it was
         assert steps["drained"]["outcome"] == "ok" and steps["healthy"]["outcome"] == "ok", steps
         assert steps["uncordon"]["outcome"] == "fixed" and "golden" in steps["uncordon"]["result"], steps
         assert weights(env.upstream_conf()) == {port[a]: 1, port[b]: 1, port[c]: 1}
