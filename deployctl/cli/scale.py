@@ -60,3 +60,20 @@ def in_(
     res = scale_in(load_config(config), hosts, purge=purge, say=(lambda m: None) if as_json else _say)
     if as_json:
         print_json(res.to_json())
+
+
+@scale_app.command("warm")
+def warm(
+    hosts: list[str] = typer.Argument(None, help="Warm-pool hosts (default: every pool: warm host not serving)."),
+    config: Path = CONFIG,
+) -> None:
+    """Start the warm pool once and keep it asleep: install the serving release on each pool: warm host not
+    serving, start it off the router, verify it (ready, sample inference, golden answers), put it to sleep, so that
+    `scale out` is a wake.
+
+    Example: deployctl scale warm gpu-3
+    """
+    from deployctl.config import load_config
+    from deployctl.rollout.scale import prime
+
+    prime(load_config(config), hosts or None, say=_say)

@@ -14,6 +14,8 @@ then they leave the router; a ``pool: warm`` host's engine is put to sleep and r
 scale out wakes it), any other host's engine is stopped. Its releases stay for a rollback unless ``purge``
 (``<deploy_root>/releases`` and ``current`` removed). Refused when no host would be left serving.
 
+``prime`` (``scale warm``) starts the warm pool once and puts it to sleep the same way, off the router.
+
 Both record membership in state/members.json (rollout.members), their steps per host in state/scale.json (what a
 rerun of the same command skips: an installed release, a verified engine), and one history record each
 (``scale-out`` / ``scale-in``: hosts, release, path per host, timings).
@@ -250,6 +252,52 @@ def scale_in(cfg: DeployConfig, names: list[str], *, purge: bool = False, say: C
         fleet.store.append_history("scale-in", release=res.release, result="ok", hosts=names, paths=res.paths,
                                    cut=res.cut, purge=purge, reason=f"scale in {', '.join(names)}")
         return res
+    finally:
+        fleet.unlock()
+        fleet.close()
+
+
+def prime(cfg: DeployConfig, names: Optional[list[str]] = None, *, say: Callable = print) -> dict:
+    """Start the warm pool (``names``, default every ``warm_pool`` host) once and put it to sleep: the serving
+    release installed, started, verified (ready, sample, golden answers) off the router, then asleep and recorded as
+    the host's standby, so that ``scale_out`` wakes it. A host already asleep with that release is left. Returns
+    {host: wake-ready timings}. Raises UsageError (a host that serves or has no pool: warm), LockHeld, HealthError /
+    GoldenMismatch, RemoteError."""
+    pool = warm_pool(cfg)
+    names = list(pool if names is None else names)
+    for n in names:
+        if n not in pool:
+            raise UsageError(f"{n} is not a warm-pool host out of service",
+                             fix="mark it `pool: warm` in deploy.yaml, or `deployctl scale in` it first")
+    fleet = Fleet(cfg, adapt(say))
+    fleet.connect()
+    try:
+        cordoned, mem = members.read(fleet.store)
+        peers = [n for n in members.serving_names(cfg, mem) if n not in cordoned]
+        if not peers:
+            raise UsageError("no host serves now to take the release from", fix="run `deployctl deploy` first")
+        fleet.lock("scale warm")
+        target = majority(fleet.current_releases()[n] for n in peers)
+        out = {}
+        for n in names:
+            h = fleet.hosts[n]
+            rec = standby.read(h)
+            if rec is not None and rec.release == target and standby.asleep(h, cfg, rec):
+                say(f"{n}: already asleep with {target}")
+                continue
+            if rec is not None:
+                standby.stop(h, cfg, rec)
+            say(f"{n}: starting {target} off the router to keep it asleep (verify: ready, sample, golden answers)")
+            t = join.bring_up(fleet, h, cfg, target, [fleet.hosts[p] for p in peers], when="before it sleeps")
+            path, t2 = _down(h, cfg, target, False)
+            if path != "sleep":
+                raise CheckFailed(f"{n}: the engine of {target} did not go to sleep; it was stopped",
+                                  fix="check that the engine has a sleep mode (vLLM: --enable-sleep-mode)")
+            out[n] = {**t, **t2}
+            say(f"{n}: asleep with {target} ({', '.join(f'{k} {v:g}' for k, v in out[n].items())})")
+        fleet.store.append_history("scale-warm", release=target, result="ok", hosts=names, timings=out,
+                                   reason=f"warm pool: {', '.join(names) or 'nothing to start'}")
+        return out
     finally:
         fleet.unlock()
         fleet.close()

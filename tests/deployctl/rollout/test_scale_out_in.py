@@ -2,7 +2,7 @@
 scaled out (release installed from the fleet, started, verified, warmed up off the router: its weight stays 0
 until then, then ramps through partial shares to an equal one), scaled in (drained, out of the router, its engine
 asleep as the pool's) with no failed request, and scaled out again by a wake checked against the release's golden
-answers. Real sshd fleet, real nginx, the stand-in engine."""
+answers; `scale warm` starts a purged pool host once and keeps it asleep. Real sshd fleet, real nginx, the stand-in engine."""
 from __future__ import annotations
 
 import json
@@ -68,7 +68,7 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
     try:
         t_start = time.monotonic()
         with Watch(env, port[c]) as watch:
-            r = env.cli("scale", "out", c, "--slow-start", "3", "--json")
+            r = env.cli("scale", "out", c, "--slow-start", "1.5", "--json")
         assert r.returncode == 0, r.stderr
         cold = json.loads(r.stdout)
         assert cold["paths"] == {c: "start"} and cold["release"] == v2 and env.current(c) == v2
@@ -99,9 +99,19 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
         print(f"to serving: cold {cold['to_serving_s'][c]} s, wake {warm['to_serving_s'][c]} s")
         r = env.cli("scale", "in", a, b, c)
         assert r.returncode != 0 and "would leave no host serving" in r.stderr, r.stderr
+
+        # --purge: engine stopped, releases gone; `scale warm` installs, starts, verifies and puts it to sleep
+        assert env.cli("scale", "in", c, "--purge").returncode == 0
+        assert env.current(c) is None and served(int(port[c])) is None
+        r = env.cli("scale", "warm")
+        assert r.returncode == 0, r.stderr
+        assert f"{c}: asleep with {v2}" in r.stdout and "golden_s" in r.stdout, r.stdout
+        assert _sleeping(port[c]) and port[c] not in weights(env.upstream_conf())
+        row = next(h for h in env.status()["hosts"] if h["host"] == c)
+        assert row["serving"] is False and row["standby"]["asleep"] and row["standby"]["release"] == v2
     finally:
         traffic.stop()
     ok, failed = traffic.snapshot()
     assert not failed and ok.get(v2), (dict(ok), dict(failed))
     assert [x["action"] for x in env.history() if x["action"].startswith("scale")] == \
-        ["scale-out", "scale-in", "scale-out"]
+        ["scale-out", "scale-in", "scale-out", "scale-in", "scale-warm"]
