@@ -109,3 +109,41 @@ def check(
     if failed:
         raise RemoteError(f"{len(failed)} of {len(outcomes)} hosts failed the check: "
                           + ", ".join(o.host for o in failed))
+
+
+@hosts_app.command("cordon")
+def cordon_cmd(
+    name: str = typer.Argument(..., help="Host name from deploy.yaml."),
+    config: Path = CONFIG,
+    reason: str = typer.Option("", "--reason", help="Why (shown by `status`, kept in the history)."),
+    stop: bool = typer.Option(False, "--stop", help="Stop the engine once drained (default: keep it for debugging)."),
+) -> None:
+    """Take NAME out of the router (weight 0), wait for its in-flight requests (up to server.drain_timeout_s) and
+    say how many were cut; keep its engine unless --stop. deploy and rollback leave it out until `uncordon`.
+
+    Example: deployctl hosts cordon gpu-2 --reason "ECC errors on GPU 0" --stop
+    """
+    from deployctl.config import load_config
+    from deployctl.rollout.cordon import cordon
+
+    cordon(load_config(config), name, reason=reason, stop=stop, say=_say)
+
+
+@hosts_app.command("uncordon")
+def uncordon_cmd(
+    name: str = typer.Argument(..., help="Host name from deploy.yaml."),
+    config: Path = CONFIG,
+) -> None:
+    """Verify NAME (start its engine if stopped; ready, a sample inference, the release's golden answers), then give
+    it its router weight back. Exit 5, still cordoned, when the answers differ.
+
+    Example: deployctl hosts uncordon gpu-2
+    """
+    from deployctl.config import load_config
+    from deployctl.rollout.cordon import uncordon
+
+    uncordon(load_config(config), name, say=_say)
+
+
+def _say(message: str) -> None:
+    out_console.print(message, markup=False, soft_wrap=True, highlight=False)

@@ -241,6 +241,14 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
                       h.get("detail", ""))
     out_console.print(table)
+    for h in doc["hosts"]:
+        c = h.get("cordoned")
+        if c:
+            out_console.print(f"cordoned: {h['host']} by {c['by']} since {c['since']}: "
+                              f"{c.get('reason') or 'no reason given'}" + (" (engine stopped)" if c.get("stopped") else ""),
+                              markup=False, soft_wrap=True)
+        elif h.get("serving") is False:
+            out_console.print(f"not serving: {h['host']} (warm pool or scaled in)", markup=False)
     ro = doc["rollout"]
     if ro:
         step = f", step {ro['step_index'] + 1}/{len(ro['steps'])} at {ro['weight']}%" if ro.get("steps") else ""

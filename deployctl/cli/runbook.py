@@ -80,7 +80,12 @@ def run(
 
     rb = load_library().get(name)
     cfg = load_config(config)
-    hosts = [cfg.host(h) for h in dict.fromkeys(host)] if host else list(cfg.hosts)  # a repeated --host runs once
+    if host:
+        hosts = [cfg.host(h) for h in dict.fromkeys(host)]  # a repeated --host runs once; a cordoned one too
+    else:  # every serving host; a cordoned or not serving one is left out, said (issue 42)
+        from deployctl.rollout.members import leave_out
+
+        hosts = list(leave_out(cfg, lambda _kind, message, **_: err_console.print(message, markup=False)).hosts)
 
     def confirm(prompt: str) -> bool:
         try:

@@ -175,6 +175,8 @@ class Deployment(WeightSteps):
             return self._resumed(t0)
         try:
             fl.connect()
+            fl.leave_out()  # cordoned hosts and hosts not serving (warm pool, scaled in) are left out, said
+            self.cfg = fl.cfg
             self._before_changes()
             current = fl.current_releases()
             if not self.skip_preflight:

@@ -60,6 +60,23 @@ class Fleet:
             self._router_host = Host.from_config(router_host_config(self.cfg))
             self.router = Router(self.cfg, self._router_host)
 
+    def leave_out(self) -> None:
+        """Keep only the serving, uncordoned hosts (deployctl.rollout.members.leave_out: each one left out is said):
+        ``cfg``, ``hosts`` and the state store then name those only (the others' connections closed). Raises
+        CheckFailed when none is left."""
+        from deployctl.rollout.members import leave_out
+
+        cfg = leave_out(self.cfg, self.say, store=self.store)
+        if cfg is self.cfg:
+            return
+        gone = [h for n, h in self.hosts.items() if n not in {c.name for c in cfg.hosts}]
+        self.cfg = cfg
+        self.hosts = {n: h for n, h in self.hosts.items() if n not in {g.name for g in gone}}
+        self.store = StateStore(list(self.hosts.values()), workers=self.workers)
+        if self.router is not None:
+            self.router.cfg = cfg
+        _close_in_background(gone)
+
     def reconnect(self) -> None:
         """Fresh connections to every host and the router, for the abort (issue 31): a connection that was in use
         when a failure or Ctrl-C came may be broken or still busy in an abandoned worker. The state store, the
@@ -170,8 +187,8 @@ class Fleet:
                          f"model manifest {info.model_manifest_hash[:12]}")
         return info
 
-    def upload_all(self, info, point=None) -> None:
-        """Upload ``info`` to every host at once (release.upload). ``point(what, host=...)``, when given, is told
+    def upload_all(self, info, point=None, hosts: Optional[list] = None) -> None:
+        """Upload ``info`` to every host (or those of ``hosts``) at once (release.upload). ``point(what, host=...)``, when given, is told
         inside each host's upload (the rollout journal's points): after its files are rendered and after the tar
         file is on the host, before it is unpacked. Raises the first host's error."""
         from deployctl import settings
@@ -190,8 +207,9 @@ class Fleet:
             return release.upload(h, self.cfg, info, self.wheel, files, platform=self.platform.get(h.name),
                                   on_put=(lambda: point("upload:put", host=h.name)) if point else None)
 
-        self.say("info", f"uploading release {info.id} to {len(self.hosts)} hosts")
-        _, bad = self.on_hosts(list(self.hosts.values()), up, deadline_s=release.UPLOAD_DEADLINE_S,
+        hosts = list(self.hosts.values()) if hosts is None else hosts
+        self.say("info", f"uploading release {info.id} to {len(hosts)} hosts")
+        _, bad = self.on_hosts(hosts, up, deadline_s=release.UPLOAD_DEADLINE_S,
                                   what=f"uploading release {info.id}")
         if bad:
             name, err = next(iter(bad.items()))

@@ -103,6 +103,8 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
     fleet = Fleet(cfg, say)
     try:
         fleet.connect()
+        fleet.leave_out()  # cordoned and not-serving hosts are left out, said (issue 42)
+        cfg = fleet.cfg
         st = fleet.store.read_rollout(on_bad=lambda msg: say("warn", msg))
         target = _target(fleet, st, to)
 

@@ -258,3 +258,24 @@ class StateStore:
                 if isinstance(rec, dict):
                     seen.setdefault(rec.get("id") or line, rec)
         return sorted(seen.values(), key=lambda r: r.get("time", ""))
+
+
+def read_doc(store: StateStore, name: str) -> dict[str, Any]:
+    """The newest copy (by its ``updated`` field) of the JSON object ``name`` under state/ ({} when none).
+    Unparsable copies are skipped (cordon and membership records are rewritten whole by every change)."""
+    best: dict[str, Any] = {}
+    for text in store._read_all(name):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and str(doc.get("updated", "")) >= str(best.get("updated", "")):
+            best = doc
+    return best
+
+
+def write_doc(store: StateStore, name: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` (stamped ``updated``) as state/``name`` on every reachable host. Raises RemoteError when none
+    is reached."""
+    doc["updated"] = now_iso()
+    store._write_all(name, json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -37,7 +37,9 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
     """``{"hosts": [{"host", "current_release", "healthy", "weight", "detail", "supervised", "runtime_running",
     "engine", "engine_version", "model_manifest", "config_hash", "standby": {"release", "port", "since",
     "expires_at", "expires", "expired", "asleep", "residue_bytes": {"<gpu>": bytes}|None, "measured"?}|None,
-    "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), ...}], "rollout": {...}|None, "lock": {...}|None,
+    "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), "cordoned": {"by",
+    "reason", "since", "stopped"}|None, "serving": bool (false: warm pool or scaled in; deployctl.rollout.members),
+    ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""
@@ -62,6 +64,13 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
             else:
                 row["detail"] = f"unreachable: {bad[name]}"
             hosts.append(row)
+        from deployctl.rollout import members
+
+        cordoned, mem = members.read(fleet.store)
+        serving = set(members.serving_names(cfg, mem))
+        for row in hosts:
+            row["cordoned"] = cordoned.get(row["host"])
+            row["serving"] = row["host"] in serving
         st = fleet.store.read_rollout()
         locks = fleet.inspect_lock()
         lock = None
@@ -71,7 +80,7 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
                     "command": i.owner.get("command"), "stale": i.stale, "why_stale": i.why_stale,
                     "text": describe(i.owner)}
         return {"hosts": hosts, "rollout": st.to_json() if st else None, "lock": lock,
-                "differences": differences(hosts), "journal": journal_status(cfg, st)}
+                "differences": differences([h for h in hosts if h["serving"] and not h["cordoned"]]), "journal": journal_status(cfg, st)}
     finally:
         fleet.close()
 
@@ -93,7 +102,8 @@ def check_problems(doc: dict[str, Any]) -> list[str]:
     live = rollout_live(doc)
     # a live rollout takes a host out of the router (weight 0) while it switches it: not serving is its job then
     problems = [f"{h['host']} unhealthy ({h.get('detail') or 'no answer'})" for h in doc["hosts"]
-                if not h["healthy"] and not (live and h.get("weight") == 0)]
+                if not h["healthy"] and not (live and h.get("weight") == 0)
+                and h.get("serving", True) and not h.get("cordoned")]  # out of service on purpose (issue 42)
     ro, lock = doc.get("rollout"), doc.get("lock")
     if not ro or ro["status"] not in IN_PROGRESS:
         return problems + doc["differences"]

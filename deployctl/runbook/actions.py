@@ -52,6 +52,8 @@ def describe(action: Action, obs: Observation, t: Target) -> str:
         return f"{a} the runtime on {name}"
     if a == "stop_standby":
         return f"stop the expired standby on {name} (deployctl.rollout.standby)"
+    if a in ("cordon", "uncordon"):
+        return f"{a} {name} (deployctl.rollout.cordon)"
     from deployctl.runbook.text import ACTION_TEXT
 
     return f"{ACTION_TEXT[a]}, from {name}" + ("" if a == "drain" else " (fleet-wide)")
@@ -74,7 +76,21 @@ def perform(action: Action, obs: Observation, t: Target) -> str:
         return _adjust(action, t) + "; " + _wait_ready(t, action.timeout_s)
     if a == "stop_standby":
         return _stop_standby(t)
+    if a in ("cordon", "uncordon"):
+        return _cordon(a, t)
     return _rollout(a, t)
+
+
+def _cordon(a: str, t: Target) -> str:
+    """hosts cordon / uncordon of ``t``'s host (deployctl.rollout.cordon), its lines joined. Raises DeployctlError."""
+    from deployctl.rollout import cordon
+
+    said: list[str] = []
+    if a == "cordon":
+        cordon.cordon(t.cfg, t.host_cfg.name, reason="runbook host-maintenance", say=said.append)
+    else:
+        cordon.uncordon(t.cfg, t.host_cfg.name, say=said.append)
+    return "; ".join(said)
 
 
 def _stop_standby(t: Target) -> str:

@@ -35,7 +35,8 @@ from deployctl.runbook.expect import Expect
 
 STEP_ID = r"^[a-z][a-z0-9_]*$"
 FLOW_WORDS = ("next", "stop")
-CHANGING_ACTIONS = ("restart", "start", "stop", "free_port", "rollback", "abort", "drain", "adjust", "stop_standby")
+CHANGING_ACTIONS = ("restart", "start", "stop", "free_port", "rollback", "abort", "drain", "adjust", "stop_standby",
+                    "cordon", "uncordon")
 ACTIONS = CHANGING_ACTIONS + ("escalate",)
 _TYPE_TAGS = ("str", "int", "float", "bool", "literal")
 

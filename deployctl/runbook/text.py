@@ -10,6 +10,8 @@ ACTION_TEXT = {
     "abort": "abort the rollout (all traffic back to stable)", "drain": "drain this host (no new traffic)",
     "adjust": "set in deploy.yaml, re-render runtime.yaml and restart:",
     "stop_standby": "stop the expired standby (the previous release asleep on the other port)",
+    "cordon": "cordon this host (router weight 0, in-flight requests awaited, recorded)",
+    "uncordon": "uncordon this host (verify: ready, sample, golden answers; then its weight back)",
 }
 
 

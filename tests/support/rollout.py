@@ -9,6 +9,7 @@ Everything is stopped after the test (runtimes killed by process group from thei
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -328,3 +329,12 @@ def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = No
 
 
 __all__ += ["assert_consistent_on", "even_split", "pid_link", "rollout_state", "served", "wait_for"]
+
+
+def upstream_weights(conf: str) -> dict[str, int]:
+    """{port: nginx weight} of the upstream servers in ``conf`` (1 when not written, 0 when marked down)."""
+    out = {}
+    for m in re.finditer(r"server\s+[\d.]+:(\d+)([^;]*);", conf):
+        w = re.search(r"weight=(\d+)", m.group(2))
+        out[m.group(1)] = 0 if " down" in m.group(2) else int(w.group(1)) if w else 1
+    return out
