@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from deployctl.errors import ConfigError
+from deployctl.config.autoscale import AutoscaleConfig
 from deployctl.config.fields import MAX_SECONDS, ByteSize, _Frozen
 from deployctl.config.logs import LogsConfig
 from deployctl.config.rollout import RolloutConfig
@@ -193,6 +194,9 @@ class HostConfig(_Frozen):
     # set by config/replicas.py on replica 0: GPU ids the entry listed beyond replicas × tensor_parallel_size (no
     # replica gets them; preflight's gpus check warns)
     idle_gpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    pool: Literal["serving", "warm"] = Field(
+        "serving", description="serving: the host takes traffic. warm: provisioned but not serving; its engine is "
+                               "kept asleep and `deployctl scale out` (or autoscale) wakes it into the fleet.")
 
     @field_validator("deploy_root")
     @classmethod
@@ -285,6 +289,8 @@ class DeployConfig(_Frozen):
     container: ContainerConfig = Field(default_factory=ContainerConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     logs: LogsConfig = Field(default_factory=LogsConfig)
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig,
+                                       description="`deployctl autoscale` and the rendered KEDA ScaledObject.")
 
     @model_validator(mode="before")
     @classmethod
