@@ -123,7 +123,8 @@ def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
            "hosts": [h.name for h in cfg.hosts] if per_host else [], "node_job": cfg.slo.prometheus_node_job,
            "pseudo_fs": PSEUDO_FILESYSTEMS, "disk_fail": DISK_FAIL_BYTES, "disk_warn": DISK_WARN_BYTES,
            "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES),
-           "stall_window": STALL_WINDOW, "flap": FLAP}
+           "stall_window": STALL_WINDOW, "flap": FLAP, "autoscale": cfg.autoscale,
+           "autoscale_max": cfg.autoscale.bounds(len(cfg.hosts))[1]}
     ctx["errors"] = _error_terms(a, ctx["job"])
     from deployctl.render.watch import alert_context
 
