@@ -51,6 +51,11 @@ class AutoscaleConfig(_Frozen):
                     "the usage spread over one host fewer (usage × n/(n−1)) stays below this too. The band between "
                     "it and scale_out_kv_usage is the hysteresis that keeps one host from flapping. Default 0.3: "
                     "at most 0.3 × 2 = 0.6 on the hosts left after halving a pair, well under 0.85.")
+    prometheus_url: Optional[str] = Field(
+        None, pattern=r"^https?://[^\s\"]+$",
+        description="The Prometheus the rendered KEDA ScaledObject's triggers query (render --target k8s|"
+                    "k8s-rollout). Default: http://prometheus-operated.monitoring.svc:9090, the Prometheus "
+                    "Operator's Service of a Prometheus in namespace monitoring.")
 
     @model_validator(mode="after")
     def _bounds(self) -> "AutoscaleConfig":

@@ -257,11 +257,14 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
         from deployctl.render.kubernetes import rollout_files
 
         extra = rollout_files(cfg, ctx)
+    from deployctl.render.kubernetes import scaledobject_file
+
+    scaled = scaledobject_file(cfg, rollout=rollout)
     return [*(configmap if ctx["adapter"].config_file else []), *extra,
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
-            RenderedFile("k8s/runtime.env", secret_env, 0o600)]
+            *([scaled] if scaled else []), RenderedFile("k8s/runtime.env", secret_env, 0o600)]
 
 
 def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: str | None) -> list[RenderedFile]:
