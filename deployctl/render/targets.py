@@ -2,6 +2,7 @@
 
 Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
+               (plus ``control/`` deployctl-<service>-autoscale.service and .timer: render.autoscale),
                (all hosts stable; with the key in the environment ``router/<service>.conf.keys``, 0600, the keys
                file it includes: copy it beside the conf as ``<router.upstream_conf>.keys``) with ``router/<service>.mtail`` and ``router/mtail.default`` (render.watch),
                ``prometheus/alerts.rules.yaml``, ``prometheus/scrape.yaml`` (render_scrape),
@@ -272,8 +273,11 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
     if target == "systemd":
+        from deployctl.render.autoscale import autoscale_units
+
         files = [RenderedFile(f"hosts/{h.name}/{f.path}", f.content, f.mode)
                  for h in cfg.hosts for f in render_release(cfg, h, release_id, api_key=api_key)]
+        files += autoscale_units(cfg)
     elif target == "container":
         files = _container_files(cfg, release_id, api_key)
     else:
