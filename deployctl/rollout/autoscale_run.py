@@ -123,7 +123,8 @@ def autoscale_once(cfg: DeployConfig, *, actor: Optional[Actor] = None, dry_run:
             actor = actor or ScaleActor(cfg, lambda m: say("info", m))
             (actor.out if d.action == "out" else actor.in_)(d.hosts)
             acted = True
-        fleet.store.append_history("autoscale", release=None, result=d.action, reason=d.reason, hosts=d.hosts,
+        said = f"dry run, nothing done: {d.reason}" if dry_run and d.action != "none" else d.reason
+        fleet.store.append_history("autoscale", release=None, result=d.action, reason=said, hosts=d.hosts,
                                    numbers=d.numbers, acted=acted, dry_run=dry_run)
         return d
     finally:
