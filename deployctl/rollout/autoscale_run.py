@@ -107,17 +107,24 @@ def read_window(fleet, cfg: DeployConfig, serving: list[str], *, sleep=time.slee
 def autoscale_once(cfg: DeployConfig, *, actor: Optional[Actor] = None, dry_run: bool = False,
                    say: Callable[[str, str], None] = lambda level, msg: None, sleep=time.sleep) -> Decision:
     """One window, one decision, one history record (action ``autoscale``, result out | in | none, the numbers,
-    ``acted``); acts through ``actor`` (default ScaleActor) unless ``dry_run`` or the decision is none."""
+    ``acted``); acts through ``actor`` (default ScaleActor) unless ``dry_run`` or the decision is none. While a
+    deploy or rollback is in progress (state/rollout.json) it decides nothing. Raises RemoteError (exit 4) when no
+    serving engine's metrics can be read or no host's state can be written."""
     from deployctl.rollout.fleet import Fleet
 
     serving, warm = pools(cfg)
     fleet = Fleet(cfg, say)
     try:
         fleet.connect()
-        win = read_window(fleet, cfg, serving, sleep=sleep)
-        since = since_last_scale(fleet.store.read_history())
-        d = decide(win, serving=serving, warm=warm, auto=cfg.autoscale, ttft_slo_s=cfg.slo.ttft_p99_s,
-                   n_hosts=len(cfg.hosts), since_last_s=since)
+        st = fleet.store.read_rollout()
+        if st is not None and st.in_progress:  # a deploy or rollback moves weights and hosts: decide nothing
+            d = Decision("none", f"a {st.action} of {st.release} is {st.status} (started by {st.owner}): no scaling "
+                                 "until it ends", [], {"rollout_status": st.status})
+        else:
+            win = read_window(fleet, cfg, serving, sleep=sleep)
+            since = since_last_scale(fleet.store.read_history())
+            d = decide(win, serving=serving, warm=warm, auto=cfg.autoscale, ttft_slo_s=cfg.slo.ttft_p99_s,
+                       n_hosts=len(cfg.hosts), since_last_s=since)
         acted = False
         if d.action != "none" and not dry_run:
             actor = actor or ScaleActor(cfg, lambda m: say("info", m))

@@ -61,6 +61,7 @@ def fleet(tmp_path, standin_model, monkeypatch):
 
 
 def test_autoscale_once_out_cooldown_in_and_min(fleet):
+    from deployctl.config import load_config
     from deployctl.rollout.autoscale_run import autoscale_once
     from deployctl.rollout.fleet import Fleet
 
@@ -98,6 +99,19 @@ def test_autoscale_once_out_cooldown_in_and_min(fleet):
     path, cfg = fleet("atmin", ["a", "b", "c"], [], {}, min_hosts=3)
     r = run_cli("autoscale", "--once", "-c", str(path))
     assert r.returncode == 0 and "at autoscale.min_hosts 3" in r.stdout, r.stdout
+    # while a deploy runs (state/rollout.json in progress): nothing, whatever the metrics
+    from deployctl.rollout.state import RolloutState
+
+    f = Fleet(cfg, lambda *a, **k: None)
+    f.connect()
+    try:
+        f.store.write_rollout(RolloutState(release="r2", status="running", owner="ops@box"))
+    finally:
+        f.close()
+    rec = Recorder()
+    d = autoscale_once(load_config(path).model_copy(update={"autoscale": cfg.autoscale.model_copy(
+        update={"min_hosts": 2})}), actor=rec)
+    assert d.action == "none" and "a deploy of r2 is running (started by ops@box)" in d.reason and rec.calls == []
 
 
 def test_autoscale_without_readable_metrics_exits_4(fleet):
