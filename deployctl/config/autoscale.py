@@ -53,9 +53,11 @@ class AutoscaleConfig(_Frozen):
                     "at most 0.3 × 2 = 0.6 on the hosts left after halving a pair, well under 0.85.")
     prometheus_url: Optional[str] = Field(
         None, pattern=r"^https?://[^\s\"]+$",
-        description="The Prometheus the rendered KEDA ScaledObject's triggers query (render --target k8s|"
-                    "k8s-rollout). Default: http://prometheus-operated.monitoring.svc:9090, the Prometheus "
-                    "Operator's Service of a Prometheus in namespace monitoring.")
+        description="A Prometheus that scrapes the engines (render's prometheus/scrape.yaml): `deployctl autoscale` "
+                    "reads its window there (query_range) instead of from each engine, and the rendered KEDA "
+                    "ScaledObject's triggers query it. Default: none, so autoscale reads the engines' metrics "
+                    "routes, and KEDA asks http://prometheus-operated.monitoring.svc:9090 (the Prometheus "
+                    "Operator's Service of a Prometheus in namespace monitoring).")
 
     @model_validator(mode="after")
     def _bounds(self) -> "AutoscaleConfig":

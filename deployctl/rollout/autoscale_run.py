@@ -1,7 +1,8 @@
 """`deployctl autoscale`: read a window of the serving engines' metrics, decide (deployctl.rollout.autoscale.decide),
 write the decision with its numbers to history, and act through an ``Actor`` unless it is a dry run.
 
-Metrics come from each serving engine's metrics route (deployctl.rollout.analysis.scrape: the engine adapter's
+Metrics come from Prometheus when ``autoscale.prometheus_url`` is set (deployctl.rollout.autoscale_prom), else
+from each serving engine's metrics route (deployctl.rollout.analysis.scrape: the engine adapter's
 names for ``kv_usage``, ``waiting`` and ``ttft``: vLLM's ``vllm:kv_cache_usage_perc`` /
 ``vllm:num_requests_waiting``, the bundled runtime's ``deployctl_runtime_*``). The serving and warm-pool hosts are
 deployctl.rollout.scale's ``serving(cfg)`` / ``warm_pool(cfg)`` when that module is installed, else deploy.yaml's
@@ -121,7 +122,12 @@ def autoscale_once(cfg: DeployConfig, *, actor: Optional[Actor] = None, dry_run:
             d = Decision("none", f"a {st.action} of {st.release} is {st.status} (started by {st.owner}): no scaling "
                                  "until it ends", [], {"rollout_status": st.status})
         else:
-            win = read_window(fleet, cfg, serving, sleep=sleep)
+            if cfg.autoscale.prometheus_url:
+                from deployctl.rollout.autoscale_prom import read_window_prometheus
+
+                win = read_window_prometheus(cfg, serving)
+            else:
+                win = read_window(fleet, cfg, serving, sleep=sleep)
             since = since_last_scale(fleet.store.read_history())
             d = decide(win, serving=serving, warm=warm, auto=cfg.autoscale, ttft_slo_s=cfg.slo.ttft_p99_s,
                        n_hosts=len(cfg.hosts), since_last_s=since)

@@ -124,3 +124,44 @@ def test_autoscale_without_readable_metrics_exits_4(fleet):
     path.write_text(yaml.safe_dump(doc))
     r = run_cli("autoscale", "--once", "-c", str(path))
     assert r.returncode == 4 and "no serving engine's metrics could be read" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_autoscale_reads_the_window_from_prometheus(fleet, tmp_path):
+    """With autoscale.prometheus_url: a real Prometheus scraping the stand-ins with render's scrape job (its job and
+    deployctl_host labels) gives the window."""
+    import subprocess
+    import time
+
+    import httpx
+    import yaml
+
+    from deployctl.render.targets import render_scrape
+    from deployctl.rollout.autoscale_run import autoscale_once
+
+    port = free_port()
+    path, cfg = fleet("prom", ["a", "b"], ["w"], {"DEPLOYCTL_STANDIN_WAITING": "5", "DEPLOYCTL_STANDIN_KV_USAGE": "0.9"},
+                      prometheus_url=f"http://127.0.0.1:{port}", window_s=3, samples=3)
+    job = yaml.safe_load(render_scrape(cfg).content)["scrape_configs"][0]
+    job["scrape_interval"] = "1s"
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        q = {"query": 'count_over_time(deployctl_runtime_kv_cache_usage_ratio{deployctl_host="a"}[10s])'}
+        while time.monotonic() < deadline:  # until the window holds scrapes of its whole length
+            try:
+                res = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params=q, timeout=2).json()["data"]["result"]
+                if res and float(res[0]["value"][1]) >= 4:
+                    break
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.5)
+        rec = Recorder()
+        d = autoscale_once(cfg, actor=rec)
+        assert (d.action, rec.calls) == ("out", [("out", ["w"])]), d.reason
+        assert d.numbers["kv_usage_min"] == 0.9 and d.numbers["waiting_min"] == 10, d.numbers
+    finally:
+        prom.terminate()
+        prom.wait(timeout=20)
