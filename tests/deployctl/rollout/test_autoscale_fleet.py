@@ -95,8 +95,16 @@ def test_autoscale_once_out_cooldown_in_and_min(fleet):
     rec = Recorder()
     assert autoscale_once(cfg, actor=rec).action == "in" and rec.calls == [("in", ["c"])]  # dry run: no cooldown
 
-    # the same idle fleet with min_hosts 3: refused, with the reason
-    path, cfg = fleet("atmin", ["a", "b", "c"], [], {}, min_hosts=3)
+    # the same idle engines with min_hosts 3 (and a history of their own): refused, with the reason
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    doc["autoscale"]["min_hosts"] = 3
+    for h in doc["hosts"]:
+        h["deploy_root"] += "-atmin"
+    path = path.with_name("atmin.yaml")
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_config(path)
     r = run_cli("autoscale", "--once", "-c", str(path))
     assert r.returncode == 0 and "at autoscale.min_hosts 3" in r.stdout, r.stdout
     # while a deploy runs (state/rollout.json in progress): nothing, whatever the metrics
