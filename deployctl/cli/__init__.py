@@ -20,6 +20,7 @@ from deployctl.cli import keys as _keys  # noqa: F401  (registers keys add, reti
 from deployctl.cli import standby as _standby  # noqa: F401  (registers standby stop)
 from deployctl.cli import validate as _validate  # noqa: F401  (registers validate)
 from deployctl.cli import scale as _scale  # noqa: F401  (registers scale out, scale in)
+from deployctl.cli import autoscale as _autoscale  # noqa: F401  (registers autoscale)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from deployctl.errors import ConfigError
+from deployctl.config.autoscale import AutoscaleConfig
 from deployctl.config.fields import MAX_SECONDS, ByteSize, _Frozen
 from deployctl.config.logs import LogsConfig
 from deployctl.config.rollout import RolloutConfig
@@ -379,6 +380,8 @@ class DeployConfig(_Frozen):
     """The capacity plan's settings."""
     logs: LogsConfig = Field(default_factory=LogsConfig)
     """The runtime's log rotation."""
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig,
+                                       description="`deployctl autoscale` and the rendered KEDA ScaledObject.")
 
     @model_validator(mode="before")
     @classmethod

@@ -270,7 +270,22 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_pinning", "gpu_memory", "gpu_processes", "capacity", "port", "allocated_ports", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
-                    "login_shell")  # SSH hosts only
+                    "login_shell",  # SSH hosts only
+                    "serving_hosts")  # on the first serving host's report only (a fleet check)
+
+
+def check_serving_hosts(cfg: DeployConfig) -> Check:
+    """Warn when one host serves (hosts[].pool: serving): the guides ask for at least two instances in production,
+    so one can fail, be drained or be replaced while the other serves; a single one is for validation."""
+    serving = [h.name for h in cfg.hosts if h.pool != "warm"]
+    warm = [h.name for h in cfg.hosts if h.pool == "warm"]
+    if len(serving) >= 2:
+        return Check("serving_hosts", "pass", f"{len(serving)} serving hosts ({', '.join(serving)})")
+    return Check("serving_hosts", "warn",
+                 f"one serving host ({', '.join(serving) or 'none'}"
+                 + (f"; warm pool: {', '.join(warm)}" if warm else "") + "): a single instance is for validation "
+                 "only; a failed, drained or restarted host takes the whole service down",
+                 "add a second serving host under hosts: (deployctl plan sizes it) and keep autoscale.min_hosts >= 2")
 
 
 def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Optional[Mapping[str, str]] = None) -> list[Check]:
@@ -304,7 +319,12 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         *([check_engine_secrets(cfg, environ)] if cfg.engine.secret_env else []),
         *standby_checks(cfg, host, facts, sized),
         *([check_login_shell(host, facts)] if "login_shell" in facts else []),  # measured over SSH only
+        *([check_serving_hosts(cfg)] if host.name == _first_serving(cfg) else []),
     ]
+
+
+def _first_serving(cfg: DeployConfig) -> str:
+    return next((h.name for h in cfg.hosts if h.pool != "warm"), cfg.hosts[0].name)
 
 
 __all__ = ["Check", "PREFLIGHT_CHECKS", "run_checks", "CapacityPlan"]

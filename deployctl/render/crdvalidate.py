@@ -1,5 +1,5 @@
 """Custom resources checked against their projects' own schemas: Argo Rollouts (Rollout, AnalysisTemplate),
-Prometheus Operator (PrometheusRule, PodMonitor, ServiceMonitor) and Gateway API (HTTPRoute), with the validators
+Prometheus Operator (PrometheusRule, PodMonitor, ServiceMonitor), Gateway API (HTTPRoute) and KEDA (ScaledObject), with the validators
 the @kubernetes-models npm packages compile from each project's CRD OpenAPI schema, run by node (crdcheck.mjs).
 A field the schema does not declare fails too (strict, as kubernetes-validate is for core objects).
 
@@ -20,17 +20,19 @@ from deployctl.errors import CheckFailed
 # The npm packages and versions (tests/setup_test_venvs.sh installs these; tests/refresh_crd_schemas.py copies what
 # the validators load into crdschemas/).
 NPM_PACKAGES = ("@kubernetes-models/argo-rollouts@2.0.0", "@kubernetes-models/prometheus-operator@6.0.0",
-                "@kubernetes-models/gateway-api@2.0.0")
+                "@kubernetes-models/gateway-api@2.0.0", "@kubernetes-models/keda@2.0.0")
 _ARGO = "@kubernetes-models/argo-rollouts/_schemas/ComGithubArgoprojArgoRolloutsPkgApisRolloutsV1alpha1"
 _PROM = ("@kubernetes-models/prometheus-operator/_schemas/"
          "ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1")
 _GW = "@kubernetes-models/gateway-api/_schemas/IoK8sSigsGatewayApiApisV1"
+_KEDA = "@kubernetes-models/keda/_schemas/ComGithubKedacoreKedaV2ApisKedaV1alpha1"
 SCHEMAS = {("argoproj.io/v1alpha1", "Rollout"): _ARGO + "Rollout.js",
            ("argoproj.io/v1alpha1", "AnalysisTemplate"): _ARGO + "AnalysisTemplate.js",
            ("monitoring.coreos.com/v1", "PrometheusRule"): _PROM + "PrometheusRule.js",
            ("monitoring.coreos.com/v1", "PodMonitor"): _PROM + "PodMonitor.js",
            ("monitoring.coreos.com/v1", "ServiceMonitor"): _PROM + "ServiceMonitor.js",
-           ("gateway.networking.k8s.io/v1", "HTTPRoute"): _GW + "HTTPRoute.js"}
+           ("gateway.networking.k8s.io/v1", "HTTPRoute"): _GW + "HTTPRoute.js",
+           ("keda.sh/v1alpha1", "ScaledObject"): _KEDA + "ScaledObject.js"}
 
 
 class ToolMissing(CheckFailed):

@@ -4,13 +4,13 @@ and stable Services it needs, the golden-output Job's config, and the Prometheus
 
 Files (under ``k8s/``): analysis-template.yaml (AnalysisTemplate), analysis-config.yaml (ConfigMap: the deploy.yaml
 the Job reads), track-services.yaml (canary and stable Services), and render.gateway's inference-pool.yaml and
-http-route.yaml.
+http-route.yaml; and on both k8s targets scaledobject.yaml (KEDA ScaledObject, deploy.yaml's autoscale:).
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from deployctl.render.release import RenderedFile, render_template
 
@@ -93,3 +93,26 @@ def rollout_files(cfg: DeployConfig, ctx: dict) -> list[RenderedFile]:
 
 
 __all__ = ["CONFIG_DIR", "PROMETHEUS_ADDRESS", "analysis_config", "analysis_context", "deployctl_image", "rollout_files"]
+
+
+def scaledobject_file(cfg: DeployConfig, *, rollout: bool) -> Optional[RenderedFile]:
+    """k8s/scaledobject.yaml: a KEDA ScaledObject (keda.sh/v1alpha1) on the Deployment or Rollout, min/max replicas
+    from autoscale.min_hosts/max_hosts (defaults: deployctl.config.autoscale.AutoscaleConfig.bounds over the hosts),
+    Prometheus triggers on the engine's waiting requests and KV cache usage (average value per replica; KEDA's
+    prometheus scaler: desired replicas = ceil(query / threshold)); None when the engine exports neither metric."""
+    from deployctl.engines import of
+
+    m = of(cfg).metrics
+    if not m["waiting"] and not m["kv_usage"]:
+        return None
+    auto = cfg.autoscale
+    lo, hi = auto.bounds(len(cfg.hosts))
+    ctx = {"service": cfg.service, "container": cfg.container,
+           "target_api": "argoproj.io/v1alpha1" if rollout else "apps/v1",
+           "target_kind": "Rollout" if rollout else "Deployment", "min_replicas": lo, "max_replicas": hi,
+           "cooldown_s": math.ceil(auto.cooldown_s), "window_s": max(1, math.ceil(auto.window_s)),
+           "waiting": m["waiting"], "kv_usage": m["kv_usage"], "job": cfg.slo.prometheus_job or cfg.service.name,
+           "prometheus_url": auto.prometheus_url or PROMETHEUS_ADDRESS,
+           # one waiting request per replica is the smallest target an AverageValue can hold (it must be above 0)
+           "waiting_target": f"{max(1.0, auto.scale_out_waiting):g}", "kv_target": f"{auto.scale_out_kv_usage:g}"}
+    return RenderedFile("k8s/scaledobject.yaml", render_template("k8s-scaledobject.yaml.j2", ctx))

@@ -2,6 +2,7 @@
 
 Layout under ``out_dir`` (paths are stable; tests keep golden copies):
 - systemd:     ``hosts/<host>/`` release files (see render.render_release), ``router/<service>.conf``
+               (plus ``control/`` deployctl-<service>-autoscale.service and .timer: render.autoscale),
                (all hosts stable; with the key in the environment ``router/<service>.conf.keys``, 0600, the keys
                file it includes: copy it beside the conf as ``<router.upstream_conf>.keys``) with ``router/<service>.mtail`` and ``router/mtail.default`` (render.watch),
                ``prometheus/alerts.rules.yaml``, ``prometheus/scrape.yaml`` (render_scrape),
@@ -123,7 +124,8 @@ def render_alerts(cfg: DeployConfig, *, per_host: bool = True) -> RenderedFile:
            "hosts": [h.name for h in cfg.hosts] if per_host else [], "node_job": cfg.slo.prometheus_node_job,
            "pseudo_fs": PSEUDO_FILESYSTEMS, "disk_fail": DISK_FAIL_BYTES, "disk_warn": DISK_WARN_BYTES,
            "disk_fail_text": format_bytes(DISK_FAIL_BYTES), "disk_warn_text": format_bytes(DISK_WARN_BYTES),
-           "stall_window": STALL_WINDOW, "flap": FLAP}
+           "stall_window": STALL_WINDOW, "flap": FLAP, "autoscale": cfg.autoscale,
+           "autoscale_max": cfg.autoscale.bounds(len(cfg.hosts))[1]}
     ctx["errors"] = _error_terms(a, ctx["job"])
     from deployctl.render.watch import alert_context
 
@@ -256,11 +258,14 @@ def _k8s_files(cfg: DeployConfig, release_id: str, api_key: str | None, *, rollo
         from deployctl.render.kubernetes import rollout_files
 
         extra = rollout_files(cfg, ctx)
+    from deployctl.render.kubernetes import scaledobject_file
+
+    scaled = scaledobject_file(cfg, rollout=rollout)
     return [*(configmap if ctx["adapter"].config_file else []), *extra,
             RenderedFile("k8s/rollout.yaml" if rollout else "k8s/deployment.yaml",
                          render_template("k8s-workload.yaml.j2", ctx)),
             RenderedFile("k8s/service.yaml", render_template("k8s-service.yaml.j2", ctx)),
-            RenderedFile("k8s/runtime.env", secret_env, 0o600)]
+            *([scaled] if scaled else []), RenderedFile("k8s/runtime.env", secret_env, 0o600)]
 
 
 def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: str | None) -> list[RenderedFile]:
@@ -268,8 +273,11 @@ def render_files(cfg: DeployConfig, *, target: str, release_id: str, api_key: st
     if target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}")
     if target == "systemd":
+        from deployctl.render.autoscale import autoscale_units
+
         files = [RenderedFile(f"hosts/{h.name}/{f.path}", f.content, f.mode)
                  for h in cfg.hosts for f in render_release(cfg, h, release_id, api_key=api_key)]
+        files += autoscale_units(cfg)
     elif target == "container":
         files = _container_files(cfg, release_id, api_key)
     else:

@@ -209,7 +209,7 @@ def _ramp(fleet: Fleet, names: list[str], slow_start_s: float, res: ScaleResult,
 
 def scale_in(cfg: DeployConfig, names: list[str], *, purge: bool = False, say: Callable = print) -> ScaleResult:
     """Scale in ``names`` (module doc). Returns the ScaleResult (``cut``: requests still running when the drain
-    bound ended). Raises UsageError (unknown or not serving host, none left serving), LockHeld, RemoteError."""
+    bound ended). Raises UsageError (unknown or not serving host, none left serving, fewer than autoscale.min_hosts left), LockHeld, RemoteError."""
     _names(cfg, names)
     t0 = time.monotonic()
     fleet = Fleet(cfg, adapt(say))
@@ -224,6 +224,11 @@ def scale_in(cfg: DeployConfig, names: list[str], *, purge: bool = False, say: C
         if not left:
             raise UsageError(f"scaling in {', '.join(names)} would leave no host serving",
                              fix="scale out another host first")
+        lo, _ = cfg.autoscale.bounds(len(cfg.hosts))
+        if len(left) < lo:
+            raise UsageError(f"scaling in {', '.join(names)} would leave {len(left)} host(s) serving, below "
+                             f"autoscale.min_hosts {lo}",
+                             fix="scale out another host first, or lower autoscale.min_hosts in deploy.yaml")
         fleet.lock("scale in")
         cur = fleet.current_releases()
         res = ScaleResult("in", list(names), majority(cur[n] for n in left))

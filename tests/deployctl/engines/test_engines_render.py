@@ -101,8 +101,8 @@ def test_stop_drains_on_every_target(tmp_path, kind):
     out = tmp_path / "systemd"
     render_all(cfg, out, target="systemd", release_id="r1", env=ENV)
     results = validate_tree(cfg, out)  # systemd-analyze verify on every unit, among others
-    # per host: the runtime's unit, and the log cap's service and timer
-    assert sum(r.tool == "systemd-analyze verify" for r in results) == 3 * len(cfg.hosts), [r.tool for r in results]
+    # per host: the runtime's unit, and the log cap's service and timer; once: the autoscale service and timer
+    assert sum(r.tool == "systemd-analyze verify" for r in results) == 3 * len(cfg.hosts) + 2, [r.tool for r in results]
     assert all(r.ok for r in results), [(r.tool, r.path, r.output) for r in results if not r.ok]
     for h in cfg.hosts:
         unit = (out / "hosts" / h.name / f"{cfg.service.name}.service").read_text().splitlines()

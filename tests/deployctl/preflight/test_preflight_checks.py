@@ -41,6 +41,16 @@ hosts:
     return parse_config(text)
 
 
+SERVE_TEXT = """
+service: {name: chat-8b}
+model: {path: /models/llama-3-8b-instruct}
+engine: {device: cuda, max_model_len: 8192, max_num_seqs: 64}
+server: {port: 8080}
+hosts:
+  - {name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/chat-8b, python: /opt/deployctl/venv/bin/python}
+"""
+
+
 def run(cfg, f: dict, environ=None):
     rep = check_facts(cfg, [(cfg.hosts[0], f)], environ or {})
     return rep, {c.name: c for c in rep.hosts[0].checks}
@@ -50,7 +60,9 @@ def test_h200_host_passes_every_check():
     cfg = config("  max_model_len: 8192\n  max_num_seqs: 64")
     rep, checks = run(cfg, facts("h200"))
     assert rep.ok, [c for c in checks.values() if c.status != "pass"]
-    assert all(c.status == "pass" for c in checks.values())
+    # every check passes; one serving host is a warning (serving_hosts: test_one_serving_host_warns)
+    assert all(c.status == "pass" for n, c in checks.items() if n != "serving_hosts")
+    assert checks["serving_hosts"].status == "warn"
     assert "570.133.20" in checks["nvidia_driver"].message and "12.8" in checks["nvidia_driver"].message
     # the plan uses the GPU size from the host's facts (143771 MiB), not this machine's NVML
     assert "143,771 MiB" in checks["gpu_memory"].message
@@ -226,7 +238,8 @@ def test_cli_table_and_summary_line():
         _print_report(rep)
     text = cap.get()
     assert "preflight: gpu-a" in text and "gpu_memory" in text and "fail" in text
-    assert "preflight FAILED on gpu-a: 1 host(s), 11 pass, 1 warn, 1 fail" in text  # gpu_processes names the sharers; gpu_pinning passes
+    # gpu_processes names the sharers, serving_hosts warns of one host; gpu_pinning passes
+    assert "preflight FAILED on gpu-a: 1 host(s), 11 pass, 2 warn, 1 fail" in text
 
 
 def test_port_check_uses_the_hosts_own_server_port():
@@ -347,3 +360,25 @@ def test_public_runtime_bind_without_the_key_names_both_fixes():
     _, checks = run(cfg, facts("h200"), environ={})
     c = checks["api_key"]
     assert c.status == "fail" and "0.0.0.0" in c.message and "export LLM_API_KEY" in c.fix and "bind 127.0.0.1" in c.fix
+
+
+def test_one_serving_host_warns_once_for_the_fleet_and_two_pass():
+    one = config("  max_model_len: 8192\n  max_num_seqs: 64")
+    _, checks = run(one, facts("h200"))
+    c = checks["serving_hosts"]
+    assert c.status == "warn" and "one serving host (gpu-a)" in c.message and "validation only" in c.message
+    assert "second serving host" in c.fix
+    host = "  - {name: gpu-a, address: 10.0.0.1, deploy_root: /opt/deployctl/chat-8b, python: /opt/deployctl/venv/bin/python}"
+    second = "\n  - {name: gpu-w, address: 10.0.0.2, deploy_root: /opt/deployctl/chat-8b, pool: %s}"
+
+    def fleet(pool: str):
+        return parse_config(SERVE_TEXT.replace(host, host + second % pool))
+
+    with_pool = fleet("warm")  # a warm host does not serve: still one
+    rep = check_facts(with_pool, [(h, facts("h200")) for h in with_pool.hosts], {})
+    found = [(h.host, c.status, c.message) for h in rep.hosts for c in h.checks if c.name == "serving_hosts"]
+    assert [(h, st) for h, st, _ in found] == [("gpu-a", "warn")] and "warm pool: gpu-w" in found[0][2]
+    two = fleet("serving")
+    rep = check_facts(two, [(h, facts("h200")) for h in two.hosts], {})
+    found = [(h.host, c.status) for h in rep.hosts for c in h.checks if c.name == "serving_hosts"]
+    assert found == [("gpu-a", "pass")]

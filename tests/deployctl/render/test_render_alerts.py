@@ -104,7 +104,7 @@ def test_alert_rules_pass_promtool_and_fire_on_their_conditions(tmp_path):
     rules_path = tmp_path / "alerts.rules.yaml"
     rules_path.write_text(render_alerts(cases.cfg).content)
     checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 24 rules found" in checked.output, checked.output
+    assert checked.ok and "SUCCESS: 26 rules found" in checked.output, checked.output
     result = run_rule_cases(tmp_path, cases)
     assert result.ok, result.output
 

@@ -23,7 +23,7 @@ CONFIGS = {
     "cpu": make_config(engine={"device": "cpu"}, **FULL),
 }
 CASE_MODULES = ("test_render_alerts", "test_render_alerts_stall", "test_render_alerts_tls",
-                "test_render_alerts_targets", "test_render_watch")
+                "test_render_alerts_targets", "test_render_watch", "test_render_alerts_autoscale")
 
 
 def _all_cases() -> list:

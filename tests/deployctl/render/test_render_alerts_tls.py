@@ -75,7 +75,7 @@ def test_certificate_alerts_fire_on_expiry_for_this_service_only(tmp_path):
     rules_path = tmp_path / "alerts.rules.yaml"
     rules_path.write_text(render_alerts(cases.cfg).content)
     checked = check_alert_rules(rules_path)
-    assert checked.ok and "SUCCESS: 27 rules found" in checked.output, checked.output
+    assert checked.ok and "SUCCESS: 29 rules found" in checked.output, checked.output
     result = run_rule_cases(tmp_path, cases)
     assert result.ok, result.output
 

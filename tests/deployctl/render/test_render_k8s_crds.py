@@ -1,5 +1,5 @@
 """Every object of the k8s targets against its own project's schema: core objects with kubernetes-validate (strict),
-Argo Rollouts, Prometheus Operator and Gateway API objects with the CRD schemas of the @kubernetes-models packages
+Argo Rollouts, Prometheus Operator, Gateway API and KEDA objects with the CRD schemas of the @kubernetes-models packages
 (run by node; tests/setup_test_venvs.sh installs them into .node/), strict too: a misspelt field fails."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_every_rendered_object_validates_against_its_schema(rendered):
         assert result.ok, f"{path.name}: {result.output}"
         kinds |= {d["kind"] for d in yaml.safe_load_all(path.read_text()) if d}
     assert {"Rollout", "AnalysisTemplate", "PrometheusRule", "PodMonitor", "Service", "ConfigMap", "HTTPRoute",
-            "InferencePool"} <= kinds
+            "InferencePool", "ScaledObject"} <= kinds
 
 
 @pytest.mark.parametrize("file,field,wrong", [
@@ -43,6 +43,8 @@ def test_every_rendered_object_validates_against_its_schema(rendered):
     ("k8s/prometheus-rule.yaml", "expr:", "expression:"),
     ("k8s/http-route.yaml", "backendRefs:", "backendRef:"),
     ("k8s/http-route.yaml", "parentRefs:", "parents:"),
+    ("k8s/scaledobject.yaml", "minReplicaCount:", "minReplicas:"),
+    ("k8s/scaledobject.yaml", "scaleTargetRef:", "scaleTarget:"),
     # InferencePool has no published schema: this is the weaker check, against the fields of the extension's API
     # reference as transcribed in deployctl/render/poolschema.py
     ("k8s/inference-pool.yaml", "targetPorts:", "targetPort:"),
@@ -110,3 +112,21 @@ def test_prometheus_rule_carries_the_plain_rules_and_the_pod_monitor_scrapes_the
     assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
     assert endpoint["path"] == "/metrics" and endpoint["interval"] == "7s"  # a quarter of the 30 s window
     assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"deployctl_service", "rollouts_pod_template_hash"}
+
+
+def test_scaledobject_follows_deploy_yaml_autoscale_and_validates(tmp_path):
+    files = {f.path: f.content for f in render_files(
+        make_config(autoscale={"min_hosts": 2, "max_hosts": 6, "scale_out_kv_usage": 0.8, "cooldown_s": "10m"}),
+        target="k8s", release_id="r1", api_key=API_KEY)}
+    doc = yaml.safe_load(files["k8s/scaledobject.yaml"])
+    spec = doc["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat-7b"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["cooldownPeriod"]) == (2, 6, 600)
+    triggers = {t["name"]: t["metadata"] for t in spec["triggers"]}
+    assert triggers["kv-cache"]["threshold"] == "0.8"
+    assert "deployctl_runtime_num_requests_waiting" in triggers["waiting"]["query"]
+    path = tmp_path / "scaledobject.yaml"
+    path.write_text(files["k8s/scaledobject.yaml"])
+    result = check_k8s_manifest(path)
+    assert result.ok and "ScaledObject: checked against the keda.sh/v1alpha1 CRD schema" in " ".join(result.notes), \
+        (result.output, result.notes)

@@ -32,7 +32,7 @@ def test_two_replicas_of_tp2_on_one_host_render_side_by_side(tmp_path):
     out = tmp_path / "out"
     render_all(cfg, out, target="systemd", release_id="r1", env=KEY)
     results = validate_tree(cfg, out)  # systemd-analyze verify on both units, nginx -t on the upstream
-    assert sum(r.tool == "systemd-analyze verify" for r in results) == 2 * 3  # each: the unit, the log cap service and timer
+    assert sum(r.tool == "systemd-analyze verify" for r in results) == 2 * 3 + 2  # each: the unit, the log cap service and timer; the autoscale service and timer
     assert all(r.ok for r in results), [(r.tool, r.output) for r in results if not r.ok]
     for i, (gpus, port) in enumerate((("0,1", 8000), ("2,3", 8001))):
         d = out / "hosts" / f"gpu-a-r{i}"

@@ -88,9 +88,12 @@ class State:
             out.append(f'{P}request_rejected_total{{reason="draining"}} 0')
             out.append(f"{P}num_preemptions_total 0")
             out.append(f"{P}num_requests_running {self.running}")
-            out.append(f"{P}num_requests_waiting 0")
+            # DEPLOYCTL_STANDIN_WAITING / DEPLOYCTL_STANDIN_KV_USAGE: a fault that reports a long queue / a full KV
+            # cache (autoscale tests); default: nothing waits, usage follows the requests running
+            out.append(f"{P}num_requests_waiting {os.environ.get('DEPLOYCTL_STANDIN_WAITING', '0')}")
             mx = int(self.cfg.get("max_num_seqs") or 8)
-            out.append(f"{P}kv_cache_usage_ratio {min(1.0, self.running / max(1, mx)) * 0.5}")
+            kv = os.environ.get("DEPLOYCTL_STANDIN_KV_USAGE") or min(1.0, self.running / max(1, mx)) * 0.5
+            out.append(f"{P}kv_cache_usage_ratio {kv}")
             out.append(f"{P}is_sleeping {1 if self.phase == 'sleeping' else 0}")
             out.append(f"process_start_time_seconds {self.started}")
         return "\n".join(out) + "\n"
