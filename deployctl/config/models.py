@@ -19,6 +19,7 @@ from deployctl.config.rollout import RolloutConfig
 from deployctl.config.router import USER_PATTERN, RouterConfig
 from deployctl.config.units import parse_duration
 from deployctl.config.openai_server import OpenAIServerConfig
+from deployctl.config.weights import WeightsFields
 
 # The shortest SSH keepalive interval (hosts[].keepalive_interval_s) besides 0 (off): OpenSSH's ServerAliveInterval
 # counts whole seconds, and more often than that only floods the connection.
@@ -31,8 +32,9 @@ class ServiceConfig(_Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
-class ModelConfig(_Frozen):
-    path: str
+class ModelConfig(WeightsFields):
+    path: str = Field("", description=(
+        "The model directory on each host; derived as <store>/<name>/<version> when model.source is set."))
     manifest: str = "manifest.sha256"
     served_name: Optional[str] = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -41,6 +43,22 @@ class ModelConfig(_Frozen):
     def name(self) -> str:
         """The model name clients send: served_name, else the model directory's basename."""
         return self.served_name or Path(self.path).name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_from_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("source"):
+            if isinstance(data, dict) and not data.get("path"):
+                raise ValueError("model.path is required (or model.source with model.version)")
+            return data
+        if not data.get("version"):
+            raise ValueError("model.source needs model.version (the directory each host fetches into)")
+        from deployctl.config.weights import source_name
+        derived = f"{str(data.get('store') or '/srv/models').rstrip('/')}/{source_name(data['source'])}/{data['version']}"
+        if data.get("path") and data["path"].rstrip("/") != derived:
+            raise ValueError(f"model.path {data['path']} disagrees with model.source: a fetched version lives in "
+                             f"{derived}; drop model.path")
+        return dict(data, path=derived)
 
 
 class EngineConfig(_Frozen):
