@@ -19,6 +19,7 @@ from deployctl.cli import router as _router  # noqa: F401  (registers router rel
 from deployctl.cli import keys as _keys  # noqa: F401  (registers keys add, retire, list)
 from deployctl.cli import standby as _standby  # noqa: F401  (registers standby stop)
 from deployctl.cli import validate as _validate  # noqa: F401  (registers validate)
+from deployctl.cli import models as _models  # noqa: F401  (registers models fetch, list, prune)
 
 
 def main() -> None:

@@ -11,13 +11,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deployctl.config.models import ModelConfig
 from deployctl.hosts import Host
 from deployctl.hostscripts.weights import write_manifest
 from deployctl.weights import fetch as wfetch
-from deployctl.weights.keep import versions_to_prune
 from deployctl.weights.sources import plan
+from support.cli import run_cli
 from support.ports import free_port
 
 CREDS = {"WX_KEY": "AKIATESTKEY", "WX_SECRET": "test-secret-value"}
@@ -159,16 +160,30 @@ def test_s3_fetch_resume_corrupt_disk_and_versions(s3, ssh_fleet, tmp_path):
     finally:
         subprocess.run(["umount", str(small)])
 
-    # 5. versions kept: v1, v2, v3 in turn with keep_versions 2 and no kept release using v1: v1 is pruned
+    # 5. versions kept, through the CLI: v3 fetched with `models fetch` (keep_versions 2); a kept release's
+    # release.json naming v1 keeps v1; once that release is gone, `models prune` deletes v1, the oldest unused
     v3 = checkpoint(tmp_path / "v3", seed=3)
     upload(client, v3, "tiny")
-    m3 = model_cfg(endpoint, "v3", keep_versions=2)
-    wfetch.fetch_to_hosts(hosts[:1], m3, plan(m3, CREDS))
-    listed = wfetch.list_versions(hosts[0], m3)
-    assert [v["version"] for v in listed] == ["v1", "v2", "v3"]
-    assert all(v["verified_at"] and v["bytes"] > 0 for v in listed)
-    assert versions_to_prune(listed, "v3", in_use=("v1",), keep=2) == []  # a kept release still uses v1
-    gone = versions_to_prune(listed, "v3", in_use=(), keep=2)
-    assert gone == ["v1"]
-    assert wfetch.prune_versions(hosts[0], m3, gone) == ["v1"]
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({
+        "service": {"name": "tiny"}, "hosts": fleet.host_yaml()[:1],
+        "model": {"source": "s3://models/tiny", "version": "v3", "store": "models", "keep_versions": 2,
+                  "s3": {"endpoint": endpoint, "access_key_env": "WX_KEY", "secret_key_env": "WX_SECRET"}}}))
+    r = run_cli("models", "fetch", "-c", str(conf), env=CREDS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"model v3 from s3://models/tiny: 1 hosts, \d+ bytes fetched", r.stdout)
+    assert CREDS["WX_SECRET"] not in r.stdout + r.stderr
+    rel = Path(fleet.host_configs()[0].deploy_root) / "releases" / "20261206T000000Z-aaaa"
+    rel.mkdir(parents=True)
+    (rel / "release.json").write_text(json.dumps({"id": rel.name, "model_version": "v1"}))
+    r = run_cli("models", "list", "-c", str(conf), "--json")
+    listed = json.loads(r.stdout)["hosts"][hosts[0].name]
+    assert [(v["version"], v["releases"]) for v in listed] == [("v1", [rel.name]), ("v2", []), ("v3", [])]
+    assert all(v["verified_at"] and v["bytes"] > p.total_bytes // 2 for v in listed)
+    r = run_cli("models", "prune", "-c", str(conf), "--json")
+    assert json.loads(r.stdout)["pruned"] == {hosts[0].name: []}  # v1 in use, v2 + v3 are the 2 kept
+    (rel / "release.json").unlink()
+    rel.rmdir()
+    r = run_cli("models", "prune", "-c", str(conf), "--json")
+    assert json.loads(r.stdout)["pruned"] == {hosts[0].name: ["v1"]}
     assert sorted(p.name for p in stores[0].iterdir()) == ["v2", "v3"]
