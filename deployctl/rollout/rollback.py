@@ -140,6 +140,10 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
+        if cfg.model.source:  # issue 43: the target's model version may have been pruned from a host's store
+            from deployctl.weights.fetch import pruned_model_check
+
+            pruned_model_check([h for n, h in fleet.hosts.items() if current[n] != target], cfg.model, target)
         if fleet.router:  # the engines behind nginx while it runs (keep-alive: deployctl.engines.keepalive)
             fleet.router.engines_behind = _engines(fleet, {**current, "": target}, cfg.engine.kind)
         phases = {"prepare_s": 0.0, "lock_s": 0.0, "router_s": 0.0, "batches": [], "record_s": 0.0}

@@ -9,12 +9,13 @@ hashes; a full disk names both sizes); the hosts that succeeded keep their publi
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from deployctl.config.models import ModelConfig
 from deployctl.config.weights import source_name
-from deployctl.errors import RemoteError
+from deployctl.errors import CheckFailed, RemoteError
 from deployctl.hosts import Host, run_on_hosts
 from deployctl.hostscripts import fetch as fetch_script
 from deployctl.hostscripts.snippets import module_argv
@@ -117,3 +118,30 @@ def prune_versions(host: Host, model: ModelConfig, versions: list[str]) -> list[
                                source_name(model.source), *versions),
                    timeout=600)
     return json.loads(res.stdout)
+
+
+def pruned_model_check(hosts: list[Host], model: ModelConfig, release_id: str) -> None:
+    """Before a rollback to ``release_id``: raise CheckFailed naming the model version its release.json names and
+    the hosts whose store no longer holds it (pruned), with the command that fetches it again. A release without
+    a model_version (a hand-placed model.path) passes."""
+    from deployctl.config.layout import release_dir
+
+    missing, version = [], None
+    for h in hosts:
+        res = h.run(f"cat {shlex.quote(release_dir(h.config, release_id) + '/release.json')} 2>/dev/null || true",
+                    timeout=30)
+        try:
+            version = json.loads(res.stdout).get("model_version") if res.stdout.strip() else None
+        except ValueError:
+            version = None
+        if not version:
+            continue
+        meta = f"{store_of(h, model)}/{source_name(model.source)}/{version}/{fetch_script.META_NAME}"
+        if h.run(f"test -f {shlex.quote(meta)}", timeout=30, check=False).exit_code != 0:
+            missing.append((h.name, version))
+    if missing:
+        versions = sorted({v for _, v in missing})
+        raise CheckFailed(f"release {release_id} serves model version {', '.join(versions)}, which was pruned from "
+                          f"{', '.join(n for n, _ in missing)}; nothing was changed",
+                          fix=f"fetch it again first: set model.version: {versions[0]} and run `deployctl models "
+                              "fetch`, then roll back")

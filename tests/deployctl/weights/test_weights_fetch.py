@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from deployctl.config.models import ModelConfig
+from deployctl.errors import CheckFailed
 from deployctl.hosts import Host
 from deployctl.hostscripts.weights import write_manifest
 from deployctl.weights import fetch as wfetch
@@ -187,3 +188,13 @@ def test_s3_fetch_resume_corrupt_disk_and_versions(s3, ssh_fleet, tmp_path):
     r = run_cli("models", "prune", "-c", str(conf), "--json")
     assert json.loads(r.stdout)["pruned"] == {hosts[0].name: ["v1"]}
     assert sorted(p.name for p in stores[0].iterdir()) == ["v2", "v3"]
+
+    # 6. a rollback to a release whose model version was pruned says so before it starts (rollback.py calls this)
+    rel.mkdir()
+    (rel / "release.json").write_text(json.dumps({"id": rel.name, "model_version": "v1"}))
+    with pytest.raises(CheckFailed) as err:
+        wfetch.pruned_model_check(hosts[:1], m, rel.name)
+    assert f"release {rel.name} serves model version v1, which was pruned from {hosts[0].name}" in str(err.value)
+    assert "deployctl models fetch" in err.value.fix
+    (rel / "release.json").write_text(json.dumps({"id": rel.name, "model_version": "v3"}))
+    wfetch.pruned_model_check(hosts[:1], m, rel.name)  # v3 is there: no complaint
