@@ -141,8 +141,10 @@ def fetch(plan: dict) -> dict:
     prunable = [v for v in plan.get("prunable", []) if v != version and os.path.isdir(os.path.join(base, v))]
     free = store_free(store) + sum(dir_bytes(os.path.join(base, v)) for v in prunable)
     if need > free:
-        raise FetchFailed(4, error=f"{need} bytes to fetch but {free} free on {store} (prunable versions "
-                                   f"{prunable or 'none'} counted as free)", need=need, free=free)
+        pruned = f"versions {', '.join(prunable)} that would be pruned counted as free" if prunable else \
+            "no version to prune"
+        raise FetchFailed(4, error=f"{need} bytes to fetch but {free} free on {store} ({pruned})", need=need,
+                          free=free)
     for v in prunable:  # make room before the bytes come
         if store_free(store) < need:
             shutil.rmtree(os.path.join(base, v), ignore_errors=True)

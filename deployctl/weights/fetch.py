@@ -98,8 +98,8 @@ def fetch_to_hosts(hosts: list[Host], model: ModelConfig, plan: FetchPlan, *, ke
         detail = "; ".join(f"{h}: {f.get('error')}" for h, f in failures.items())
         raise WeightsFetchFailed(f"model version {plan.version} from {plan.source} did not reach "
                                  f"{len(failures)} of {len(hosts)} hosts: {detail}", failures,
-                                 fix="fix the source or the host, then deploy again: finished files are kept and "
-                                     "a partial file resumes")
+                                 fix="fix the source or the host, then run `deployctl models fetch` again: finished "
+                                     "files are kept and a partial file resumes")
     return [o.value for o in outcomes]
 
 
