@@ -198,3 +198,32 @@ def test_s3_fetch_resume_corrupt_disk_and_versions(s3, ssh_fleet, tmp_path):
     assert "deployctl models fetch" in err.value.fix
     (rel / "release.json").write_text(json.dumps({"id": rel.name, "model_version": "v3"}))
     wfetch.pruned_model_check(hosts[:1], m, rel.name)  # v3 is there: no complaint
+
+
+def test_https_source_file_server_resumes_by_range(ssh_fleet, tmp_path):
+    """model.source http(s)://: the manifest lists the files, a real nginx serves them (plain HTTP on loopback; the
+    host code is the same urllib GET for https). A file half there resumes with one Range GET of the other half."""
+    from support.fileserver import FileServer
+
+    ckpt = checkpoint(tmp_path / "www" / "tiny", seed=7)
+    server = FileServer(tmp_path / "www", tmp_path / "nginx").start()
+    try:
+        fleet = ssh_fleet(1)
+        (host,) = [Host.from_config(c) for c in fleet.host_configs()]
+        m = ModelConfig(source=f"{server.url}/tiny/", version="r7", store="models")
+        assert m.path == "models/tiny/r7"
+        p = plan(m)
+        assert sorted(f["path"] for f in p.files) == sorted(f.name for f in ckpt.iterdir() if f.name != "manifest.sha256")
+        big = next(f for f in p.files if f["path"].startswith("model-00002"))
+        part = Path(fleet.host_configs()[0].deploy_root) / "models" / "tiny" / ".r7.partial" / big["path"]
+        part.parent.mkdir(parents=True)
+        half = big["size"] // 2
+        part.write_bytes((ckpt / big["path"]).read_bytes()[:half])
+        (r,) = wfetch.fetch_to_hosts([host], m, p)
+        assert r.resumed == (big["path"],) and r.bytes_fetched == p.total_bytes - half
+        gets = {uri: (status, sent, rng) for meth, uri, status, sent, rng in server.entries() if meth == "GET"}
+        assert gets[f"/tiny/{big['path']}"] == (206, big["size"] - half, f"bytes={half}-")
+        published = Path(r.path)
+        assert subprocess.run(["sha256sum", "-c", "--quiet", "manifest.sha256"], cwd=published).returncode == 0
+    finally:
+        server.stop()
