@@ -227,3 +227,54 @@ def test_https_source_file_server_resumes_by_range(ssh_fleet, tmp_path):
         assert subprocess.run(["sha256sum", "-c", "--quiet", "manifest.sha256"], cwd=published).returncode == 0
     finally:
         server.stop()
+
+
+def test_connection_dropped_at_half_a_file_resumes_in_the_same_run(tmp_path):
+    """A server that sends half of a file then drops the connection: the host script resumes with a Range GET
+    from the byte it got to, verifies, publishes (run as the host runs it: the script's source on a python -c)."""
+    import http.server
+    import threading
+
+    from deployctl.hostscripts import fetch as fetch_script
+    from deployctl.hostscripts.snippets import module_argv
+
+    ckpt = checkpoint(tmp_path / "ckpt", seed=9)
+    name = "model-00001-of-00002.safetensors"
+    body = (ckpt / name).read_bytes()
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            rng = self.headers.get("Range")
+            seen.append(rng)
+            start = int(rng[6:-1]) if rng else 0
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Length", str(len(body) - start))
+            self.end_headers()
+            if len(seen) == 1:  # the first answer stops at half and the connection drops
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(2)
+                return
+            self.wfile.write(body[start:])
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        digest = hashlib.sha256(body).hexdigest()
+        plan_body = {"store": str(tmp_path / "store"), "name": "tiny", "version": "v9",
+                     "manifest": f"{digest}  {name}\n", "prunable": [],
+                     "files": [{"path": name, "url": f"http://127.0.0.1:{srv.server_address[1]}/{name}",
+                                "sha256": digest, "size": len(body)}]}
+        res = subprocess.run(module_argv("python3", fetch_script, "fetch"), capture_output=True, text=True,
+                             env={**os.environ, "DEPLOYCTL_FETCH_PLAN": json.dumps(plan_body)}, timeout=60)
+        out = json.loads(res.stdout)
+        assert res.returncode == 0 and out["ok"], res.stdout + res.stderr
+        assert seen == [None, f"bytes={len(body) // 2}-"]
+        assert out["resumed"] == [name] and out["bytes_fetched"] == len(body)
+        assert (tmp_path / "store" / "tiny" / "v9" / name).read_bytes() == body
+    finally:
+        srv.shutdown()
