@@ -278,3 +278,33 @@ def test_connection_dropped_at_half_a_file_resumes_in_the_same_run(tmp_path):
         assert (tmp_path / "store" / "tiny" / "v9" / name).read_bytes() == body
     finally:
         srv.shutdown()
+
+
+def test_status_check_names_the_host_on_another_model_version(tmp_path):
+    """release.json's model_version/source/dtype/quantization are read back by the fleet snapshot and compared."""
+    import sys
+
+    from deployctl.config import parse_config
+    from deployctl.rollout.fleetcheck import differences, snapshot
+    from deployctl.rollout.release import make_release_info
+
+    cfg = parse_config(yaml.safe_dump({
+        "service": {"name": "svc"}, "engine": {"device": "cpu"},
+        "model": {"source": "s3://models/tiny", "version": "v2", "store": str(tmp_path / "store"), "dtype": "bfloat16",
+                  "quantization": "fp8"},
+        "hosts": [{"name": n, "address": "local", "deploy_root": str(tmp_path / n), "python": sys.executable,
+                   "launcher": "process", "server_port": 18100 + i} for i, n in enumerate("abc")]}))
+    wheel = tmp_path / "deployctl_runtime-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"w")
+    info = json.loads(make_release_info(cfg, wheel, "x  config.json\n").to_json())
+    assert (info["model_version"], info["model_source"], info["model_dtype"], info["model_quantization"]) == \
+        ("v2", "s3://models/tiny", "bfloat16", "fp8")
+    for n, version in (("a", "v2"), ("b", "v1"), ("c", "v2")):
+        rdir = tmp_path / n / "releases" / "r1"
+        rdir.mkdir(parents=True)
+        (rdir / "release.json").write_text(json.dumps({**info, "id": "r1", "model_version": version}))
+        (rdir / "manifest.sha256").write_text("")
+        os.symlink("releases/r1", tmp_path / n / "current")
+    rows = [{"host": h.name, **snapshot(Host.from_config(h), cfg)} for h in cfg.hosts]
+    assert [r["model_version"] for r in rows] == ["v2", "v1", "v2"] and rows[0]["model_quantization"] == "fp8"
+    assert differences(rows) == ["b: model version v1 differs from the rest (v2 on a, c)"]
