@@ -41,8 +41,14 @@ class ModelConfig(WeightsFields):
 
     @property
     def name(self) -> str:
-        """The model name clients send: served_name, else the model directory's basename."""
-        return self.served_name or Path(self.path).name
+        """The model name clients send: served_name, else the model directory's basename (with model.source: the
+        source's name, deployctl.config.weights.source_name, not the version directory's)."""
+        if self.served_name:
+            return self.served_name
+        if self.source:
+            from deployctl.config.weights import source_name
+            return source_name(self.source)
+        return Path(self.path).name
 
     @model_validator(mode="before")
     @classmethod

@@ -177,6 +177,9 @@ class Deployment(WeightSteps):
             fl.connect()
             self._before_changes()
             current = fl.current_releases()
+            if self.cfg.model.source:  # issue 43: the model version onto every host first (nothing else changes)
+                self._before_changes()
+                fl.fetch_model()
             if not self.skip_preflight:
                 self._before_changes()
                 fl.preflight_gate()

@@ -160,6 +160,25 @@ class Fleet:
             self.say("warn", f"fleet already inconsistent: {line}")
         return lines
 
+    def fetch_model(self) -> None:
+        """With model.source: every host fetches model.version into its store (deployctl.weights), before the
+        preflight gate checks it and before anything else changes; the versions kept releases use are never pruned
+        to make room. Raises WeightsFetchFailed naming each failed host (the stable release keeps serving)."""
+        from deployctl.weights.fetch import fetch_to_hosts
+        from deployctl.weights.sources import plan as make_plan
+
+        plan = make_plan(self.cfg.model)
+        kept, _ = self.on_hosts(list(self.hosts.values()), release.release_model_versions,
+                                deadline_s=hostops.QUICK_DEADLINE_S, what="reading the kept releases' model versions")
+        in_use = tuple(sorted({v for per in kept.values() for v in per.values() if v}))
+        self.say("info", f"fetching model {plan.version} from {plan.source} ({plan.total_bytes} bytes, "
+                         f"{len(plan.files)} files) onto {len(self.hosts)} hosts, "
+                         f"{self.cfg.model.fetch_parallel_hosts} at a time")
+        done = fetch_to_hosts(list(self.hosts.values()), self.cfg.model, plan, kept_versions=in_use)
+        fetched = sum(d.bytes_fetched for d in done)
+        self.say("info", f"model {plan.version}: on {len(done)} hosts, verified; {fetched} bytes fetched "
+                         f"({sum(d.already for d in done)} hosts had it), manifest {plan.manifest_sha256[:12]}")
+
     def make_release(self):
         self.wheel = release.build_wheel()
         first = next(iter(self.hosts.values()))
