@@ -208,7 +208,7 @@ def prune(store: str, name: str, versions: list) -> list:
     for v in versions:
         d = os.path.join(store, name, v)
         if v and "/" not in v and not v.startswith(".") and os.path.isdir(d):
-            shutil.rmtree(d)
+            shutil.rmtree(d, ignore_errors=True)  # two hosts sharing one store may prune it at once
             gone.append(v)
     return gone
 

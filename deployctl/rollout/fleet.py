@@ -234,6 +234,27 @@ class Fleet:
         gone = sorted({r for v in ok.values() for r in v})
         if gone:
             self.say("info", f"pruned old releases: {', '.join(gone)}")
+        if self.cfg.model.source:
+            self.prune_models()
+
+    def prune_models(self) -> None:
+        """After the release prune: each host deletes the model versions no kept release uses beyond
+        model.keep_versions (deployctl.weights.keep.versions_to_prune, the one rule)."""
+        from deployctl.weights.fetch import list_versions, prune_versions
+        from deployctl.weights.keep import versions_to_prune
+
+        model = self.cfg.model
+
+        def one(h) -> list:
+            in_use = tuple(v for v in release.release_model_versions(h).values() if v)
+            return prune_versions(h, model, versions_to_prune(list_versions(h, model), model.version, in_use,
+                                                              model.keep_versions))
+
+        ok, _ = self.on_hosts(list(self.hosts.values()), one, deadline_s=hostops.QUICK_DEADLINE_S,
+                              what="pruning old model versions")
+        gone = sorted({v for per in ok.values() for v in per})
+        if gone:
+            self.say("info", f"pruned model versions no kept release uses: {', '.join(gone)}")
 
     # ------------------------------------------------------------------------------------------ restore
     def restore(self, plan, switched: set[str], route: Optional[Callable[[Split], None]]) -> list[str]:

@@ -12,7 +12,7 @@ from support.s3store import CREDS
 
 def test_deploy_fetches_the_model_version_and_records_it(s3, rollout_env, tmp_path):
     endpoint, client, log = s3
-    env = rollout_env(3, engine="standin", service="weights-deploy")
+    env = rollout_env(3, engine="standin", service="weights-deploy", steps=[100], pause_s=0)
     src = Path(env.cfg["model"]["path"])
     for f in sorted(src.iterdir()):
         client.put_object(Bucket="models", Key=f"standin-chat/{f.name}", Body=f.read_bytes())
@@ -35,6 +35,16 @@ def test_deploy_fetches_the_model_version_and_records_it(s3, rollout_env, tmp_pa
             ("2026-12-01", "s3://models/standin-chat", "fp8")
     models = httpx.get(env.runtime_url(env.names[0]) + "/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == "standin-chat"
+    # two more versions in turn with rollout.keep_releases 2, model.keep_versions 2: v1's release is pruned, then
+    # v1 itself (no kept release uses it); the two newest stay
+    env.cfg["rollout"] = {**env.cfg.get("rollout", {}), "keep_releases": 2}
+    for version in ("2026-12-02", "2026-12-03"):
+        env.cfg["model"]["version"] = version
+        env.write()
+        r = env.cli("deploy", "--yes", env=CREDS)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "pruned model versions no kept release uses: 2026-12-01" in r.stdout + r.stderr
+    assert sorted(p.name for p in (store / "standin-chat").iterdir()) == ["2026-12-02", "2026-12-03"]
     # without the credentials the deploy stops before anything changes, naming the variables
     r = env.cli("deploy", "--yes", env={"WX_KEY": "", "WX_SECRET": ""})
     assert r.returncode != 0 and "$WX_KEY and $WX_SECRET are not both set" in r.stderr
