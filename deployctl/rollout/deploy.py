@@ -277,7 +277,8 @@ class Deployment(WeightSteps):
         self._save()
         fl.store.append_history("deploy", release=plan.release.id, result="resumed" if self.resume else "started",
                                 from_release=plan.from_release, mode=plan.mode,
-                                **({"reason": f"rolling back: {why_not}"} if why_not else {}))
+                                **({"reason": f"rolling back: {why_not}"} if why_not else {}),
+                                **({"model_fetch": fl.model_fetch} if fl.model_fetch else {}))
         try:
             if why_not:
                 raise _Abort(f"resume could not continue: {why_not}")

@@ -26,6 +26,7 @@ class Fleet:
     def __init__(self, cfg: DeployConfig, say):
         self.cfg, self.say = cfg, say
         self.hosts: dict = {}
+        self.model_fetch: Optional[str] = None  # fetch_model's one-line summary, for the deploy's history record
         self.router: Optional[Router] = None
         self.platform: dict = {}  # host name -> preflight.platform_of(facts), from the gate (empty when skipped)
         # host name -> the probe's ``nvidia`` facts from the gate (empty when skipped): release.json's gpu_pinning
@@ -176,8 +177,10 @@ class Fleet:
                          f"{self.cfg.model.fetch_parallel_hosts} at a time")
         done = fetch_to_hosts(list(self.hosts.values()), self.cfg.model, plan, kept_versions=in_use)
         fetched = sum(d.bytes_fetched for d in done)
-        self.say("info", f"model {plan.version}: on {len(done)} hosts, verified; {fetched} bytes fetched "
-                         f"({sum(d.already for d in done)} hosts had it), manifest {plan.manifest_sha256[:12]}")
+        self.model_fetch = (f"model {plan.version}: on {len(done)} hosts, verified; {fetched} bytes fetched in "
+                            f"{max(d.seconds for d in done):.1f} s ({sum(d.already for d in done)} hosts had it), "
+                            f"manifest {plan.manifest_sha256[:12]}")
+        self.say("info", self.model_fetch)
 
     def make_release(self):
         self.wheel = release.build_wheel()

@@ -33,6 +33,8 @@ def test_deploy_fetches_the_model_version_and_records_it(s3, rollout_env, tmp_pa
         info = json.loads((Path(env.host(name)["deploy_root"]) / "releases" / rid / "release.json").read_text())
         assert (info["model_version"], info["model_source"], info["model_quantization"]) == \
             ("2026-12-01", "s3://models/standin-chat", "fp8")
+    started = [h for h in env.history() if h["action"] == "deploy" and h["result"] == "started"]
+    assert started[-1]["model_fetch"].startswith("model 2026-12-01: on 3 hosts, verified;")
     models = httpx.get(env.runtime_url(env.names[0]) + "/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == "standin-chat"
     # two more versions in turn with rollout.keep_releases 2, model.keep_versions 2: v1's release is pruned, then
