@@ -25,7 +25,7 @@ def _hosts(cfg):
 
 def _in_use(host) -> dict:
     """{model version: [release ids using it]} on ``host``."""
-    from deployctl.rollout.release import release_model_versions
+    from deployctl.weights.inuse import release_model_versions
 
     used: dict = {}
     for rid, version in release_model_versions(host).items():

@@ -166,10 +166,11 @@ class Fleet:
         preflight gate checks it and before anything else changes; the versions kept releases use are never pruned
         to make room. Raises WeightsFetchFailed naming each failed host (the stable release keeps serving)."""
         from deployctl.weights.fetch import fetch_to_hosts
+        from deployctl.weights.inuse import release_model_versions
         from deployctl.weights.sources import plan as make_plan
 
         plan = make_plan(self.cfg.model)
-        kept, _ = self.on_hosts(list(self.hosts.values()), release.release_model_versions,
+        kept, _ = self.on_hosts(list(self.hosts.values()), release_model_versions,
                                 deadline_s=hostops.QUICK_DEADLINE_S, what="reading the kept releases' model versions")
         in_use = tuple(sorted({v for per in kept.values() for v in per.values() if v}))
         self.say("info", f"fetching model {plan.version} from {plan.source} ({plan.total_bytes} bytes, "
@@ -244,12 +245,13 @@ class Fleet:
         """After the release prune: each host deletes the model versions no kept release uses beyond
         model.keep_versions (deployctl.weights.keep.versions_to_prune, the one rule)."""
         from deployctl.weights.fetch import list_versions, prune_versions
+        from deployctl.weights.inuse import release_model_versions
         from deployctl.weights.keep import versions_to_prune
 
         model = self.cfg.model
 
         def one(h) -> list:
-            in_use = tuple(v for v in release.release_model_versions(h).values() if v)
+            in_use = tuple(v for v in release_model_versions(h).values() if v)
             return prune_versions(h, model, versions_to_prune(list_versions(h, model), model.version, in_use,
                                                               model.keep_versions))
 

@@ -33,7 +33,7 @@ FAULT_ENV = settings.FAULT_VAR  # copied into the new release's runtime.env when
 
 @dataclass(frozen=True)
 class ReleaseInfo:
-    """What release.json holds."""
+    """What release.json holds; model_version/source/dtype/quantization (issue 43) are None without model.source."""
 
     id: str
     created: str
@@ -43,7 +43,6 @@ class ReleaseInfo:
     runtime_wheel_sha256: str
     deployctl_version: str
     model_files: dict = field(default_factory=dict)  # MODEL_FILES name -> sha256 (hex)
-    # issue 43: which model version the release serves (model.version / model.source; None: a hand-placed model.path)
     model_version: Optional[str] = None
     model_source: Optional[str] = None
     model_dtype: Optional[str] = None
@@ -174,21 +173,6 @@ def current_release(host, *, timeout: float = 15) -> Optional[str]:
     r = host.run(f"readlink {shlex.quote(link)} 2>/dev/null || true", timeout=timeout)
     target = r.stdout.strip()
     return posixpath.basename(target.rstrip("/")) if target else None
-
-
-def release_model_versions(host, *, timeout: float = 15) -> dict[str, Optional[str]]:
-    """{release id: the model_version its release.json names (None: none)} for every release kept on ``host``."""
-    rdir = releases_dir(host.config)
-    r = host.run(f"cd {shlex.quote(rdir)} 2>/dev/null && for d in *; do [ -f \"$d/release.json\" ] && "
-                 f"printf '%s\\t' \"$d\" && tr -d '\\n' < \"$d/release.json\" && echo; done; true", timeout=timeout)
-    out: dict[str, Optional[str]] = {}
-    for line in r.stdout.splitlines():
-        rid, _, body = line.partition("\t")
-        try:
-            out[rid] = json.loads(body).get("model_version")
-        except ValueError:
-            continue
-    return out
 
 
 def list_releases(host, *, timeout: float = 15) -> list[str]:
