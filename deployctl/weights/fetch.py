@@ -120,28 +120,40 @@ def prune_versions(host: Host, model: ModelConfig, versions: list[str]) -> list[
     return json.loads(res.stdout)
 
 
-def pruned_model_check(hosts: list[Host], model: ModelConfig, release_id: str) -> None:
+def pruned_model_check(hosts: list[Host], model: ModelConfig, release_id: str, *, fetch: bool = False,
+                       say: Optional[Callable[..., None]] = None) -> None:
     """Before a rollback to ``release_id``: raise CheckFailed naming the model version its release.json names and
-    the hosts whose store no longer holds it (pruned), with the command that fetches it again. A release without
-    a model_version (a hand-placed model.path) passes."""
+    the hosts whose store no longer holds it (pruned), with the command that fetches it again; with ``fetch``,
+    fetch it there instead (from the release's model_source, else model.source). A release without a
+    model_version (a hand-placed model.path) passes."""
     from deployctl.config.layout import release_dir
 
-    missing, version = [], None
+    missing, version, source = [], None, None
     for h in hosts:
         res = h.run(f"cat {shlex.quote(release_dir(h.config, release_id) + '/release.json')} 2>/dev/null || true",
                     timeout=30)
         try:
-            version = json.loads(res.stdout).get("model_version") if res.stdout.strip() else None
+            info = json.loads(res.stdout) if res.stdout.strip() else {}
         except ValueError:
-            version = None
+            info = {}
+        version, source = info.get("model_version"), info.get("model_source") or model.source
         if not version:
             continue
         meta = f"{store_of(h, model)}/{source_name(model.source)}/{version}/{fetch_script.META_NAME}"
         if h.run(f"test -f {shlex.quote(meta)}", timeout=30, check=False).exit_code != 0:
             missing.append((h.name, version))
+    if missing and fetch:
+        from deployctl.weights.sources import plan as make_plan
+
+        old = model.model_copy(update={"version": missing[0][1], "source": source})
+        if say is not None:
+            say("info", f"fetching model {old.version} again onto {', '.join(n for n, _ in missing)} (rollback --fetch)")
+        names = {n for n, _ in missing}
+        fetch_to_hosts([h for h in hosts if h.name in names], old, make_plan(old))
+        return
     if missing:
         versions = sorted({v for _, v in missing})
         raise CheckFailed(f"release {release_id} serves model version {', '.join(versions)}, which was pruned from "
                           f"{', '.join(n for n, _ in missing)}; nothing was changed",
-                          fix=f"fetch it again first: set model.version: {versions[0]} and run `deployctl models "
-                              "fetch`, then roll back")
+                          fix="roll back with --fetch to fetch it again first (or set model.version: "
+                              f"{versions[0]} and run `deployctl models fetch`)")

@@ -3,6 +3,7 @@ version before anything else, the release serves it from <store>/<name>/<version
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -47,6 +48,16 @@ def test_deploy_fetches_the_model_version_and_records_it(s3, rollout_env, tmp_pa
         assert r.returncode == 0, r.stdout + r.stderr
     assert "pruned model versions no kept release uses: 2026-12-01" in r.stdout + r.stderr
     assert sorted(p.name for p in (store / "standin-chat").iterdir()) == ["2026-12-02", "2026-12-03"]
+    # the previous release's version lost from the store: a rollback says so before it starts; --fetch refetches it
+    shutil.rmtree(store / "standin-chat" / "2026-12-02")
+    before = env.current(env.names[0])
+    r = env.cli("rollback", env=CREDS)
+    assert r.returncode != 0 and "serves model version 2026-12-02, which was pruned from gpu-a, gpu-b, gpu-c" in r.stderr
+    assert env.current(env.names[0]) == before
+    r = env.cli("rollback", "--fetch", env=CREDS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (store / "standin-chat" / "2026-12-02" / ".deployctl-model.json").exists()
+    assert env.current(env.names[0]) != before
     # without the credentials the deploy stops before anything changes, naming the variables
     r = env.cli("deploy", "--yes", env={"WX_KEY": "", "WX_SECRET": ""})
     assert r.returncode != 0 and "$WX_KEY and $WX_SECRET are not both set" in r.stderr

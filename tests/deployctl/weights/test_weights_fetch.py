@@ -154,7 +154,7 @@ def test_s3_fetch_resume_corrupt_disk_and_versions(s3, ssh_fleet, tmp_path):
     with pytest.raises(CheckFailed) as err:
         wfetch.pruned_model_check(hosts[:1], m, rel.name)
     assert f"release {rel.name} serves model version v1, which was pruned from {hosts[0].name}" in str(err.value)
-    assert "deployctl models fetch" in err.value.fix
+    assert "--fetch" in err.value.fix
     (rel / "release.json").write_text(json.dumps({"id": rel.name, "model_version": "v3"}))
     wfetch.pruned_model_check(hosts[:1], m, rel.name)  # v3 is there: no complaint
 
