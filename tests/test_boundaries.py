@@ -102,7 +102,7 @@ LAYERS = (
     ("deployctl.engines",),  # engine adapters: plain data the config validation and everything above read
     ("deployctl.config",),
     ("deployctl.capacity", "deployctl.hosts", "deployctl.render"),
-    ("deployctl.service", "deployctl.preflight", "deployctl.bench"),
+    ("deployctl.service", "deployctl.preflight", "deployctl.bench", "deployctl.weights"),
     ("deployctl.rollout",),
     ("deployctl.validate",),  # go-live validation: bench's ladder, rollout's output rules; the demo ends with it
     ("deployctl.runbook", "deployctl.demo"),

@@ -21,6 +21,7 @@ from deployctl.cli import standby as _standby  # noqa: F401  (registers standby 
 from deployctl.cli import validate as _validate  # noqa: F401  (registers validate)
 from deployctl.cli import scale as _scale  # noqa: F401  (registers scale out, scale in)
 from deployctl.cli import autoscale as _autoscale  # noqa: F401  (registers autoscale)
+from deployctl.cli import models as _models  # noqa: F401  (registers models fetch, list, prune)
 
 
 def main() -> None:

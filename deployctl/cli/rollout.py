@@ -186,6 +186,8 @@ def rollback(
     config: Path = CONFIG,
     to: Optional[str] = typer.Option(None, "--to", help="Release id to make current (default: the previous one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result with the seconds of each phase as JSON."),
+    fetch: bool = typer.Option(False, "--fetch", help="With model.source: fetch the target release's model version "
+                               "again on the hosts where it was pruned, before rolling back."),
 ) -> None:
     """Make the previous (or named) release current on every host; wins over a deploy in progress."""
     from dataclasses import asdict
@@ -200,7 +202,7 @@ def rollback(
                         on_force=lambda: f"The rollback{f' to {to}' if to else ''} did not finish: run `deployctl status`, "
                                          "then `deployctl rollback` again.")
     with intr.installed():
-        r = do_rollback(load_config(config), to=to, progress=progress_printer)
+        r = do_rollback(load_config(config), to=to, progress=progress_printer, fetch=fetch)
     if as_json:
         print_json({**asdict(r), "duration_s": round(r.duration_s, 2)})
     elif r.noop:

@@ -20,6 +20,7 @@ from deployctl.config.rollout import RolloutConfig
 from deployctl.config.router import USER_PATTERN, RouterConfig
 from deployctl.config.units import parse_duration
 from deployctl.config.openai_server import OpenAIServerConfig
+from deployctl.config.weights import WeightsFields
 
 # The shortest SSH keepalive interval (hosts[].keepalive_interval_s) besides 0 (off): OpenSSH's ServerAliveInterval
 # counts whole seconds, and more often than that only floods the connection.
@@ -33,9 +34,9 @@ class ServiceConfig(_Frozen):
     """The service's name: systemd unit, nginx upstream, state directory and k8s object names."""
 
 
-class ModelConfig(_Frozen):
-    path: str
-    """The model directory (HF format) on each host."""
+class ModelConfig(WeightsFields):
+    path: str = Field("", description=(
+        "The model directory on each host; derived as <store>/<name>/<version> when model.source is set."))
     manifest: str = "manifest.sha256"
     """The sha256sum-format manifest of the weight files, relative to model.path (`deployctl manifest` writes it)."""
     served_name: Optional[str] = None
@@ -45,8 +46,30 @@ class ModelConfig(_Frozen):
 
     @property
     def name(self) -> str:
-        """The model name clients send: served_name, else the model directory's basename."""
-        return self.served_name or Path(self.path).name
+        """The model name clients send: served_name, else the model directory's basename (with model.source: the
+        source's name, deployctl.config.weights.source_name, not the version directory's)."""
+        if self.served_name:
+            return self.served_name
+        if self.source:
+            from deployctl.config.weights import source_name
+            return source_name(self.source)
+        return Path(self.path).name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_from_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("source"):
+            if isinstance(data, dict) and not data.get("path"):
+                raise ValueError("model.path is required (or model.source with model.version)")
+            return data
+        if not data.get("version"):
+            raise ValueError("model.source needs model.version (the directory each host fetches into)")
+        from deployctl.config.weights import source_name
+        derived = f"{str(data.get('store') or '/srv/models').rstrip('/')}/{source_name(data['source'])}/{data['version']}"
+        if data.get("path") and data["path"].rstrip("/") != derived:
+            raise ValueError(f"model.path {data['path']} disagrees with model.source: a fetched version lives in "
+                             f"{derived}; drop model.path")
+        return dict(data, path=derived)
 
 
 class EngineConfig(_Frozen):

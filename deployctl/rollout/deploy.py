@@ -179,6 +179,9 @@ class Deployment(WeightSteps):
             self.cfg = fl.cfg
             self._before_changes()
             current = fl.current_releases()
+            if self.cfg.model.source:  # issue 43: the model version onto every host first (nothing else changes)
+                self._before_changes()
+                fl.fetch_model()
             if not self.skip_preflight:
                 self._before_changes()
                 fl.preflight_gate()
@@ -276,7 +279,8 @@ class Deployment(WeightSteps):
         self._save()
         fl.store.append_history("deploy", release=plan.release.id, result="resumed" if self.resume else "started",
                                 from_release=plan.from_release, mode=plan.mode,
-                                **({"reason": f"rolling back: {why_not}"} if why_not else {}))
+                                **({"reason": f"rolling back: {why_not}"} if why_not else {}),
+                                **({"model_fetch": fl.model_fetch} if fl.model_fetch else {}))
         try:
             if why_not:
                 raise _Abort(f"resume could not continue: {why_not}")

@@ -26,6 +26,7 @@ class Fleet:
     def __init__(self, cfg: DeployConfig, say):
         self.cfg, self.say = cfg, say
         self.hosts: dict = {}
+        self.model_fetch: Optional[str] = None  # fetch_model's one-line summary, for the deploy's history record
         self.router: Optional[Router] = None
         self.platform: dict = {}  # host name -> preflight.platform_of(facts), from the gate (empty when skipped)
         # host name -> the probe's ``nvidia`` facts from the gate (empty when skipped): release.json's gpu_pinning
@@ -177,6 +178,28 @@ class Fleet:
             self.say("warn", f"fleet already inconsistent: {line}")
         return lines
 
+    def fetch_model(self) -> None:
+        """With model.source: every host fetches model.version into its store (deployctl.weights), before the
+        preflight gate checks it and before anything else changes; the versions kept releases use are never pruned
+        to make room. Raises WeightsFetchFailed naming each failed host (the stable release keeps serving)."""
+        from deployctl.weights.fetch import fetch_to_hosts
+        from deployctl.weights.inuse import release_model_versions
+        from deployctl.weights.sources import plan as make_plan
+
+        plan = make_plan(self.cfg.model)
+        kept, _ = self.on_hosts(list(self.hosts.values()), release_model_versions,
+                                deadline_s=hostops.QUICK_DEADLINE_S, what="reading the kept releases' model versions")
+        in_use = tuple(sorted({v for per in kept.values() for v in per.values() if v}))
+        self.say("info", f"fetching model {plan.version} from {plan.source} ({plan.total_bytes} bytes, "
+                         f"{len(plan.files)} files) onto {len(self.hosts)} hosts, "
+                         f"{self.cfg.model.fetch_parallel_hosts} at a time")
+        done = fetch_to_hosts(list(self.hosts.values()), self.cfg.model, plan, kept_versions=in_use)
+        fetched = sum(d.bytes_fetched for d in done)
+        self.model_fetch = (f"model {plan.version}: on {len(done)} hosts, verified; {fetched} bytes fetched in "
+                            f"{max(d.seconds for d in done):.1f} s ({sum(d.already for d in done)} hosts had it), "
+                            f"manifest {plan.manifest_sha256[:12]}")
+        self.say("info", self.model_fetch)
+
     def make_release(self):
         self.wheel = release.build_wheel()
         first = next(iter(self.hosts.values()))
@@ -233,6 +256,28 @@ class Fleet:
         gone = sorted({r for v in ok.values() for r in v})
         if gone:
             self.say("info", f"pruned old releases: {', '.join(gone)}")
+        if self.cfg.model.source:
+            self.prune_models()
+
+    def prune_models(self) -> None:
+        """After the release prune: each host deletes the model versions no kept release uses beyond
+        model.keep_versions (deployctl.weights.keep.versions_to_prune, the one rule)."""
+        from deployctl.weights.fetch import list_versions, prune_versions
+        from deployctl.weights.inuse import release_model_versions
+        from deployctl.weights.keep import versions_to_prune
+
+        model = self.cfg.model
+
+        def one(h) -> list:
+            in_use = tuple(v for v in release_model_versions(h).values() if v)
+            return prune_versions(h, model, versions_to_prune(list_versions(h, model), model.version, in_use,
+                                                              model.keep_versions))
+
+        ok, _ = self.on_hosts(list(self.hosts.values()), one, deadline_s=hostops.QUICK_DEADLINE_S,
+                              what="pruning old model versions")
+        gone = sorted({v for per in ok.values() for v in per})
+        if gone:
+            self.say("info", f"pruned model versions no kept release uses: {', '.join(gone)}")
 
     # ------------------------------------------------------------------------------------------ restore
     def restore(self, plan, switched: set[str], route: Optional[Callable[[Split], None]]) -> list[str]:

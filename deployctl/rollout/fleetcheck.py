@@ -9,6 +9,8 @@ hosts are compared on what they serve, not only on what ``current`` points at.
   ``model_manifest``   sha256 (first 12 hex) of the model manifest the running runtime loaded: the copy launch.sh
                        / the unit's ExecStartPre recorded at its start (shared/run/runtime.model.sha256), else the
                        manifest on disk now
+  ``model_version`` / ``model_source`` / ``model_dtype`` / ``model_quantization``  release.json's (issue 43;
+                       None for a release without model.source)
   ``config_hash``      release.json's config_hash (first 12 hex); ``config_drift`` names release files whose
                        sha256 no longer matches the release's manifest.sha256 (edited by hand)
   ``nvidia_driver`` / ``cuda`` / ``torch`` / ``torch_cuda`` / ``engine_installed``  release.json ``platform``:
@@ -28,7 +30,8 @@ from deployctl.config.layout import current_link, pid_file, shared_dir
 
 COMPARED = (("current_release", "release"), ("engine", "engine"), ("engine_version", "engine version"),
             ("model_manifest", "model manifest"),
-            ("config_hash", "config hash"))
+            ("config_hash", "config hash"), ("model_version", "model version"), ("model_source", "model source"),
+            ("model_dtype", "dtype"), ("model_quantization", "quantization"))
 # release.json ``platform`` (recorded from the deploy's preflight facts): compared among the hosts that have it
 PLATFORM_COMPARED = (("nvidia_driver", "NVIDIA driver"), ("cuda", "driver CUDA"), ("torch", "torch"),
                      ("torch_cuda", "torch CUDA build"), ("engine_installed", "installed engine"))
@@ -37,6 +40,7 @@ _SNIPPET = r"""
 import hashlib, json, os, re, sys
 a = json.loads(sys.argv[1])
 out = {"current_release": None, "engine": None, "engine_version": None, "model_manifest": None, "config_hash": None, "config_drift": [],
+       "model_version": None, "model_source": None, "model_dtype": None, "model_quantization": None,
        "nvidia_driver": None, "cuda": None, "torch": None, "torch_cuda": None, "engine_installed": None,
        "supervisor_pid": None, "runtime_pid": None, "supervised": False, "runtime_running": False}
 
@@ -66,6 +70,8 @@ try:
     out["engine"] = info.get("engine_kind") or "deployctl-runtime"
     out["engine_version"] = info.get("engine_version") or (m.group(2) if m and out["engine"] == "deployctl-runtime" else None)
     out["config_hash"] = (info.get("config_hash") or "")[:12] or None
+    for k in ("model_version", "model_source", "model_dtype", "model_quantization"):
+        out[k] = info.get(k)
     plat = info.get("platform") or {}
     for k in ("nvidia_driver", "cuda", "torch", "torch_cuda"):
         out[k] = plat.get(k)

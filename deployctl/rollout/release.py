@@ -33,7 +33,7 @@ FAULT_ENV = settings.FAULT_VAR  # copied into the new release's runtime.env when
 
 @dataclass(frozen=True)
 class ReleaseInfo:
-    """What release.json holds."""
+    """What release.json holds; model_version/source/dtype/quantization (issue 43) are None without model.source."""
 
     id: str
     created: str
@@ -43,6 +43,10 @@ class ReleaseInfo:
     runtime_wheel_sha256: str
     deployctl_version: str
     model_files: dict = field(default_factory=dict)  # MODEL_FILES name -> sha256 (hex)
+    model_version: Optional[str] = None
+    model_source: Optional[str] = None
+    model_dtype: Optional[str] = None
+    model_quantization: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -147,6 +151,10 @@ def make_release_info(cfg: DeployConfig, wheel: Path, manifest: str, *, when: Op
         runtime_wheel_sha256=wheel_sha,
         deployctl_version=__version__,
         model_files=dict(model_files or {}),
+        model_version=cfg.model.version,
+        model_source=cfg.model.source,
+        model_dtype=cfg.model.dtype,
+        model_quantization=cfg.model.quantization,
     )
 
 

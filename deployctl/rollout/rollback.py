@@ -97,7 +97,7 @@ class _Look(NamedTuple):
 
 
 def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[Progress] = None,
-             grace_s: float = GRACE_S) -> RollbackResult:
+             grace_s: float = GRACE_S, fetch: bool = False) -> RollbackResult:
     say = emitter(progress)
     t0 = time.monotonic()
     fleet = Fleet(cfg, say)
@@ -142,6 +142,11 @@ def rollback(cfg: DeployConfig, *, to: Optional[str] = None, progress: Optional[
         if missing:
             raise CheckFailed(f"release {target} is not on {', '.join(missing)}",
                               fix="pick one that is: `deployctl history` lists them; pass --to RELEASE_ID")
+        if cfg.model.source:  # issue 43: the target's model version may have been pruned from a host's store
+            from deployctl.weights.fetch import pruned_model_check
+
+            pruned_model_check([h for n, h in fleet.hosts.items() if current[n] != target], cfg.model, target,
+                               fetch=fetch, say=say)
         if fleet.router:  # the engines behind nginx while it runs (keep-alive: deployctl.engines.keepalive)
             fleet.router.engines_behind = _engines(fleet, {**current, "": target}, cfg.engine.kind)
         phases = {"prepare_s": 0.0, "lock_s": 0.0, "router_s": 0.0, "batches": [], "record_s": 0.0}
