@@ -11,7 +11,8 @@
   objective). These need the canary's histograms only, never stable's; except that when stable, serving client
   traffic in the same window with as many latency samples, is over the same objective, the window is
   ``inconclusive`` ("SLO breached on stable and canary", ``shared_breach``): the fleet suffers as a whole (a peak,
-  a slow network), the canary is not to blame, and the step is held (deployctl.rollout.weightstep), never promoted.
+  a slow network), the canary is not to blame, and the step is held (deployctl.rollout.weightstep), never promoted;
+  while stable has too few samples to say, the window stays open (inconclusive) until it has.
 
 Each reason names the number and the limit.
 """
@@ -46,12 +47,20 @@ def slo_breach(cfg: DeployConfig, g) -> Optional[str]:
 
 
 def shared_breach(cfg: DeployConfig, canary, stable) -> Optional[str]:
-    """``SLO breached on stable and canary: canary P99 TPOT … ; stable P99 TPOT …`` when stable, with client requests
+    """The inconclusive reason for a canary over its SLO, or None when the breach is its own (a fail).
+    ``SLO breached on stable and canary: canary P99 TPOT … ; stable P99 TPOT …`` when stable, with client requests
     and at least ``min_latency_samples`` latency samples of its own in the window, is over an objective the canary
-    is over too; else None (the canary's breach is its own)."""
-    if not stable.requests or stable.ttft_count < cfg.rollout.analysis.min_latency_samples:
+    is over too; ``… stable has N latency samples < min_latency_samples M …`` while stable serves client traffic
+    with 1 to M − 1 samples (the window stays open and widens); None when stable serves no client traffic or has no
+    latency samples at all (100%, or an engine without histograms: the canary is judged alone)."""
+    need = cfg.rollout.analysis.min_latency_samples
+    if not stable.requests or not stable.ttft_count:
         return None
-    mine, theirs = slo_breaches(cfg, canary), slo_breaches(cfg, stable, "stable")
+    mine = slo_breaches(cfg, canary)
+    if stable.ttft_count < need and mine:  # the window widens until stable holds enough to say
+        return (f"{next(iter(mine.values()))}; stable has {stable.ttft_count} latency samples < min_latency_samples "
+                f"{need}: cannot tell a slow fleet from a slow canary yet")
+    theirs = slo_breaches(cfg, stable, "stable")
     both = [k for k in mine if k in theirs]
     if not both:
         return None

@@ -302,7 +302,7 @@ class Deployment(WeightSteps):
             self.interruption.request()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
         except (_Abort, OutputsFailed) as a:
-            self._abort(plan, a.reason, verdict=a.verdict)
+            self._abort(plan, a.reason, verdict=a.verdict, cause=a if getattr(a, "fix", None) else None)
         except DeployctlError as e:
             self._abort(plan, str(e), cause=e)
         self._step("prune", lambda: fl.prune(plan))
@@ -460,4 +460,5 @@ class Deployment(WeightSteps):
                                fix="fix the host it names (`deployctl hosts check`), then deploy the same release "
                                    "again") from cause
         raise RolloutAborted(f"rollout aborted: {reason}; {where}{extra}",
-                             fix="see `deployctl history`; fix the release and deploy again") from cause
+                             fix=getattr(cause, "fix", None) or "see `deployctl history`; fix the release and deploy "
+                                                                 "again") from cause

@@ -43,9 +43,9 @@ def step_outcome(last: str, now: float, deadline: float, hold_until: float) -> s
 class Abort(Exception):
     """The rollout must abort: ``reason`` (and the failed ``verdict``, when one decided it)."""
 
-    def __init__(self, reason: str, verdict: Optional[dict] = None):
+    def __init__(self, reason: str, verdict: Optional[dict] = None, fix: Optional[str] = None):
         super().__init__(reason)
-        self.reason, self.verdict = reason, verdict
+        self.reason, self.verdict, self.fix = reason, verdict, fix  # fix: None, "fix the release"
 
 
 class WeightSteps:
@@ -194,6 +194,9 @@ class WeightSteps:
         why = (f"step {weight}% held {format_duration(round(held_s))} without a passing window (max_hold "
                f"{format_duration(max_hold)}): {last.reason}")
         if self.cfg.rollout.on_hold_timeout == "abort":
-            raise Abort(f"{why}; rollout.on_hold_timeout abort", vj)
+            raise Abort(f"{why}; rollout.on_hold_timeout abort", vj,
+                        fix="the release was not judged failing, only never passing: deploy it again when the fleet "
+                            "has client traffic and meets its SLO, or raise rollout.max_hold, or set "
+                            "rollout.on_hold_timeout: pause to decide by hand")
         self._wait_paused(weight, f"{why}; rollout.on_hold_timeout pause", job)
         self._promoted_by_hand(weight, job)
