@@ -152,3 +152,26 @@ def test_journal_replay_recomputes_every_verdict_from_its_record():
     lax = json.loads(json.dumps(shared["thresholds"]))
     lax["slo"]["ttft_p99_s"] = 5.0
     assert recompute(shared, lax)[0] == "pass"
+
+
+def test_status_json_shows_each_steps_windows_from_the_journal(tmp_path, monkeypatch):
+    """`status --json`'s journal section (status.journal_status) lists per weight step the windows the journal
+    holds, with their numbers, thresholds, verdict and reason."""
+    from deployctl.rollout import journal
+    from deployctl.rollout.state import RolloutState
+    from deployctl.rollout.status import journal_status
+
+    monkeypatch.setenv("DEPLOYCTL_STATE", str(tmp_path / "state"))
+    monkeypatch.delenv("DEPLOYCTL_TEST_KILL_AT", raising=False)
+    cfg = config()
+    slow = {"requests": 200, "errors": 0, "ttft_p99_s": 1.8, "tpot_p99_s": 0.03}
+    v = judge(cfg, _side(slow, ["gpu-b"]), _side(slow, ["gpu-a"]), 30.0, 50)
+    j = journal.Journal(cfg.service.name)
+    j.start({"release": {"id": "R2"}, "generation": 5, "steps": [50, 100]})
+    j.begin("weight:0")
+    j.point("window", **window_record(cfg, v))
+    jr = journal_status(cfg, RolloutState(release="R2", status="running", generation=5))
+    (w,) = jr["windows"]["weight step 1/2 (50%)"]
+    assert w["result"] == "inconclusive" and w["reason"].startswith("SLO breached on stable and canary")
+    assert w["canary"]["requests"] == 200 and w["stable"]["p99_ttft_s"] == 1.8
+    assert w["thresholds"]["slo"]["ttft_p99_s"] == 1.0 and w["weight"] == 50

@@ -25,7 +25,8 @@ def test_served_name_change_is_refused_then_its_404s_fail_the_canary_and_the_abo
     assert r.returncode == 2, r.stderr
     assert ("deploy refused: breaking change: model.served_name changes from 'tiny-chat' (" + v1 + ") to "
             "'tiny-chat-v2': clients that send \"model\": 'tiny-chat' get 404 from the new release") in r.stderr, r.stderr
-    assert "--allow-served-name-change" in r.stderr and "model.served_name: 'tiny-chat'" in r.stderr
+    assert ("get 404 from the new release; move the clients to 'tiny-chat-v2' first and pass "
+            "--allow-served-name-change, or set model.served_name: 'tiny-chat' in deploy.yaml") in r.stderr, r.stderr
     assert [env.current(n) for n in env.names] == [v1, v1]
 
     traffic = Traffic(env.url, "tiny-chat", workers=2, completion_workers=1).start()  # clients on the old name
