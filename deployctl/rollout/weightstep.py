@@ -170,6 +170,9 @@ class WeightSteps:
                 now = time.monotonic()
                 outcome = step_outcome(last.result, now, deadline, hold_until)
                 if outcome == "promote":
+                    if holding:
+                        self._save(reason=None)
+                        self.say("info", f"{weight}%: a window passed after the hold: promoted")
                     return
                 if outcome == "timeout":
                     self._hold_timeout(weight, max_hold, now - began, last, vj, job)
