@@ -47,6 +47,7 @@ def deploy(
     validate: Optional[str] = typer.Option(None, "--validate", help="functional: run deployctl validate's functional layer against each canary host before the first weight step (a failure aborts, exit 6)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last deploy from its journal (killed, or its terminal closed), or roll it back where it cannot be continued; says which."),
     detach: bool = typer.Option(False, "--detach", help="Run the rollout in the background on this machine (needs --yes), logging to the state dir; follow it with `deployctl rollout watch`."),
+    allow_served_name_change: bool = typer.Option(False, "--allow-served-name-change", help="Deploy a release whose model.served_name differs from the serving release's (clients sending the old name get 404 from it); refused without this flag."),
     runner: Optional[str] = typer.Option(None, "--runner", hidden=True, help="(internal) the detached runner of this service: record the exit code."),
 ) -> None:
     """Roll the configured release out: canary, analysis, promote or abort (exit 6)."""
@@ -59,18 +60,20 @@ def deploy(
     if resume and canary is not None:
         raise UsageError("--resume continues the journaled plan; --canary cannot change it", fix="drop --canary")
     if detach:
-        _detach(cfg, config, yes=yes, canary=canary, break_lock=break_lock, validate=validate, resume=resume)
+        _detach(cfg, config, yes=yes, canary=canary, break_lock=break_lock, validate=validate, resume=resume,
+                rename=allow_served_name_change)
         return
     if runner is not None:
         if runner != cfg.service.name:
             raise UsageError(f"--runner {runner!r} is not this deploy.yaml's service ({cfg.service.name})",
                              fix="--runner is internal: `deploy --detach` passes it")
-        _as_runner(cfg, canary, yes, break_lock, validate, resume)
+        _as_runner(cfg, canary, yes, break_lock, validate, resume, rename=allow_served_name_change)
         return
-    _deploy(cfg, canary, yes, break_lock, validate, resume)
+    _deploy(cfg, canary, yes, break_lock, validate, resume, rename=allow_served_name_change)
 
 
-def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate, resume: bool) -> None:
+def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate, resume: bool,
+            rename: bool = False) -> None:
     """Start the deploy as a detached runner (deployctl.rollout.detach) and return at once."""
     from deployctl.errors import UsageError
     from deployctl.rollout import detach
@@ -79,7 +82,8 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
         raise UsageError("deploy --detach cannot ask for confirmation in the background", fix="add --yes")
     argv = ["deploy", "-c", str(Path(config).resolve()), "--yes", "--runner", cfg.service.name]
     argv += [*(["--canary", str(canary)] if canary is not None else []), *(["--break-lock"] if break_lock else []),
-             *(["--validate", validate] if validate else []), *(["--resume"] if resume else [])]
+             *(["--validate", validate] if validate else []), *(["--resume"] if resume else []),
+             *(["--allow-served-name-change"] if rename else [])]
     pid, log, how = detach.spawn(cfg.service.name, argv,
                                  note=lambda m: err_console.print(m, markup=False, highlight=False))
     where = f" ({how})" if how != "process" else ""
@@ -87,7 +91,7 @@ def _detach(cfg, config: Path, *, yes: bool, canary, break_lock: bool, validate,
                       "watch`, steer it with `deployctl promote` / `abort` / `rollback`", markup=False)
 
 
-def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool) -> None:
+def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, rename: bool = False) -> None:
     """Run the deploy as the detached runner (deployctl.rollout.runner): a restart of a killed runner resumes from
     the journal; the exit code goes to runner.exit whatever happens."""
     from deployctl.errors import DeployctlError
@@ -105,7 +109,7 @@ def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool)
                           markup=False)
     code = 1
     try:
-        _deploy(cfg, canary, yes, break_lock, validate, resume or start.restart, runner=start)
+        _deploy(cfg, canary, yes, break_lock, validate, resume or start.restart, runner=start, rename=rename)
         code = 0
     except DeployctlError as e:
         code = int(e.exit_code)
@@ -117,7 +121,7 @@ def _as_runner(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool)
         this.record_exit(cfg.service.name, code)
 
 
-def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, runner=None) -> None:
+def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, runner=None, rename: bool = False) -> None:
     from deployctl.rollout.deploy import Deployment
     check = None
     if validate is not None:
@@ -135,7 +139,7 @@ def _deploy(cfg, canary, yes: bool, break_lock: bool, validate, resume: bool, ru
                                                                                                  soft_wrap=True))
     result = Deployment(cfg, canary_pct=canary, break_lock=break_lock, progress=progress_printer,
                         confirm=None if resume else _confirm(yes), canary_check=check, resume=resume,
-                        runner=runner).run()
+                        runner=runner, allow_served_name_change=rename).run()
     out_console.print(f"deployed {result.release} ({result.mode}) in {result.duration_s:.1f} s")
 
 

@@ -115,6 +115,12 @@ class RolloutStep(_Frozen):
     """The canary's traffic share at this step, a whole percentage (YAML yes/true and '5' are refused)."""
     pause: Optional[Duration] = None
     """How long this step lasts before the next one; default: until `deployctl promote`."""
+    min_duration: Optional[Duration] = Field(None, description=(
+        "This step's rollout.min_duration: the least time the canary is held at this weight before it may be "
+        "promoted (a duration, e.g. 10m); unset: rollout.min_duration."))
+    max_hold: Optional[Duration] = Field(None, description=(
+        "This step's rollout.max_hold: how long the step may be held past its pause while its windows are "
+        "inconclusive (e.g. 2h); unset: rollout.max_hold."))
 
 
 def _step_form(v: Any) -> Any:
@@ -144,6 +150,17 @@ class RolloutConfig(_Frozen):
     """percentages, or {weight, pause} per step (e.g. [{weight: 5, pause: 24h}, {weight: 100, pause: 5m}])"""
     pause_s: Duration = 300
     """the analysis pause of a step without its own ``pause``"""
+    min_duration: Duration = Field(0, description=(
+        "The least time (seconds, or a duration such as 10m) every weight step is held before it may be promoted; "
+        "a step lasts its pause or this, whichever is longer. 0: the pause alone. Per step: steps[].min_duration."))
+    max_hold: Duration = Field(3600, description=(
+        "How long a weight step may be held past its pause (seconds, or a duration such as 2h) while its last "
+        "window is not a pass: too little client traffic to judge, or the SLO breached on stable and canary "
+        "alike. The step is never promoted while held; past max_hold, on_hold_timeout decides. Default 1 h: "
+        "a business peak's shoulder. Per step: steps[].max_hold."))
+    on_hold_timeout: Literal["abort", "pause"] = Field("abort", description=(
+        "What a step held past max_hold does: abort (roll the canary back, exit 6, naming the last window's "
+        "reason) or pause (wait for a person: `deployctl promote` or `deployctl abort`)."))
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     """The canary analysis: thresholds, golden outputs and probes."""
     keep_releases: int = Field(5, ge=2)
@@ -202,6 +219,14 @@ class RolloutConfig(_Frozen):
     def weights(self) -> list[int]:
         """The canary weights of the steps, in percent."""
         return [s.weight for s in self.steps]
+
+    def hold_of(self, weight: int) -> tuple[float, float]:
+        """(min_duration, max_hold) in seconds at ``weight``: that step's own, else the rollout-wide ones."""
+        for s in self.steps:
+            if s.weight == weight:
+                return (s.min_duration if s.min_duration is not None else self.min_duration,
+                        s.max_hold if s.max_hold is not None else self.max_hold)
+        return self.min_duration, self.max_hold
 
     def pause_of(self, weight: int) -> float:
         """Seconds of analysis at ``weight``: that step's ``pause``, else pause_s (also for a ``--canary`` weight

@@ -17,7 +17,8 @@ says ``inconclusive`` for the same window. Rules, as judge() applies them to one
 - ``p99-ttft-slo`` / ``p99-tpot-slo`` / ``p99-e2e-slo``: the canary's own P99, judged once it holds
   ``min_latency_samples`` TTFT observations, whatever its request count and whatever stable does (a quiet canary
   cannot pass, but it can fail its SLO: deployctl.rollout.canaryrules); fails over ``slo.*_p99_s ×
-  max_slo_factor`` (E2E only with ``slo.e2e_p99_s``).
+  max_slo_factor`` (E2E only with ``slo.e2e_p99_s``); NaN (inconclusive) when stable, with requests and
+  latency samples of its own, is over the same objective ("SLO breached on stable and canary").
 - ``kv-usage``: the highest canary pod's KV cache usage gauge, always judged (0 without the gauge); fails over
   ``slo.max_kv_cache_usage``, the KVCacheUsageHigh alert's threshold.
 
@@ -113,6 +114,8 @@ def prom_metrics(cfg: DeployConfig, client_reasons: str) -> list[PromMetric]:
                               a.max_error_rate, "canary error share over max_error_rate"))
     if m["ttft"]:
         samples = f"(sum(increase({m['ttft']}_count{_sel(cfg, ARG_CANARY)}[{w}])) >= {a.min_latency_samples})"
+        stable_samples = (f"(sum(increase({m['ttft']}_count{_sel(cfg, ARG_STABLE)}[{w}])) >= "
+                          f"{a.min_latency_samples})")
         for role, limit in (("ttft", a.max_p99_ttft_ratio), ("tpot", a.max_p99_tpot_ratio)):
             if not m[role]:
                 continue
@@ -123,8 +126,13 @@ def prom_metrics(cfg: DeployConfig, client_reasons: str) -> list[PromMetric]:
         for role, slo in (("ttft", cfg.slo.ttft_p99_s), ("tpot", cfg.slo.tpot_p99_s), ("e2e", cfg.slo.e2e_p99_s)):
             if not m[role] or slo is None:
                 continue
-            c = _p99(cfg, m[role], ARG_CANARY, w)
-            out.append(PromMetric(f"p99-{role}-slo", f"(\n  ({c})\n  and {samples}\n) or vector(NaN)",
+            c, s = _p99(cfg, m[role], ARG_CANARY, w), _p99(cfg, m[role], ARG_STABLE, w)
+            limit = slo * a.max_slo_factor
+            # stable over the same objective with traffic and samples of its own: "SLO breached on stable and
+            # canary", inconclusive (NaN), as deployctl.rollout.canaryrules.shared_breach
+            shared = f"(({s}) > {limit!r})\n    and {stable_samples}\n    and ({nr_s} > 0)"
+            out.append(PromMetric(f"p99-{role}-slo", f"(\n  (({c})\n  and {samples})\n  unless (\n    {shared}\n  )\n) "
+                                                     "or vector(NaN)",
                                   slo * a.max_slo_factor,
                                   f"canary P99 {role.upper()} over slo.{role}_p99_s × max_slo_factor"))
     if m["kv_usage"]:

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from deployctl.config import DeployConfig
 from deployctl.config.layout import network_address, service_port
 
+# Client errors that count against a release (analysis' 4xx share): a route or model the release does not know
+# (404: e.g. a changed model.served_name), a body it refuses (400, 422). Not 401/403/429: the client's key or the
+# router's limiter decided those, whatever the release.
+CLIENT_ERRORS = frozenset({400, 404, 422})
+
 # The OpenAI-compatible generation routes (POST): the bundled runtime serves these two
 # (runtime/deployctl_runtime/server/app.py), as do vLLM, SGLang and transformers serve.
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
@@ -22,11 +27,12 @@ GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 @dataclass
 class HostCount:
     """One host's client requests in a window: ``requests`` (every route), ``errors`` (5xx among them),
-    ``generations`` (POSTs of GENERATION_ROUTES among them)."""
+    ``generations`` (POSTs of GENERATION_ROUTES among them), ``client_errors`` (CLIENT_ERRORS among them)."""
 
     requests: int = 0
     errors: int = 0
     generations: int = 0
+    client_errors: int = 0
 
 
 def upstream_map(cfg: DeployConfig) -> dict[str, str]:
@@ -83,4 +89,6 @@ def count_access_log(text: str, addr_to_host: dict[str, str]) -> dict[str, HostC
             c.generations += generation
             if not st.isdigit() or int(st) >= 500:
                 c.errors += 1
+            elif int(st) in CLIENT_ERRORS:
+                c.client_errors += 1
     return counts

@@ -9,10 +9,13 @@ whenever its engine exports them (its SLO rule needs nothing of stable); stable'
 
 Verdict from the metrics (``judge``), in this order: ``fail`` on the canary's own figures whatever the traffic
 (deployctl.rollout.canaryrules: down, restarted, KV usage over the alert threshold, P99 over slo × max_slo_factor
-with ``min_latency_samples``); ``inconclusive`` when the canary served fewer than ``min_requests`` client requests
+with ``min_latency_samples``; ``inconclusive`` "SLO breached on stable and canary" when stable is over the same
+objective); ``inconclusive`` when the canary served fewer than ``min_requests`` client requests
 (every route) or fewer than ``min_client_requests`` generation requests: a quiet window cannot pass, it can only
 fail; ``inconclusive`` when a histogram holds NaN, a counter went down without a restart (reset), or stable served
-nothing and no earlier window gives a baseline; ``fail`` when its error rate is over ``max_error_rate`` or a P99
+nothing and no earlier window gives a baseline; ``fail`` when its error rate (5xx) is over ``max_error_rate``, when
+its 4xx share (400, 404, 422: a model name or body the release refuses; not 401/429, the client's or the limiter's)
+exceeds stable's by more than ``max_error_rate``, or a P99
 ratio canary/stable is over its limit and the difference exceeds ``min_p99_delta_s`` (with 1 to
 ``min_latency_samples`` − 1 canary latency samples the window is ``inconclusive`` and stays open: a P99 of a handful
 is noise); else ``pass``. The active probes (deployctl.rollout.probes) are judged beside it and combined by
@@ -28,7 +31,7 @@ from typing import Optional
 from deployctl.config import DeployConfig
 from deployctl.service.engine import Engine
 from deployctl.rollout.accesslog import count_access_log, upstream_map
-from deployctl.rollout.canaryrules import canary_failure
+from deployctl.rollout.canaryrules import canary_failure, shared_breach
 from deployctl.rollout.verdicts import combine, low_traffic
 
 
@@ -40,6 +43,7 @@ class GroupStats:
     requests: int = 0  # client requests via the router, every route (deployctl.rollout.accesslog)
     errors: int = 0
     generations: int = 0  # the generation requests among them (what min_client_requests counts)
+    client_errors: int = 0  # 400, 404, 422 among them (deployctl.rollout.accesslog.CLIENT_ERRORS)
     p99_ttft_s: Optional[float] = None
     p99_tpot_s: Optional[float] = None
     p99_e2e_s: Optional[float] = None
@@ -55,6 +59,11 @@ class GroupStats:
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
+    @property
+    def client_error_rate(self) -> float:
+        """Share (0-1) of the side's client requests answered 400, 404 or 422."""
+        return self.client_errors / self.requests if self.requests else 0.0
+
 
 @dataclass
 class Verdict:
@@ -68,11 +77,15 @@ class Verdict:
     probes: Optional[dict] = None  # {"canary": ProbeStats, "stable": ProbeStats, "result", "reason"} as JSON
     # signals the canary's engine gives no way to read (Analyzer.cannot_judge): named, never passed silently
     cannot_judge: list[str] = field(default_factory=list)
+    baseline: Optional[GroupStats] = None  # the earlier stable figures judge compared with (journal only)
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("baseline")
         d["canary"]["error_rate"] = self.canary.error_rate
         d["stable"]["error_rate"] = self.stable.error_rate
+        d["canary"]["client_error_rate"] = self.canary.client_error_rate
+        d["stable"]["client_error_rate"] = self.stable.client_error_rate
         return d
 
     def summary(self) -> str:
@@ -96,7 +109,8 @@ def _side(label: str, g: "GroupStats") -> str:
 
     return (f"{label} {g.requests} req via router (all routes; {g.generations} generations), "
             f"{g.errors} errors ({g.error_rate:.1%}), "
-            f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)}"
+            + (f"{g.client_errors} 4xx ({g.client_error_rate:.1%}), " if g.client_errors else "")
+            + f"P99 TTFT {ms(g.p99_ttft_s)}, P99 TPOT {ms(g.p99_tpot_s)}"
             + ("" if g.p99_e2e_s is None else f", P99 E2E {ms(g.p99_e2e_s)}")
             + ("" if g.kv_usage is None else f", KV {g.kv_usage:.0%}")
             + f" over {g.ttft_count} TTFT samples (generations, probes incl.)")
@@ -164,12 +178,13 @@ def _p99(before: dict, after: dict, hosts: list[str], name: str, g: Optional[Gro
     return (None if math.isnan(q) else q), int(total.count)
 
 
-def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: float, weight: int = 0,
-          baseline: Optional[GroupStats] = None) -> Verdict:
-    """The verdict for one window (rules in the module doc). ``baseline`` supplies stable latencies when the
-    stable side had none in this window (e.g. at 100%)."""
+def _judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: float, weight: int,
+           baseline: Optional[GroupStats]) -> Verdict:
     a = cfg.rollout.analysis
     failure = canary_failure(cfg, canary)  # the canary's own figures: judged whatever the traffic
+    shared = shared_breach(cfg, canary, stable) if failure and failure.endswith("(SLO)") else None
+    if shared:  # the fleet suffers as a whole: hold the step, neither pass nor blame the canary
+        return Verdict("inconclusive", shared, canary, stable, window_s, weight)
     if failure:
         return Verdict("fail", failure, canary, stable, window_s, weight)
     if canary.requests < a.min_requests:
@@ -194,6 +209,12 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
         return Verdict("fail", f"canary error rate {canary.error_rate:.1%} ({canary.errors}/{canary.requests}) > "
                                f"max_error_rate {a.max_error_rate:.1%} (stable {stable.error_rate:.1%})",
                        canary, stable, window_s, weight)
+    extra = canary.client_error_rate - stable.client_error_rate
+    if canary.client_errors and extra > a.max_error_rate:
+        return Verdict("fail", f"canary 4xx share {canary.client_error_rate:.1%} ({canary.client_errors}/"
+                               f"{canary.requests} answered 400/404/422) is {extra:.1%} over stable's "
+                               f"{stable.client_error_rate:.1%} ({stable.client_errors}/{stable.requests}) > "
+                               f"max_error_rate {a.max_error_rate:.1%}", canary, stable, window_s, weight)
     ref = stable if stable.ttft_count and stable.requests else (baseline or stable)
     if 0 < canary.ttft_count < a.min_latency_samples:
         # a P99 of a handful of samples is noise: keep the window open until it holds enough
@@ -208,6 +229,15 @@ def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: f
                                    f"{s * 1000:.1f} ms > max_p99_{label.lower()}_ratio {limit}",
                            canary, stable, window_s, weight)
     return Verdict("pass", "", canary, stable, window_s, weight)
+
+
+def judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: float, weight: int = 0,
+          baseline: Optional[GroupStats] = None) -> Verdict:
+    """The verdict for one window (rules in the module doc). ``baseline`` supplies stable latencies when the
+    stable side had none in this window (e.g. at 100%); the Verdict keeps it (for the journal's replay)."""
+    v = _judge(cfg, canary, stable, window_s, weight, baseline)
+    v.baseline = baseline
+    return v
 
 
 @dataclass
@@ -329,6 +359,7 @@ class Analyzer:
                 if c is not None:
                     g.requests, g.errors, g.generations = (g.requests + c.requests, g.errors + c.errors,
                                                            g.generations + c.generations)
+                    g.client_errors += c.client_errors
             # the canary's histograms judge its SLO alone; stable's are read only to compare both sides
             histograms = self.canary_metrics if side == "canary" else self.metrics
             ttft, tpot, e2e = (metric(side, r) if histograms else None for r in ("ttft", "tpot", "e2e"))

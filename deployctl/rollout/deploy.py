@@ -63,8 +63,10 @@ class Deployment(WeightSteps):
                  progress: Optional[Progress] = None, confirm: Optional[Callable[[DeployPlan], bool]] = None,
                  skip_preflight: Optional[bool] = None,
                  canary_check: Optional[Callable[[list[str]], Optional[str]]] = None, resume: bool = False,
-                 runner=None):
+                 runner=None, allow_served_name_change: bool = False):
         self.cfg, self.canary_pct, self.break_lock = cfg, canary_pct, break_lock
+        # a new model.served_name is refused unless this says it is meant (deployctl.rollout.servedname)
+        self.allow_served_name_change = allow_served_name_change
         self.resume = resume
         self.runner = runner  # deployctl.rollout.runner.RunnerStart of a detached runner: its journal and lock say so
         self.journal = Journal(cfg.service.name, runner=runner.token if runner is not None else None)
@@ -189,6 +191,7 @@ class Deployment(WeightSteps):
             info = fl.make_release()
             plan = make_plan(self.cfg, info, current, self.canary_pct)
             self.say("plan", "plan: " + "; ".join(plan.lines()), plan=plan.to_json())
+            self._served_name_change(plan, current)
             self._before_changes()
             if self.confirm is not None:
                 with self.interruption.suspended():  # Ctrl-C at the prompt: KeyboardInterrupt, nothing changed
@@ -200,6 +203,18 @@ class Deployment(WeightSteps):
             return self._journaled(lambda: self._unlocking(plan, t0))
         finally:
             fl.close()
+
+    def _served_name_change(self, plan: DeployPlan, current: dict) -> None:
+        """Name a change of model.served_name against the stable release; refuse it unless allowed (UsageError)."""
+        from deployctl.rollout.servedname import check_change
+
+        on_old = [n for n, r in current.items() if r and r == plan.from_release]
+        if not on_old:
+            return
+        line = check_change(self.cfg, self.fleet.hosts[on_old[0]], plan.from_release,
+                            allow=self.allow_served_name_change)
+        if line:
+            self.say("warn", f"{line} (--allow-served-name-change)")
 
     def _resumed(self, t0: float) -> DeployResult:
         """``deploy --resume``: the journal's plan, the lock (refused while the deploy still runs; a killed one's
@@ -308,7 +323,7 @@ class Deployment(WeightSteps):
             self.interruption.request()
             self._abort(plan, "interrupted (Ctrl-C)", interrupted=True)
         except (_Abort, OutputsFailed) as a:
-            self._abort(plan, a.reason, verdict=a.verdict)
+            self._abort(plan, a.reason, verdict=a.verdict, cause=a if getattr(a, "fix", None) else None)
         except DeployctlError as e:
             self._abort(plan, str(e), cause=e)
         self._step("prune", lambda: fl.prune(plan))
@@ -466,4 +481,5 @@ class Deployment(WeightSteps):
                                fix="fix the host it names (`deployctl hosts check`), then deploy the same release "
                                    "again") from cause
         raise RolloutAborted(f"rollout aborted: {reason}; {where}{extra}",
-                             fix="see `deployctl history`; fix the release and deploy again") from cause
+                             fix=getattr(cause, "fix", None) or "see `deployctl history`; fix the release and deploy "
+                                                                 "again") from cause

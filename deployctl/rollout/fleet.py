@@ -13,6 +13,7 @@ from deployctl.service import launcher
 from deployctl.service.engine import Engine
 from deployctl.rollout.lock import DeployLock, describe
 from deployctl.rollout.router import Router, Split, router_host_config
+from deployctl.rollout.servedname import as_release
 from deployctl.rollout.state import StateStore
 
 
@@ -304,7 +305,10 @@ class Fleet:
             for h in back:
                 self.say("host", f"{h.name}: back to {plan.from_release}", host=h.name)
             # a canary whose old release sleeps beside it: stop the canary, wake the old one (standby.restore)
-            ok, bad = self.on_hosts(back, lambda h: standby.restore(h, self.cfg, plan.from_release, say=self.say),
+            # each release verified under its own served name (a new model.served_name must not make the old
+            # release look broken: deployctl.rollout.servedname)
+            ok, bad = self.on_hosts(back, lambda h: standby.restore(h, as_release(self.cfg, h, plan.from_release),
+                                                                    plan.from_release, say=self.say),
                                        deadline_s=hostops.activate_deadline_s(self.cfg),
                                        what=f"going back to {plan.from_release}")
         if bare:

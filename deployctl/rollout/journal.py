@@ -11,7 +11,8 @@ new journal (the old one is renamed ``journal.prev.jsonl``), atomically (tempora
 Records (``kind``): ``start`` (the plan: release info, hosts, steps, batches, generation), ``begin``/``end`` of a
 step (``step``: upload, drain, activate, validate, outputs (at weight 0), weight:I, batch:J, route, prune;
 ``hosts`` where it acts on hosts), ``point`` (a moment inside a step: one host's upload put, ``pause`` with ``began`` when a weight step's
-pause began, ``window`` with each analysis window's ``result``), ``abort`` (the abort began: reason), ``finish``
+pause began, ``window`` with each analysis window's numbers, verdict and reason:
+deployctl.rollout.replay.window_record), ``abort`` (the abort began: reason), ``finish``
 (result and exit code). ``Progress.of(records)`` reads them back.
 
 Fencing: ``<DEPLOYCTL_STATE>/<service.name>/fence`` holds the newest deploy lock generation taken on this machine
@@ -203,6 +204,8 @@ class Progress:
     pause_began: dict[str, float] = field(default_factory=dict)  # step -> Unix time its pause first began
     passes: dict[str, int] = field(default_factory=dict)  # step -> analysis windows that passed in it
     ended: list[str] = field(default_factory=list)  # the steps in ``done``, in the order they ended
+    # step -> its analysis windows' numbers as journaled (deployctl.rollout.replay.window_record), oldest first
+    windows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> "Progress":
@@ -219,8 +222,10 @@ class Progress:
             elif kind == "point" and p.open_step:  # a point belongs to the step begun and not ended
                 if rec.get("what") == "pause":
                     p.pause_began.setdefault(p.open_step, float(rec.get("began") or 0))
-                elif rec.get("what") == "window" and rec.get("result") == "pass":
-                    p.passes[p.open_step] = p.passes.get(p.open_step, 0) + 1
+                elif rec.get("what") == "window":
+                    p.passes[p.open_step] = p.passes.get(p.open_step, 0) + (rec.get("result") == "pass")
+                    p.windows.setdefault(p.open_step, []).append(
+                        {k: v for k, v in rec.items() if k not in ("kind", "what", "pid", "runner")})
             elif kind == "end":
                 if rec.get("step") not in p.done:
                     p.ended.append(rec.get("step"))

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional
 
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, DeployctlError, HealthError, about
+from deployctl.rollout.servedname import as_release
 from deployctl.rollout import gpufit, hostops, release, rollback_beside, rollback_wake, standby
 from deployctl.service import launcher
 from deployctl.service.engine import Engine
@@ -245,7 +246,8 @@ def _do(fleet: Fleet, cfg, target: str, current: dict, gen: int, say, t0: float,
         for n in batch:
             say("host", f"{n}: switching to {target}, restarting, verifying", host=n)
         tb = time.monotonic()
-        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, cfg, target, golden="after the rollback's cold start"))
+        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in batch], lambda h: hostops.activate(h, as_release(cfg, h, target), target,
+                                                              golden="after the rollback's cold start"))
         phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2),
                                   "hosts": {n: v.timings for n, v in ok.items()}})
         for n, v in ok.items():

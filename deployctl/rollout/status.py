@@ -145,7 +145,8 @@ def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
     than their record (its generation above theirs: a deploy killed at its ``start`` record, before it wrote
     rollout.json). ``runner_alive``: the journal's last deploy process still runs here (deployctl.rollout.procs).
     ``resumable``: in progress on the hosts (or not yet recorded there), its deploy process gone and the journal
-    unfinished, so `deploy --resume` continues it."""
+    unfinished, so `deploy --resume` continues it. ``windows``: per weight step (its label) the analysis windows
+    journaled in it, each with its numbers, thresholds, verdict and reason (deployctl.rollout.replay)."""
     from deployctl.rollout import procs
     from deployctl.rollout.journal import Progress, read
 
@@ -160,7 +161,8 @@ def journal_status(cfg: DeployConfig, st) -> dict[str, Any] | None:
     in_progress = True if ahead else st.in_progress
     return {"release": release, "done": list(p.ended), "open_step": p.open_step,
             "open_step_label": p.label(p.open_step) if p.open_step else None, "finished": not p.unfinished,
-            "pid": p.pid, "runner_alive": alive, "resumable": in_progress and p.unfinished and not alive}
+            "pid": p.pid, "runner_alive": alive, "resumable": in_progress and p.unfinished and not alive,
+            "windows": {p.label(step): w for step, w in p.windows.items()}}
 
 
 def history(cfg: DeployConfig) -> list[dict[str, Any]]:

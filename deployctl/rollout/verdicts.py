@@ -17,12 +17,13 @@ own figures, its SLO, KV usage and restarts, before it looks at the traffic); a 
 ``metrics+probes`` when the probes passed too); a metrics window that is inconclusive only for lack of real
 traffic (too few requests or latency samples) takes the probes' verdict (source ``probes``), except that a pass
 needs the canary to have served ``min_client_requests`` client generation requests (probes alone never promote unless it is 0:
-the window stays inconclusive); any other inconclusive (NaN, counter reset, stable without traffic) stays
+the window stays inconclusive) and a window short of ``min_latency_samples`` stays inconclusive ("cannot judge:
+N samples": a P99 of a few requests is noise, the probes' medians do not stand in for it); any other inconclusive (NaN, counter reset, stable without traffic) stays
 inconclusive with its reason.
 
 Streaks (``InconclusiveStreak``): ``inconclusive_limit`` inconclusive windows in a row pause the rollout for a
-human; when every one of them had fewer than ``min_client_requests`` client requests (``idle``) the deploy aborts
-instead: nothing judged the canary, and waiting longer would hold it untested.
+human. Windows that are ``held`` (too little client traffic, or the SLO breached on both sides) do not count:
+they hold the step until a window passes or its ``max_hold`` runs out (deployctl.rollout.weightstep).
 """
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ from deployctl.rollout.probes import ProbeStats
 
 LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_latency_samples",
                "canary client requests < min_client_requests")
+# a window short of latency samples: the probes may fail it, never pass it (their few timings are no P99)
+FEW_SAMPLES = "canary latency samples < min_latency_samples"
+
+
+def held(v) -> bool:
+    """The inconclusive Verdict ``v`` holds its step (deployctl.rollout.weightstep) rather than counting toward the
+    inconclusive_limit pause: too little client traffic to judge, or the SLO breached on stable and canary alike."""
+    from deployctl.rollout.canaryrules import SLO_BOTH
+
+    return v.result == "inconclusive" and (low_traffic(v) or v.reason.startswith(SLO_BOTH))
 
 
 def idle(v, min_client_requests: int) -> bool:
@@ -109,6 +120,8 @@ def combine(v, probe: Optional[tuple[str, str, dict]], min_client_requests: int 
         if result == "pass" and idle(v, min_client_requests):
             v.reason = (f"{v.reason}; probes passed, but {v.canary.generations} client requests < min_client_requests "
                         f"{min_client_requests}: probes alone do not promote")
+        elif result == "pass" and FEW_SAMPLES in v.reason:
+            v.reason = f"cannot judge: {v.canary.ttft_count} samples ({v.reason}); probes passed, not enough for a P99"
         elif result == "pass":
             v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason})", "probes"
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from deployctl.rollout.analysis import GroupStats, Verdict, judge
-from deployctl.rollout.verdicts import InconclusiveStreak, combine, idle
+from deployctl.rollout.verdicts import InconclusiveStreak, combine, held, idle
 from support.render import make_config
 
 
@@ -28,10 +28,29 @@ def side(hosts, **kw):
     ("p99_tpot_s", 0.08, "canary P99 TPOT 80.0 ms > slo.tpot_p99_s 50 ms × max_slo_factor 1.2 = 60 ms (SLO)"),
     ("p99_e2e_s", 5.0, "canary P99 E2E 5000.0 ms > slo.e2e_p99_s 4000 ms × max_slo_factor 1.2 = 4800 ms (SLO)"),
 ])
-def test_slo_fails_even_when_stable_is_as_slow(field, value, needle):
+def test_slo_breached_on_both_sides_is_held_on_the_canary_alone_fails(field, value, needle):
+    """Issue 41: stable as slow, with traffic and samples of its own, over the same objective: the fleet suffers as a
+    whole, the window is inconclusive and held (verdicts.held), not a fail. Stable within it: the canary fails on
+    its SLO as before."""
     c = cfg()
     v = judge(c, side(["a"], **{field: value}), side(["b"], **{field: value}), 30.0, 25)
+    assert v.result == "inconclusive" and held(v), v.reason
+    assert v.reason == f"SLO breached on stable and canary: {needle}; {needle.replace('canary', 'stable')}"
+    v = judge(c, side(["a"], **{field: value}), side(["b"]), 30.0, 25)
     assert v.result == "fail" and v.reason == needle, v.reason
+    # stable serving traffic with too few samples to say: the window stays open until it has them
+    v = judge(c, side(["a"], **{field: value}), side(["b"], ttft_count=4, **{field: value}), 30.0, 25)
+    assert v.result == "inconclusive" and not held(v), v.reason
+    assert v.reason == (f"{needle}; stable has 4 latency samples < min_latency_samples 5: cannot tell a slow fleet "
+                        "from a slow canary yet")
+    # stable with no samples of its own (an engine without histograms) or no traffic (100%): the canary alone
+    for stable in (side(["b"], ttft_count=0, p99_ttft_s=None, p99_tpot_s=None, p99_e2e_s=None),
+                   GroupStats(["b"])):
+        v = judge(c, side(["a"], **{field: value}), stable, 30.0, 25)
+        assert v.result == "fail" and v.reason == needle, v.reason
+    # the canary down is never excused by a slow stable
+    v = judge(c, side(["a"], down=["a"], **{field: value}), side(["b"], **{field: value}), 30.0, 25)
+    assert v.result == "fail" and "does not answer /metrics" in v.reason
 
 
 def test_slo_at_100_percent_without_baseline():

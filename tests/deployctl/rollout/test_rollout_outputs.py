@@ -11,7 +11,7 @@ new release, the message names tokenizer_config.json; with outputs.on_change rep
 and the change recorded (deploy output, status, history). With new weights declared on purpose (on_model_change:
 skip), a repeated-token loop (the runtime's test-only repeat_token fault) is still aborted; empty answers are
 unit-tested (test_analysis_rules). With no user traffic a slow canary is aborted on the probes; with probes off, quiet
-windows stay inconclusive and the inconclusive_limit pauses the rollout until a human aborts it. Each canary deploy
+windows stay inconclusive and hold the step; past max_hold (on_hold_timeout pause) it waits until a human aborts it. Each canary deploy
 costs 30-40 s here (two runtime restarts; an abort at 0% one): two tests of five and four deploys."""
 from __future__ import annotations
 
@@ -156,17 +156,17 @@ def test_loops_slow_quiet_canaries_and_inconclusive_windows(fleet, rollout_model
     assert r.returncode == 6 and "analysis failed at 50%: canary probe median T" in r.stderr, r.stderr
     assert "fail [probes]: canary 0 req" in r.stderr
 
-    # probes off and no traffic: every window is inconclusive; the second in a row pauses for a human
+    # probes off and no traffic: every window is inconclusive and holds the step (issue 41); past max_hold,
+    # on_hold_timeout pause waits for a human
     env.cfg["engine"]["max_num_seqs"] = 6
-    env.cfg["rollout"]["pause_s"] = 120
-    # (min_client_requests 0: windows without client traffic pause like any inconclusive one instead of aborting)
-    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, inconclusive_limit=2, outputs={"enabled": False},
-                                          min_client_requests=0)
+    env.cfg["rollout"].update(pause_s=4, max_hold=4, on_hold_timeout="pause")
+    env.cfg["rollout"]["analysis"].update(probes={"enabled": False}, outputs={"enabled": False}, min_client_requests=0)
     env.write()
     deploy = env.popen("deploy", "--yes")
     try:
         st = wait_for(lambda: (s := rollout_state(env)).get("status") == "paused" and s, 180, "the paused rollout", deploy)
-        assert "2 inconclusive analysis windows in a row (inconclusive_limit 2)" in st["reason"]
+        assert "without a passing window (max_hold 4s)" in st["reason"], st["reason"]
+        assert "rollout.on_hold_timeout pause" in st["reason"], st["reason"]
         assert "0 canary requests < min_requests 20" in st["reason"]
         assert env.status()["rollout"]["status"] == "paused"
         assert env.cli("abort").returncode == 0

@@ -3,7 +3,7 @@
 It answers what deployctl asks a runtime (deployctl.service.verify, rollout.analysis, rollout.golden, probes,
 standby) and nothing more: ``/healthz``, ``/readyz`` (503 while draining or asleep), ``/health``, ``/metrics``
 (the deployctl_runtime_* series the analysis reads), ``/v1/models``, ``/v1/completions`` and
-``/v1/chat/completions`` (plain and ``stream: true`` SSE), ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``, ``/identity``;
+``/v1/chat/completions`` (plain and ``stream: true`` SSE; 404 for a model other than its served name), ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``, ``/identity``;
 the ``X-Deployctl-Release`` header on every answer; ``Authorization: Bearer`` checked against
 DEPLOYCTL_RUNTIME_API_KEY like the runtime's auth.py, or with DEPLOYCTL_STANDIN_KEY_SCOPE=v1 under /v1 only while
 every other path answers 200 (an engine like vLLM, whose --api-key covers /v1 and which serves many more routes). SIGTERM drains as the runtime does (503 for new requests,
@@ -213,6 +213,10 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"{}")
         except ValueError:
             return self._error(400, "the body is not JSON", "invalid_request_error", "invalid_json")
+        asked = body.get("model")
+        if asked and asked != st.cfg["served_name"]:  # as the runtime's app.py and every OpenAI server: by name
+            return self._error(404, f"The model '{asked}' does not exist; this server serves "
+                                    f"'{st.cfg['served_name']}'", "invalid_request_error", "model_not_found")
         with st.lock:
             if st.phase != "ready":
                 code = "sleeping" if st.phase == "sleeping" else "draining"
