@@ -239,6 +239,11 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
                       h.get("detail", ""))
     out_console.print(table)
+    from deployctl.capacity.enginelog import describe as kv_line
+
+    for h in doc["hosts"]:
+        if h.get("kv_plan_vs_actual"):
+            out_console.print(kv_line(h["host"], h["kv_plan_vs_actual"]), markup=False)
     ro = doc["rollout"]
     if ro:
         step = f", step {ro['step_index'] + 1}/{len(ro['steps'])} at {ro['weight']}%" if ro.get("steps") else ""

@@ -9,7 +9,7 @@ from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.config.layout import service_port
 from deployctl.service import launcher
-from deployctl.rollout import release
+from deployctl.rollout import kvrecord, release
 from deployctl.service.engine import Engine
 from deployctl.service.verify import Verified
 
@@ -100,6 +100,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     # boot / load (weights, KV) / warm-up split from its log), verify (the sample inference)
     timings = {"install_s": t[1] - t[0], "stop_s": t[2] - t[1], "start_s": t[3] - t[2], "ready_s": v.ready_s,
                "verify_s": t[4] - t[3] - v.ready_s, **start_phases(host, offset)}
+    kvrecord.record(host, cfg, release_id, offset)  # what the engine allocated vs the plan (status reads it)
     if golden:
         timings["golden_s"] = golden_check(host, cfg, release_id, service_port(cfg, host.config), golden)
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
@@ -146,6 +147,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
 
     timings = {"install_s": t[1] - t[0], "stop_s": 0.0, "start_s": t[2] - t[1], "ready_s": v.ready_s,
                "verify_s": t[3] - t[2] - v.ready_s, **start_phases(host, offset)}
+    kvrecord.record(host, cfg, release_id, offset)
     if golden_s is not None:
         timings["golden_s"] = golden_s
         timings["verify_s"] -= golden_s
