@@ -2,7 +2,8 @@
 
 Written once per start (``record``, after the engine is verified): the engine's own statement from its start log
 (deployctl.capacity.enginelog.parse over the log since the start's offset), the capacity plan for this host from
-its own facts (preflight's ``plan_from_facts``: config.json, safetensors headers, NVML), and the processes on the
+its own facts (preflight's ``plan_from_facts`` over the probe's ``model``, ``nvidia`` and ``service`` sections:
+config.json, safetensors headers, NVML), and the processes on the
 host's GPUs that are not this service's engine. ``status`` reads it back (``read``) and compares
 (enginelog.compare). The plan is only computed when the log parsed, so a start of an engine whose log says
 nothing known costs one log read.
@@ -28,11 +29,16 @@ def _log_since(host, since: int) -> str:
 
 def _plan(host, cfg: DeployConfig) -> tuple[dict, list]:
     """({"kv_tokens", "kv_bytes", "utilization", "graphs_reserve_bytes"} or {"error"}, foreign GPU processes)."""
+    from deployctl.hostscripts import probe
+    from deployctl.hostscripts.snippets import module_argv
     from deployctl.preflight.base import gpu_of, service_pids, standby_pids
     from deployctl.preflight.capacity import plan_from_facts
-    from deployctl.preflight.gather import host_facts
+    from deployctl.preflight.gather import probe_params
 
-    facts = host_facts(host, cfg, verify_weights=False)
+    # the probe's cheap sections only (no torch import, no port or disk checks): one SSH round trip
+    params = {**probe_params(cfg, host.config), "sections": ["model", "nvidia", "service"]}
+    r = host.run(module_argv(host.config.python, probe, json.dumps(params)), timeout=60)
+    facts = json.loads(r.stdout.strip().splitlines()[-1])
     sized, reason = plan_from_facts(cfg, host.config, facts)
     if sized is None:
         return {"error": reason}, []
@@ -62,8 +68,10 @@ def record(host, cfg: DeployConfig, release_id: str, since: int) -> Optional[dic
         doc: dict = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "actual": actual.to_json(),
                      "plan": None, "others": []}
         if actual.parsed:
+            t0 = time.monotonic()
             try:
                 doc["plan"], doc["others"] = _plan(host, cfg)
+                doc["plan_s"] = round(time.monotonic() - t0, 2)  # the host probe's cost, once per start
             except Exception as e:  # noqa: BLE001 - the plan is a comparison, never a failure
                 doc["plan"] = {"error": f"{type(e).__name__}: {e}"}
         path = posixpath.join(layout.release_dir(host.config, release_id), RECORD)
