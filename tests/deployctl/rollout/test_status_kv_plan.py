@@ -1,7 +1,8 @@
 """`status` shows plan vs actual KV per host (issue 44) on a loopback sshd fleet with real nginx and the stand-in
 engine: the stand-in logs the bundled runtime's "KV cache: ..." line (DEPLOYCTL_STANDIN_KV_POOL in engine.env);
 at each start deploy records it beside the release (allocated.json) with the plan from the host's own facts, and
-status compares: the plan's own pool is within ±10%, a pool 15% smaller is flagged."""
+status compares: the plan's own pool is within ±10%, a pool 15% smaller is flagged; the real bundled runtime
+allocates exactly the plan."""
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,6 @@ def test_status_shows_plan_vs_engine_and_flags_a_pool_15_percent_smaller(rollout
     rel = env.current(name)
     rec = json.loads((Path(env.host(name)["deploy_root"]) / "releases" / rel / "allocated.json").read_text())
     assert rec["actual"]["kv_tokens"] == plan.kv_pool_tokens and rec["plan"]["kv_tokens"] == plan.kv_pool_tokens
-    print("plan_s", rec["plan_s"])
     row = env.status()["hosts"][0]["kv_plan_vs_actual"]
     assert (row["diff_tokens_pct"], row["diff_bytes_pct"], row["flagged"]) == (0.0, 0.0, False)
 
@@ -65,3 +65,16 @@ def test_status_shows_plan_vs_engine_and_flags_a_pool_15_percent_smaller(rollout
     line = next(x for x in out.stdout.splitlines() if x.startswith(f"{name}: KV plan"))
     assert "16,384 tokens / 8.0 MiB" in line and "-15.0% tokens" in line and "OFF PLAN (over ±10%)" in line, line
     print(line)
+
+
+def test_the_bundled_runtime_allocates_the_plan_status_says_so(rollout_env):
+    """The real bundled runtime (CPU, kv_cache_memory 8 MiB) on the loopback fleet: its own "KV cache:" line,
+    recorded at the start, equals the plan deployctl sizes from the host's facts."""
+    env = rollout_env(1, steps=[100], pause_s=0,
+                      analysis={"interval_s": 1, "min_requests": 1, "min_client_requests": 0})
+    r = env.cli("deploy", "--yes")
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = env.status()["hosts"][0]["kv_plan_vs_actual"]
+    assert row["format"] == "deployctl-runtime (kv_sizing.KVPlan.summary)"
+    assert row["actual"] == row["plan"] and row["plan"]["kv_tokens"] > 0
+    assert (row["diff_tokens_pct"], row["flagged"]) == (0.0, False)
