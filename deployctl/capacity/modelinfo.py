@@ -48,6 +48,7 @@ class ModelShape:
     quant_method: Optional[str] = None  # quantization_config.quant_method: awq, gptq, fp8, ...
     quant_bits: int = 16  # bits of a quantized linear weight (AWQ/GPTQ bits; 8 for FP8)
     quant_group_size: int = 0  # AWQ/GPTQ group_size (-1 or 0: per output channel)
+    kv_scales_in_config: bool = False  # quantization_config names calibrated KV scales (kv_cache_scheme, ...)
 
     def _linear_params(self) -> tuple[int, int]:
         """(parameters of the quantizable linear layers, of the rest: embeddings, lm_head, norms, routers)."""
@@ -158,6 +159,8 @@ def parse_model_config(cfg: dict, source: str = "config.json") -> ModelShape:
         quant_method=str(q["quant_method"]).lower() if q.get("quant_method") else None,
         quant_bits=bits,
         quant_group_size=group_size,
+        # compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo: the checkpoint carries KV scales
+        kv_scales_in_config=bool(q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo")),
     )
 
 
@@ -261,6 +264,30 @@ def estimate_note(header_bytes: int, shape: ModelShape, dtype_bytes: int) -> Opt
     q = f" ({shape.quant_method} {shape.quant_bits}-bit)" if shape.quant_method else ""
     return (f"weights: the safetensors headers hold {header_bytes:,} bytes, the config estimate{q} gives {est:,} "
             f"({100 * (est - header_bytes) / header_bytes:+.1f}%); the plan uses the headers")
+
+
+# tensor names of calibrated KV scales in a checkpoint (vLLM's attention layers load k_scale / v_scale, or one
+# kv_scale for both: vllm model_executor/layers/quantization/kv_cache.py BaseKVCacheMethod)
+KV_SCALE_SUFFIXES = ("k_scale", "v_scale", "kv_scale")
+
+
+def kv_scales_source(model_dir: Optional[Path], shape: ModelShape) -> tuple[str, Optional[str]]:
+    """Where an fp8 KV cache's scales come from: ("checkpoint", None) when config.json's quantization_config
+    names them or a safetensors header holds ``*.k_scale`` / ``*.v_scale`` / ``*.kv_scale`` tensors; else
+    ("1.0", warning): the engine scales K and V by 1.0, uncalibrated."""
+    if shape.kv_scales_in_config:
+        return "checkpoint", None
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir and model_dir.is_dir() else []
+    for f in files:
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            names = json.loads(fh.read(n)) if n <= 100 * 2**20 else {}
+        if any(k.endswith(KV_SCALE_SUFFIXES) for k in names):
+            return "checkpoint", None
+    where = "the safetensors headers" if files else "config.json (no safetensors headers here)"
+    return "1.0", (f"fp8 KV cache with scale 1.0: {where} carry no calibrated k_scale/v_scale, so K and V are cast "
+                   "to fp8 unscaled (values past fp8's range clip and accuracy can drop); use a checkpoint with KV "
+                   "scales (llm-compressor's kv_cache_scheme) or check the answers against the bf16 KV cache")
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, serving_dtype_bytes: int) -> int:

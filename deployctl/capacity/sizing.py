@@ -9,8 +9,8 @@ from typing import Optional
 from deployctl.capacity.formula import CapacityInputs, CapacityPlan, plan_capacity
 from deployctl.config import EngineConfig
 from deployctl.errors import ConfigError
-from deployctl.capacity.modelinfo import (ModelShape, dtype_bytes, estimate_note, kv_dtype_bytes, load_model_config,
-                                         weights_by_dtype, weights_bytes)
+from deployctl.capacity.modelinfo import (ModelShape, dtype_bytes, estimate_note, kv_dtype_bytes, kv_scales_source,
+                                         load_model_config, weights_by_dtype, weights_bytes)
 from deployctl.engines.capacity import kv_heads_per_gpu
 from deployctl.engines.reserve import MEMORY, estimate_reserve, kv_budget, share_problem
 
@@ -151,6 +151,8 @@ def size_plan(
         notes.append(estimate)
     if engine.kv_cache_dtype != "auto":
         notes.append(f"kv_cache_dtype {engine.kv_cache_dtype}: {kv_nbytes} byte(s) per KV element instead of {nbytes}")
+        scales, warning = kv_scales_source(model_dir, shape)
+        notes.append(warning or f"KV scales: from the checkpoint ({engine.kv_cache_dtype} KV cache)")
     if standby_residue:
         from deployctl.config.units import format_bytes
 
