@@ -76,7 +76,8 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
              on_progress: Optional[Callable[[str], None]] = None, golden: str = "") -> Verified:
     """Make ``release_id`` run on ``host``: switch ``current``, install its wheel (and a pinned engine the host
     lacks: its lines to ``on_progress``, ``install_progress``), stop the old runtime (drain), start the new one,
-    verify (ready + sample inference, release header checked). ``golden`` (where this start happens, in words:
+    verify (ready + sample inference, release header checked), record the engine's own KV statement against the
+    plan (kvrecord: ``<release>/allocated.json``, never fails the start). ``golden`` (where this start happens, in words:
     "after the rollback's cold start"): then ask the release's recorded golden answers too (goldenrecord.check,
     timing ``golden_s``). Raises RemoteError (4) or HealthError (5; goldenrecord.GoldenMismatch when the answers
     differ: the engine is left running, the caller gives it no weight); ``should_stop`` may raise to interrupt the
