@@ -48,6 +48,7 @@ class ModelShape:
     quant_method: Optional[str] = None  # quantization_config.quant_method: awq, gptq, fp8, ...
     quant_bits: int = 16  # bits of a quantized linear weight (AWQ/GPTQ bits; 8 for FP8)
     quant_group_size: int = 0  # AWQ/GPTQ group_size (-1 or 0: per output channel)
+    kv_scales_in_config: bool = False  # quantization_config names calibrated KV scales (kv_cache_scheme, ...)
 
     def _linear_params(self) -> tuple[int, int]:
         """(parameters of the quantizable linear layers, of the rest: embeddings, lm_head, norms, routers)."""
@@ -127,7 +128,14 @@ def parse_model_config(cfg: dict, source: str = "config.json") -> ModelShape:
     if not isinstance(q, dict):
         raise ConfigError(f"{source}: quantization_config must be an object, got {q!r}")
     method = str(q.get("quant_method") or "").lower()
-    bits = int(q.get("bits") or q.get("w_bit") or (8 if "fp8" in method else 16))
+    group_size = int(q.get("group_size") or q.get("q_group_size") or 0)
+    # compressed-tensors (llm-compressor): the bits are per scheme, config_groups.<name>.weights.num_bits; the
+    # narrowest one sizes the linear layers (its docs: compressed_tensors/quantization/quant_scheme.py)
+    ct = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+    ct_bits = [int(w["num_bits"]) for w in ct if isinstance(w, dict) and w.get("num_bits")]
+    if ct_bits:
+        group_size = group_size or int(next((w.get("group_size") for w in ct if w.get("group_size")), 0) or 0)
+    bits = int(q.get("bits") or q.get("w_bit") or (min(ct_bits) if ct_bits else 0) or (8 if "fp8" in method else 16))
     if method and bits not in (2, 3, 4, 8, 16):
         raise ConfigError(f"{source}: quantization_config.bits {bits} is not 2, 3, 4 or 8")
     return ModelShape(
@@ -150,7 +158,9 @@ def parse_model_config(cfg: dict, source: str = "config.json") -> ModelShape:
         num_dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts else 0,
         quant_method=str(q["quant_method"]).lower() if q.get("quant_method") else None,
         quant_bits=bits,
-        quant_group_size=int(q.get("group_size") or q.get("q_group_size") or 0),
+        quant_group_size=group_size,
+        # compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo: the checkpoint carries KV scales
+        kv_scales_in_config=bool(q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo")),
     )
 
 
@@ -173,6 +183,11 @@ def load_model_config(path: str | Path) -> ModelShape:
 def safetensors_data_bytes(path: Path, skip: frozenset[str] = frozenset()) -> int:
     """Sum of tensor bytes declared in one safetensors file's header (dtype size × element count), leaving out the
     tensors named in ``skip``."""
+    return sum(safetensors_bytes_by_dtype(path, skip).values())
+
+
+def safetensors_bytes_by_dtype(path: Path, skip: frozenset[str] = frozenset()) -> dict[str, int]:
+    """``safetensors_data_bytes`` per safetensors dtype tag ({"BF16": n, "F8_E4M3": m, ...})."""
     with path.open("rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
@@ -181,7 +196,7 @@ def safetensors_data_bytes(path: Path, skip: frozenset[str] = frozenset()) -> in
         if header_len > 100 * 2**20:
             raise ConfigError(f"{path}: safetensors header length {header_len} is implausible; the file is corrupt or not safetensors")
         header = json.loads(f.read(header_len))
-    total = 0
+    total: dict[str, int] = {}
     for name, info in header.items():
         if name == "__metadata__" or name in skip:
             continue
@@ -191,7 +206,7 @@ def safetensors_data_bytes(path: Path, skip: frozenset[str] = frozenset()) -> in
         if info["dtype"] not in _ST_DTYPE_BYTES:
             raise ConfigError(f"{path}: tensor {name!r} has dtype {info['dtype']!r}, not one deployctl can size",
                               fix=f"one of {', '.join(_ST_DTYPE_BYTES)}; or plan from config.json alone (--model-config FILE)")
-        total += count * _ST_DTYPE_BYTES[info["dtype"]]
+        total[info["dtype"]] = total.get(info["dtype"], 0) + count * _ST_DTYPE_BYTES[info["dtype"]]
     return total
 
 
@@ -214,6 +229,65 @@ def weights_bytes(model_dir: Optional[Path], shape: ModelShape, dtype_bytes: int
         return sum(safetensors_data_bytes(f, skip) for f in files), "safetensors headers"
     how = f"config estimate ({shape.quant_method} {shape.quant_bits}-bit)" if shape.quant_method else "config estimate"
     return shape.estimated_weights_bytes(dtype_bytes), how
+
+
+# the config estimate and the headers disagreeing by more than this gets a note in the plan (issue 44)
+ESTIMATE_TOLERANCE = 0.05
+
+
+def weights_by_dtype(model_dir: Optional[Path], shape: ModelShape, dtype_bytes: int) -> dict[str, int]:
+    """Weights bytes per dtype: from the safetensors headers ({"BF16": n, "F8_E4M3": m, "I32": k}, the files and
+    tied-tensor rule of ``weights_bytes``), else the config estimate split into the quantized linear layers
+    ("<quant_method> <bits>-bit") and the rest at the serving dtype ("<torch_dtype>")."""
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir and model_dir.is_dir() else []
+    if len(files) > 1:
+        files = [f for f in files if not f.name.startswith("consolidated")] or files
+    if files:
+        skip = TIED_OUTPUT_TENSORS if shape.tie_word_embeddings else frozenset()
+        out: dict[str, int] = {}
+        for f in files:
+            for k, v in safetensors_bytes_by_dtype(f, skip).items():
+                out[k] = out.get(k, 0) + v
+        return out
+    total = shape.estimated_weights_bytes(dtype_bytes)
+    if not shape.quant_method or shape.quant_bits >= 16:
+        return {shape.torch_dtype: total}
+    rest = shape._linear_params()[1] * dtype_bytes
+    return {f"{shape.quant_method} {shape.quant_bits}-bit": total - rest, shape.torch_dtype: rest}
+
+
+def estimate_note(header_bytes: int, shape: ModelShape, dtype_bytes: int) -> Optional[str]:
+    """A note when the config estimate differs from the headers' exact sum by more than 5% (None otherwise)."""
+    est = shape.estimated_weights_bytes(dtype_bytes)
+    if not header_bytes or abs(est - header_bytes) <= ESTIMATE_TOLERANCE * header_bytes:
+        return None
+    q = f" ({shape.quant_method} {shape.quant_bits}-bit)" if shape.quant_method else ""
+    return (f"weights: the safetensors headers hold {header_bytes:,} bytes, the config estimate{q} gives {est:,} "
+            f"({100 * (est - header_bytes) / header_bytes:+.1f}%); the plan uses the headers")
+
+
+# tensor names of calibrated KV scales in a checkpoint (vLLM's attention layers load k_scale / v_scale, or one
+# kv_scale for both: vllm model_executor/layers/quantization/kv_cache.py BaseKVCacheMethod)
+KV_SCALE_SUFFIXES = ("k_scale", "v_scale", "kv_scale")
+
+
+def kv_scales_source(model_dir: Optional[Path], shape: ModelShape) -> tuple[str, Optional[str]]:
+    """Where an fp8 KV cache's scales come from: ("checkpoint", None) when config.json's quantization_config
+    names them or a safetensors header holds ``*.k_scale`` / ``*.v_scale`` / ``*.kv_scale`` tensors; else
+    ("1.0", warning): the engine scales K and V by 1.0, uncalibrated."""
+    if shape.kv_scales_in_config:
+        return "checkpoint", None
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir and model_dir.is_dir() else []
+    for f in files:
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            names = json.loads(fh.read(n)) if n <= 100 * 2**20 else {}
+        if any(k.endswith(KV_SCALE_SUFFIXES) for k in names):
+            return "checkpoint", None
+    where = "the safetensors headers" if files else "config.json (no safetensors headers here)"
+    return "1.0", (f"fp8 KV cache with scale 1.0: {where} carry no calibrated k_scale/v_scale, so K and V are cast "
+                   "to fp8 unscaled (values past fp8's range clip and accuracy can drop); use a checkpoint with KV "
+                   "scales (llm-compressor's kv_cache_scheme) or check the answers against the bf16 KV cache")
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, serving_dtype_bytes: int) -> int:

@@ -9,7 +9,8 @@ from typing import Optional
 from deployctl.capacity.formula import CapacityInputs, CapacityPlan, plan_capacity
 from deployctl.config import EngineConfig
 from deployctl.errors import ConfigError
-from deployctl.capacity.modelinfo import ModelShape, dtype_bytes, kv_dtype_bytes, load_model_config, weights_bytes
+from deployctl.capacity.modelinfo import (ModelShape, dtype_bytes, estimate_note, kv_dtype_bytes, kv_scales_source,
+                                         load_model_config, weights_by_dtype, weights_bytes)
 from deployctl.engines.capacity import kv_heads_per_gpu
 from deployctl.engines.reserve import MEMORY, estimate_reserve, kv_budget, share_problem
 
@@ -28,6 +29,7 @@ class SizedPlan:
     weights_problem: Optional[str] = None  # the weights (+ reserve) do not fit one GPU's share, whatever the KV
     smallest_tp: Optional[int] = None  # the smallest tensor_parallel_size whose share holds them
     standby_residue_bytes: int = 0  # per GPU, kept by the previous release's sleeping standby (taken off the budget)
+    weights_by_dtype: dict = field(default_factory=dict)  # modelinfo.weights_by_dtype ({} when the bytes were given)
 
 
 def gpu_memory_from_nvml(index: int = 0) -> int:
@@ -80,8 +82,13 @@ def size_plan(
     check_tp_heads(tp, shape.num_attention_heads)
     nbytes = dtype_bytes(dtype, shape, engine.device)
     kv_nbytes = kv_dtype_bytes(engine.kv_cache_dtype, nbytes)
+    by_dtype: dict = {}
+    estimate = None
     if weights is None:
         weights, weights_source = weights_bytes(model_dir, shape, nbytes)
+        by_dtype = weights_by_dtype(model_dir, shape, nbytes)
+        if weights_source == "safetensors headers":
+            estimate = estimate_note(weights, shape, nbytes)
     else:
         weights_source = weights_source or "given"
     semantics = SEMANTICS[engine.kind]
@@ -140,8 +147,12 @@ def size_plan(
     if replicated:
         notes.append(f"KV heads replicate: {shape.num_key_value_heads} KV heads < tensor_parallel_size {tp}, so each "
                      f"GPU keeps 1 head (a copy); KV bytes/token per GPU do not shrink past TP {shape.num_key_value_heads}")
+    if estimate:
+        notes.append(estimate)
     if engine.kv_cache_dtype != "auto":
         notes.append(f"kv_cache_dtype {engine.kv_cache_dtype}: {kv_nbytes} byte(s) per KV element instead of {nbytes}")
+        scales, warning = kv_scales_source(model_dir, shape)
+        notes.append(warning or f"KV scales: from the checkpoint ({engine.kv_cache_dtype} KV cache)")
     if standby_residue:
         from deployctl.config.units import format_bytes
 
@@ -166,7 +177,7 @@ def size_plan(
                                                                                  kv_nbytes, gpu_memory)), None)
             problem = _weights_message(engine, weights, tp, gpu_memory, overhead, smallest)
     return SizedPlan(plan_capacity(inputs), shape, inputs, weights_source, gpu_source, notes, reserve, tp, replicated,
-                     problem, smallest, standby_residue)
+                     problem, smallest, standby_residue, by_dtype)
 
 
 def _reserve(engine: EngineConfig, shape: ModelShape, tp: int, nbytes: int):
@@ -233,12 +244,17 @@ def plan_json(sized: SizedPlan, status: str, message: str) -> dict:
     """`deployctl plan --json`: CapacityPlan's keys + status, message, notes, tensor_parallel_size, per_gpu (the
     keys whose figures are per GPU), reserve (its parts in bytes, or null for the runtime/CPU),
     kv_heads_replicated, smallest_tensor_parallel_size (when the weights do not fit, else null),
-    standby_residue_bytes (per GPU, taken off kv_budget_bytes; 0 without a sleeping standby)."""
+    standby_residue_bytes (per GPU, taken off kv_budget_bytes; 0 without a sleeping standby), weights_source
+    ("safetensors headers", "config estimate (...)", or where given weights came from), weights_by_dtype (bytes per
+    dtype of the whole checkpoint, modelinfo.weights_by_dtype), experts_total and experts_active (routed experts
+    and experts per token from config.json; 0 for a dense model)."""
     return {**sized.plan.to_json(), "status": status, "message": message, "notes": sized.notes,
             "tensor_parallel_size": sized.tensor_parallel_size, "per_gpu": list(PER_GPU_KEYS),
             "reserve": sized.reserve.to_json() if sized.reserve else None,
             "kv_heads_replicated": sized.kv_replicated, "smallest_tensor_parallel_size": sized.smallest_tp,
-            "standby_residue_bytes": sized.standby_residue_bytes}
+            "standby_residue_bytes": sized.standby_residue_bytes, "weights_source": sized.weights_source,
+            "weights_by_dtype": sized.weights_by_dtype, "experts_total": sized.shape.num_experts,
+            "experts_active": sized.shape.num_experts_per_tok}
 
 
 def override_engine(engine: EngineConfig, **changes) -> EngineConfig:

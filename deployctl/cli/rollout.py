@@ -219,8 +219,9 @@ def rollback(
 def status(config: Path = CONFIG, as_json: bool = JSON,
            check: bool = typer.Option(False, "--check", help="Exit 1 when a host is unhealthy or unsupervised, or "
                                       "when the hosts differ in release, engine, model manifest or config.")) -> None:
-    """Per host: current release, health, supervision, traffic weight; the rollout in progress; which host
-    differs from the rest. With --check: exit 1 on any problem (for cron and alerting)."""
+    """Per host: current release, health, supervision, traffic weight; the engine's KV pool against the plan
+    (flagged past ±10%); the rollout in progress; which host differs from the rest. With --check: exit 1 on any
+    problem (for cron and alerting)."""
     from rich.table import Table
 
     from deployctl.config import load_config
@@ -247,6 +248,11 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
                       h.get("detail", ""))
     out_console.print(table)
+    from deployctl.capacity.enginelog import describe as kv_line
+
+    for h in doc["hosts"]:
+        if h.get("kv_plan_vs_actual"):
+            out_console.print(kv_line(h["host"], h["kv_plan_vs_actual"]), markup=False)
     for h in doc["hosts"]:
         c = h.get("cordoned")
         if c:

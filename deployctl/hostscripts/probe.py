@@ -574,14 +574,15 @@ def _chat_template_source(path: str):
 
 def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
-    (a list of "port", "service", "nvidia", "pids", "more_ports") limits the run to those (plus probe_version, hostname and time)."""
+    (a list of "port", "service", "nvidia", "pids", "more_ports", "model") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
     if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
         cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
                  "service": lambda: probe_service(deploy_root, params.get("unit") or ""),
                  "nvidia": lambda: probe_nvidia(params.get("fake_gpu_memory") or ""),
                  "pids": lambda: probe_pid_files(params.get("pid_files") or []),
-                 "more_ports": lambda: probe_more_ports(params.get("more_ports") or [])}
+                 "more_ports": lambda: probe_more_ports(params.get("more_ports") or []),
+                 "model": lambda: probe_model(params.get("model_path") or "")}
         return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
                 **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""

@@ -18,6 +18,7 @@ from deployctl.preflight.drivers import driver_verdict
 from deployctl.preflight.gpuhealth import check_gpu_health
 from deployctl.preflight.gpupin import check_gpu_pinning
 from deployctl.preflight.gpuprocs import check_gpu_processes
+from deployctl.preflight.kvdtype import check_kv_cache_dtype
 from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
 from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
@@ -267,7 +268,9 @@ def check_engine_secrets(cfg: DeployConfig, environ: Mapping[str, str]) -> Check
 
 
 # The names run_checks gives its checks, in its order (runbooks name one with ``check: {preflight: NAME}``).
-PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_pinning", "gpu_memory", "gpu_processes", "capacity", "port", "allocated_ports", "disk",
+PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "gpu_pinning", "gpu_memory", "gpu_processes",
+                    "kv_cache_dtype",  # fp8 KV on CUDA only
+                    "capacity", "port", "allocated_ports", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
                     "login_shell",  # SSH hosts only
@@ -309,6 +312,8 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         check_gpu_pinning(cfg, host, facts),
         check_gpu_memory(cfg, host, facts, sized),
         check_gpu_processes(cfg, host, facts),
+        *([check_kv_cache_dtype(cfg, host, facts)]
+          if cfg.engine.device == "cuda" and cfg.engine.kv_cache_dtype.startswith("fp8") else []),
         capacity,
         check_port(cfg, host, facts),
         *([check_allocated_ports(host, facts)] if facts.get("more_ports") else []),

@@ -9,7 +9,7 @@ from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.config.layout import service_port
 from deployctl.service import launcher
-from deployctl.rollout import release
+from deployctl.rollout import kvrecord, release
 from deployctl.service.engine import Engine
 from deployctl.service.verify import Verified
 
@@ -76,7 +76,8 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
              on_progress: Optional[Callable[[str], None]] = None, golden: str = "") -> Verified:
     """Make ``release_id`` run on ``host``: switch ``current``, install its wheel (and a pinned engine the host
     lacks: its lines to ``on_progress``, ``install_progress``), stop the old runtime (drain), start the new one,
-    verify (ready + sample inference, release header checked). ``golden`` (where this start happens, in words:
+    verify (ready + sample inference, release header checked), record the engine's own KV statement against the
+    plan (kvrecord: ``<release>/allocated.json``, never fails the start). ``golden`` (where this start happens, in words:
     "after the rollback's cold start"): then ask the release's recorded golden answers too (goldenrecord.check,
     timing ``golden_s``). Raises RemoteError (4) or HealthError (5; goldenrecord.GoldenMismatch when the answers
     differ: the engine is left running, the caller gives it no weight); ``should_stop`` may raise to interrupt the
@@ -100,6 +101,7 @@ def activate(host, cfg: DeployConfig, release_id: str, *, should_stop: Optional[
     # boot / load (weights, KV) / warm-up split from its log), verify (the sample inference)
     timings = {"install_s": t[1] - t[0], "stop_s": t[2] - t[1], "start_s": t[3] - t[2], "ready_s": v.ready_s,
                "verify_s": t[4] - t[3] - v.ready_s, **start_phases(host, offset)}
+    kvrecord.record(host, cfg, release_id, offset)  # what the engine allocated vs the plan (status reads it)
     if golden:
         timings["golden_s"] = golden_check(host, cfg, release_id, service_port(cfg, host.config), golden)
     return replace(v, timings={k: round(max(0.0, x), 2) for k, x in timings.items()})
@@ -146,6 +148,7 @@ def activate_beside(host, cfg: DeployConfig, release_id: str, port: int, *,
 
     timings = {"install_s": t[1] - t[0], "stop_s": 0.0, "start_s": t[2] - t[1], "ready_s": v.ready_s,
                "verify_s": t[3] - t[2] - v.ready_s, **start_phases(host, offset)}
+    kvrecord.record(host, cfg, release_id, offset)
     if golden_s is not None:
         timings["golden_s"] = golden_s
         timings["verify_s"] -= golden_s

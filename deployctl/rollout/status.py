@@ -6,7 +6,7 @@ from typing import Any
 
 from deployctl.config import DeployConfig
 from deployctl.engines import KINDS, adapter_for
-from deployctl.rollout import standby
+from deployctl.rollout import kvrecord, standby
 from deployctl.rollout.events import emitter
 from deployctl.rollout.fleet import Fleet
 from deployctl.rollout.fleetcheck import differences, snapshot
@@ -29,7 +29,9 @@ def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     rec = standby.read(h)
     sb = None if rec is None else {**rec.to_json(), "asleep": standby.asleep(h, cfg, rec)}
     none = standby.read_none(h) if rec is None else None
-    return {**snap, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb,
+    current = snap.get("current_release")
+    kv = kvrecord.plan_vs_actual(kvrecord.read(h, current)) if current else None
+    return {**snap, "kv_plan_vs_actual": kv, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb,
             "no_standby": none}
 
 
@@ -39,7 +41,8 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
     "expires_at", "expires", "expired", "asleep", "residue_bytes": {"<gpu>": bytes}|None, "measured"?}|None,
     "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), "cordoned": {"by",
     "reason", "since", "stopped"}|None, "serving": bool (false: warm pool or scaled in; deployctl.rollout.members),
-    ...}], "rollout": {...}|None, "lock": {...}|None,
+    "kv_plan_vs_actual": kvrecord.plan_vs_actual of the current release (plan vs the engine's own KV
+    statement)|None, ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""

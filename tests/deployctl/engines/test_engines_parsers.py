@@ -130,8 +130,13 @@ def test_rendered_commands_parse_with_every_value(tmp_path, kind):
     bad_flag = ["--max-num-seqs", "64x"] if kind == "vllm" else ["--max-running-requests", "64x"]
     results = _parse(kind, [_engine_args(kind, argv) for _, _, argv in found]
                      + [_engine_args(kind, found[0][2]) + bad_flag,
-                        _engine_args(kind, found[0][2]) + ["--no-such-flag-deployctl"]])
-    *good, typo_value, unknown_flag = results
+                        _engine_args(kind, found[0][2]) + ["--no-such-flag-deployctl"],
+                        # issue 44: fp8 KV scales calculated at start: vLLM 0.33 has no such flag (deployctl does
+                        # not render one; the plan says where the scales come from)
+                        _engine_args(kind, found[0][2]) + ["--calculate-kv-scales"]])
+    *good, typo_value, unknown_flag, kv_scales = results
+    if kind == "vllm":
+        assert not kv_scales["ok"] and "unrecognized arguments: --calculate-kv-scales" in kv_scales["error"]
     for (cfg, host, argv), res in zip(found, good):
         assert res["ok"], (argv, res)
         for option, value in _expected(cfg, host, layout.service_port(cfg, host)).items():  # no per-host ports here

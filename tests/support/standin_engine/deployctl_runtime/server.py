@@ -12,7 +12,8 @@ in tens of milliseconds.
 
 Answers are deterministic words chosen by a hash of the prompt (same prompt, same answer, whatever the release), so
 golden-output comparisons between two stand-in releases agree. Per-token delay: DEPLOYCTL_STANDIN_TOKEN_S (default
-0.002 s) from the release's runtime.env.
+0.002 s) from the release's runtime.env; DEPLOYCTL_STANDIN_KV_POOL="blocks:block_size:bytes_per_token" logs the
+bundled runtime's "KV cache: ..." line with those figures (a pool smaller or larger than the plan).
 """
 from __future__ import annotations
 
@@ -331,6 +332,14 @@ def serve(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_term)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     log.info("Uvicorn running on http://%s:%s (stand-in)", cfg.get("host") or "127.0.0.1", httpd.server_address[1])
+    pool = os.environ.get("DEPLOYCTL_STANDIN_KV_POOL")  # "blocks:block_size:bytes_per_token": the runtime's KV line
+    if pool:
+        blocks, size, per_token = (int(x) for x in pool.split(":"))
+        mml = int(cfg.get("max_model_len") or 256)
+        # the format of runtime/deployctl_runtime/kv_sizing.py KVPlan.summary
+        log.info("KV cache: %d blocks x %d tokens = %d tokens (%d bytes/token, %d bytes); max concurrency at "
+                 "max_model_len %d: %.2fx", blocks, size, blocks * size, per_token, blocks * size * per_token, mml,
+                 blocks * size / mml)
     log.info("ready: serving model '%s' (max_model_len %d) in 0.0 s (stand-in engine)", cfg["served_name"],
              int(cfg.get("max_model_len") or 256))
     done.wait()
