@@ -10,7 +10,7 @@ from deployctl.cli._app import app, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
 
-@app.command("autoscale")
+@app.command("autoscale", epilog="Example: deployctl autoscale --once --dry-run -c deploy.yaml")
 def autoscale(config: Path = CONFIG,
               once: bool = typer.Option(False, "--once", help="One window and one decision, then exit (the systemd "
                                                               "timer's form); default: one decision per window, "
@@ -23,8 +23,6 @@ def autoscale(config: Path = CONFIG,
     and max_hosts, with the hysteresis band and cooldown of deploy.yaml's autoscale: section. Every decision and
     its numbers go to `deployctl history` (action autoscale). Exit 0 whatever the decision, 4 when no engine's
     metrics can be read, 3 for a bad deploy.yaml.
-
-    Example: deployctl autoscale --once --dry-run -c deploy.yaml
     """
     from deployctl.cli.rollout import progress_printer
     from deployctl.config import load_config

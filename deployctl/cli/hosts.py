@@ -111,7 +111,7 @@ def check(
                           + ", ".join(o.host for o in failed))
 
 
-@hosts_app.command("cordon")
+@hosts_app.command("cordon", epilog='Example: deployctl hosts cordon gpu-2 --reason "ECC errors on GPU 0" --stop')
 def cordon_cmd(
     name: str = typer.Argument(..., help="Host name from deploy.yaml."),
     config: Path = CONFIG,
@@ -120,8 +120,6 @@ def cordon_cmd(
 ) -> None:
     """Take NAME out of the router (weight 0), wait for its in-flight requests (up to server.drain_timeout_s) and
     say how many were cut; keep its engine unless --stop. deploy and rollback leave it out until `uncordon`.
-
-    Example: deployctl hosts cordon gpu-2 --reason "ECC errors on GPU 0" --stop
     """
     from deployctl.config import load_config
     from deployctl.rollout.cordon import cordon
@@ -129,15 +127,13 @@ def cordon_cmd(
     cordon(load_config(config), name, reason=reason, stop=stop, say=_say)
 
 
-@hosts_app.command("uncordon")
+@hosts_app.command("uncordon", epilog="Example: deployctl hosts uncordon gpu-2")
 def uncordon_cmd(
     name: str = typer.Argument(..., help="Host name from deploy.yaml."),
     config: Path = CONFIG,
 ) -> None:
     """Verify NAME (start its engine if stopped; ready, a sample inference, the release's golden answers), then give
     it its router weight back. Exit 5, still cordoned, when the answers differ.
-
-    Example: deployctl hosts uncordon gpu-2
     """
     from deployctl.config import load_config
     from deployctl.rollout.cordon import uncordon

@@ -9,7 +9,7 @@ from deployctl.cli._app import app, err_console, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON
 
 models_app = typer.Typer(help="Model versions on the hosts: fetch model.version from model.source, list, prune.",
-                         no_args_is_help=True)
+                         no_args_is_help=True, epilog="Example: deployctl models list")
 app.add_typer(models_app, name="models")
 
 
@@ -34,14 +34,14 @@ def _in_use(host) -> dict:
     return used
 
 
-@models_app.command("fetch")
+@models_app.command("fetch", epilog="Example: deployctl models fetch -c deploy.yaml")
 def fetch(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Fetch model.version from model.source onto every host (model.fetch_parallel_hosts at a time): each host
     GETs the files itself into <store>/<name>/.<version>.partial/, resumes a partial file by Range, checks each
     sha256 against the manifest and publishes the version with one rename. Progress per host (bytes, rate, ETA)
     on stderr. Exit 0 when every host has the version, 4 naming each host that failed and why.
 
-    Example: AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... deployctl models fetch -c deploy.yaml"""
+    Credentials: the variables model.s3 names (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY by default)."""
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
@@ -68,12 +68,10 @@ def fetch(config: Path = CONFIG, as_json: bool = JSON) -> None:
     out_console.print(summary, markup=False)
 
 
-@models_app.command("list")
+@models_app.command("list", epilog="Example: deployctl models list -c deploy.yaml --json")
 def list_(config: Path = CONFIG, as_json: bool = JSON) -> None:
     """Per host: the model versions in its store, their size, the releases that use them and when each was
-    verified (published after every file's sha256 matched). Exit 0; 4 when a host cannot be reached.
-
-    Example: deployctl models list -c deploy.yaml --json"""
+    verified (published after every file's sha256 matched). Exit 0; 4 when a host cannot be reached."""
     from deployctl.config import load_config
     from deployctl.weights.fetch import list_versions
 
@@ -92,13 +90,11 @@ def list_(config: Path = CONFIG, as_json: bool = JSON) -> None:
                               markup=False)
 
 
-@models_app.command("prune")
+@models_app.command("prune", epilog="Example: deployctl models prune -c deploy.yaml --dry-run")
 def prune(config: Path = CONFIG, dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go; delete nothing."),
           as_json: bool = JSON) -> None:
     """Delete the model versions no kept release uses, beyond the model.keep_versions newest (model.version counts
-    as one). Exit 0; 4 when a host cannot be reached.
-
-    Example: deployctl models prune -c deploy.yaml --dry-run"""
+    as one). Exit 0; 4 when a host cannot be reached."""
     from deployctl.config import load_config
     from deployctl.weights.fetch import list_versions, prune_versions
     from deployctl.weights.keep import versions_to_prune

@@ -9,7 +9,7 @@ from deployctl.cli._app import app, out_console, print_json
 from deployctl.cli.params import CONFIG, JSON, seconds
 
 scale_app = typer.Typer(help="Add hosts to the serving fleet or take them out, without losing a request.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, epilog="Example: deployctl scale out gpu-c")
 app.add_typer(scale_app, name="scale")
 
 
@@ -17,7 +17,7 @@ def _say(message: str) -> None:
     out_console.print(message, markup=False, soft_wrap=True, highlight=False)
 
 
-@scale_app.command("out")
+@scale_app.command("out", epilog="Example: deployctl scale out gpu-3 --slow-start 60")
 def out(
     hosts: list[str] = typer.Argument(..., help="Host names from deploy.yaml (e.g. ones marked pool: warm)."),
     config: Path = CONFIG,
@@ -30,8 +30,6 @@ def out(
     """Put HOSTS into service: install the serving release (or wake a warm-pool engine), verify it (ready, sample
     inference, the release's golden answers), warm it up until its TTFT is near the fleet's, then ramp its router
     weight over --slow-start. Under the deploy lock; recorded in the history.
-
-    Example: deployctl scale out gpu-3 --slow-start 60
     """
     from deployctl.config import load_config
     from deployctl.rollout.scale import scale_out
@@ -42,7 +40,7 @@ def out(
         print_json(res.to_json())
 
 
-@scale_app.command("in")
+@scale_app.command("in", epilog="Example: deployctl scale in gpu-3")
 def in_(
     hosts: list[str] = typer.Argument(..., help="Serving host names from deploy.yaml."),
     config: Path = CONFIG,
@@ -51,8 +49,6 @@ def in_(
 ) -> None:
     """Take HOSTS out of service: router weight 0, wait for their in-flight requests, leave the router, then stop
     the engine (a pool: warm host's sleeps instead, for the next scale out). Refused when no host would be left.
-
-    Example: deployctl scale in gpu-3
     """
     from deployctl.config import load_config
     from deployctl.rollout.scale import scale_in
@@ -62,7 +58,7 @@ def in_(
         print_json(res.to_json())
 
 
-@scale_app.command("warm")
+@scale_app.command("warm", epilog="Example: deployctl scale warm gpu-3")
 def warm(
     hosts: list[str] = typer.Argument(None, help="Warm-pool hosts (default: every pool: warm host not serving)."),
     config: Path = CONFIG,
@@ -70,8 +66,6 @@ def warm(
     """Start the warm pool once and keep it asleep: install the serving release on each pool: warm host not
     serving, start it off the router, verify it (ready, sample inference, golden answers), put it to sleep, so that
     `scale out` is a wake.
-
-    Example: deployctl scale warm gpu-3
     """
     from deployctl.config import load_config
     from deployctl.rollout.scale import prime
