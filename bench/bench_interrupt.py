@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "tests"))  # support.nginx: a real nginx under its own prefix
+from localfleet import kill_runtimes  # noqa: E402  (bench/ is the script's directory)
 
 
 def main() -> None:
@@ -131,13 +132,7 @@ def main() -> None:
             restarts.append(restart())
             print(f"run {i + 1}, peer: one canary-host restart {restarts[-1]:.1f} s", flush=True)
     finally:
-        for h in hosts:
-            run = Path(h["deploy_root"]) / "shared" / "run"
-            for pidfile in run.glob("runtime*.pid") if run.is_dir() else ():
-                try:
-                    os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
+        kill_runtimes([h["deploy_root"] for h in hosts])
         router.stop()
         shutil.rmtree(work, ignore_errors=True)
     peer = statistics.median(restarts)

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,14 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "tests"))  # support.nginx: a real nginx under its own prefix (after deployctl)
-
-
-def _cli(path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "deployctl", *args, "-c", str(path)], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, **env}, cwd=ROOT)
-    if r.returncode != 0:
-        raise SystemExit(f"`deployctl {' '.join(args)}` failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return r
+from localfleet import cli  # noqa: E402  (bench/ is the script's directory)
 
 
 class _Fleet:
@@ -82,18 +74,18 @@ class _Fleet:
 
             self.router.start(load_config(self.path))
         for _ in range(2):
-            _cli(self.path, "deploy", "--yes", env=self.env)
+            cli(self.path, "deploy", "--yes", env=self.env)
             self.releases.append(os.path.basename(os.readlink(self.work / "h0" / "current")))
             time.sleep(1.1)  # release ids carry the second
 
     def rollback(self, i: int) -> dict:
         if self.wake:  # a new release, the previous one asleep on every host: roll back to it
             to = os.path.basename(os.readlink(self.work / "h0" / "current"))
-            _cli(self.path, "deploy", "--yes", env=self.env)
+            cli(self.path, "deploy", "--yes", env=self.env)
             time.sleep(1.1)
         else:
             to = self.releases[i % 2]
-        doc = json.loads(_cli(self.path, "rollback", "--to", to, "--json", env=self.env).stdout)
+        doc = json.loads(cli(self.path, "rollback", "--to", to, "--json", env=self.env).stdout)
         ph = doc["phases"]
         print(f"{self.label}, rollback {i + 1}: {doc['duration_s']:.1f} s, serving the target after "
               f"{ph.get('serving_s', 0):.1f} s; prepare {ph['prepare_s']:g}, "

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,14 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "tests"))  # support.nginx: a real nginx under its own prefix (after deployctl)
-
-
-def _cli(path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "deployctl", *args, "-c", str(path)], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, **env}, cwd=ROOT)
-    if r.returncode != 0:
-        raise SystemExit(f"`deployctl {' '.join(args)}` failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
-    return r
+from localfleet import cli, kill_runtimes  # noqa: E402  (bench/ is the script's directory)
 
 
 def main() -> None:
@@ -69,15 +59,15 @@ def main() -> None:
     router.start(load_config(path))
     cold, wake = [], []
     try:
-        _cli(path, "deploy", "--yes", env=env)
+        cli(path, "deploy", "--yes", env=env)
         cfg["engine"]["max_num_seqs"] = 3  # a second release, deployed as a canary: its golden answers recorded,
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # so that both paths ask them
-        _cli(path, "deploy", "--yes", env=env)
-        _cli(path, "scale", "out", "h2", "--slow-start", "1", env=env)  # the first start: pip caches warm
+        cli(path, "deploy", "--yes", env=env)
+        cli(path, "scale", "out", "h2", "--slow-start", "1", env=env)  # the first start: pip caches warm
         for i in range(args.runs):
-            _cli(path, "scale", "in", "h2", "--purge", env=env)
+            cli(path, "scale", "in", "h2", "--purge", env=env)
             for label, into in (("cold start", cold), ("wake", wake)):
-                doc = json.loads(_cli(path, "scale", "out", "h2", "--slow-start", "1", "--json", env=env).stdout)
+                doc = json.loads(cli(path, "scale", "out", "h2", "--slow-start", "1", "--json", env=env).stdout)
                 want = "wake" if label == "wake" else "start"
                 if doc["paths"]["h2"] != want:
                     raise SystemExit(f"run {i + 1}: scale out took the {doc['paths']['h2']} path, not {want}")
@@ -88,15 +78,9 @@ def main() -> None:
                       f"{doc['warmup']['h2']['requests']} requests {doc['warmup']['h2']['seconds']:g} s; "
                       f"whole command {doc['duration_s']:.1f} s", flush=True)
                 if label == "cold start":
-                    _cli(path, "scale", "in", "h2", env=env)  # its engine asleep for the wake
+                    cli(path, "scale", "in", "h2", env=env)  # its engine asleep for the wake
     finally:
-        for i in range(3):
-            run = work / f"h{i}" / "shared" / "run"
-            for pidfile in run.glob("runtime*.pid") if run.is_dir() else ():
-                try:
-                    os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
+        kill_runtimes([work / f"h{i}" for i in range(3)])
         router.stop()
         shutil.rmtree(work, ignore_errors=True)
     c, w = statistics.median(cold), statistics.median(wake)

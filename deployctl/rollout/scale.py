@@ -70,27 +70,27 @@ def _state(cfg: DeployConfig):
     return hosts, StateStore(hosts, workers=cfg.rollout.parallel_hosts)
 
 
-def serving(cfg: DeployConfig) -> list[str]:
-    """The hosts taking traffic: serving (rollout.members) and not cordoned, in deploy.yaml's order."""
+def _membership(cfg: DeployConfig) -> tuple[set, list[str]]:
+    """(cordoned host names, serving host names by rollout.members) as the hosts record them."""
     hosts, store = _state(cfg)
     try:
         cordoned, mem = members.read(store)
     finally:
         for h in hosts:
             h.close()
-    return [n for n in members.serving_names(cfg, mem) if n not in cordoned]
+    return set(cordoned), members.serving_names(cfg, mem)
+
+
+def serving(cfg: DeployConfig) -> list[str]:
+    """The hosts taking traffic: serving (rollout.members) and not cordoned, in deploy.yaml's order."""
+    cordoned, on = _membership(cfg)
+    return [n for n in on if n not in cordoned]
 
 
 def warm_pool(cfg: DeployConfig) -> list[str]:
     """The ``pool: warm`` hosts not serving and not cordoned: where ``scale_out`` can go by a wake (when their
     engine sleeps) or a start."""
-    hosts, store = _state(cfg)
-    try:
-        cordoned, mem = members.read(store)
-    finally:
-        for h in hosts:
-            h.close()
-    on = set(members.serving_names(cfg, mem))
+    cordoned, on = _membership(cfg)
     return [h.name for h in cfg.hosts if h.pool == "warm" and h.name not in on and h.name not in cordoned]
 
 
