@@ -52,6 +52,7 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
                       analysis={"interval_s": 1, "min_requests": 1, "min_client_requests": 1})
     a, b, c = env.names
     env.host(c)["pool"] = "warm"
+    env.cfg["autoscale"] = {"window_s": 1, "samples": 2, "cooldown_s": 0}  # min_hosts: 2 by default
     env.write()
     port = {n: str(env.host(n)["server_port"]) for n in env.names}
     r = env.cli("deploy", "--yes")
@@ -83,10 +84,13 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
         assert [p for _, p in cold["ramp"]] == sorted(p for _, p in cold["ramp"])
         assert next(h for h in env.status()["hosts"] if h["host"] == c)["serving"] is True
 
-        r = env.cli("scale", "in", c, "--json")
+        # the fleet is quiet for three hosts: `autoscale --once` decides in on the last serving host and scales it
+        # in through rollout.scale (drained, asleep), the decision and its numbers in history
+        r = env.cli("autoscale", "--once", "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        assert out["paths"] == {c: "sleep"} and out["cut"] == {c: 0}
+        assert (out["action"], out["hosts"]) == ("in", [c]), out
+        assert [x for x in env.history() if x["action"] == "autoscale"][-1]["acted"] is True
         assert port[c] not in weights(env.upstream_conf()) and _sleeping(port[c])
         row = next(h for h in env.status()["hosts"] if h["host"] == c)
         assert row["serving"] is False and row["standby"]["asleep"] and row["standby"]["release"] == v2
@@ -99,6 +103,8 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
         print(f"to serving: cold {cold['to_serving_s'][c]} s, wake {warm['to_serving_s'][c]} s")
         r = env.cli("scale", "in", a, b, c)
         assert r.returncode != 0 and "would leave no host serving" in r.stderr, r.stderr
+        r = env.cli("scale", "in", b, c)
+        assert r.returncode != 0 and "below autoscale.min_hosts 2" in r.stderr, r.stderr
 
         # --purge: engine stopped, releases gone; `scale warm` installs, starts, verifies and puts it to sleep
         assert env.cli("scale", "in", c, "--purge").returncode == 0
