@@ -147,44 +147,58 @@ def scale_out(cfg: DeployConfig, names: list[str], *, say: Callable = print, slo
             raise UsageError("no host serves now to take the release from",
                              fix="run `deployctl deploy` first (it deploys the hosts without pool: warm)")
         fleet.lock("scale out")
-        target = majority(fleet.current_releases()[n] for n in peers)
-        res = ScaleResult("out", list(names), target)
-        peer_hosts = [fleet.hosts[n] for n in peers]
-        for n in names:
-            say(f"{n}: bringing up {target} (verify: ready, sample inference, golden answers)")
-            _note(fleet, n, "up")
+        target = None
+        try:
+            target = majority(fleet.current_releases()[n] for n in peers)
+            res = ScaleResult("out", list(names), target)
+            peer_hosts = [fleet.hosts[n] for n in peers]
+            for n in names:
+                say(f"{n}: bringing up {target} (verify: ready, sample inference, golden answers)")
+                _note(fleet, n, "up")
 
-        def up(h):
-            path, t = _up(fleet, cfg, h, target, peer_hosts)
-            res.to_serving_s[h.name] = round(time.monotonic() - t0, 2)
-            return path, t
+            def up(h):
+                path, t = _up(fleet, cfg, h, target, peer_hosts)
+                res.to_serving_s[h.name] = round(time.monotonic() - t0, 2)
+                return path, t
 
-        ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names], up)
-        if bad:
-            n, e = next(iter(bad.items()))
-            raise e if isinstance(e, DeployctlError) else CheckFailed(about(n, e))
-        for n, (path, t) in ok.items():
-            res.paths[n], res.timings[n] = path, t
-            say(f"{n}: {'woken' if path == 'wake' else 'started'} and verified in {res.to_serving_s[n]:.2f} s "
-                f"({', '.join(f'{k} {v:g}' for k, v in t.items())})")
-            _note(fleet, n, "verified")
-        for n in names:
-            res.warmup[n] = warm_up(cfg, fleet.hosts[n].config, [p.config for p in peer_hosts], say=say,
-                                    **(warmup or {})).to_json()
-        _ramp(fleet, names, slow_start_s, res, t0, say)
-        for n in names:
-            members.set_member(fleet.store, n, True)
-            _note(fleet, n, "serving")
-        res.duration_s = round(time.monotonic() - t0, 2)
-        fleet.store.append_history("scale-out", release=target, result="ok", hosts=names, paths=res.paths,
-                                   timings=res.timings, to_serving_s=res.to_serving_s, warmup=res.warmup,
-                                   reason=f"scale out onto {', '.join(names)}")
-        say(f"scaled out onto {', '.join(names)} in {res.duration_s:.1f} s: "
-            f"{', '.join(f'{n} by {p}' for n, p in res.paths.items())}")
-        return res
+            ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names], up)
+            if bad:
+                n, e = next(iter(bad.items()))
+                raise e if isinstance(e, DeployctlError) else CheckFailed(about(n, e))
+            for n, (path, t) in ok.items():
+                res.paths[n], res.timings[n] = path, t
+                say(f"{n}: {'woken' if path == 'wake' else 'started'} and verified in {res.to_serving_s[n]:.2f} s "
+                    f"({', '.join(f'{k} {v:g}' for k, v in t.items())})")
+                _note(fleet, n, "verified")
+            for n in names:
+                res.warmup[n] = warm_up(cfg, fleet.hosts[n].config, [p.config for p in peer_hosts], say=say,
+                                        **(warmup or {})).to_json()
+            _ramp(fleet, names, slow_start_s, res, t0, say)
+            for n in names:
+                members.set_member(fleet.store, n, True)
+                _note(fleet, n, "serving")
+            res.duration_s = round(time.monotonic() - t0, 2)
+            fleet.store.append_history("scale-out", release=target, result="ok", hosts=names, paths=res.paths,
+                                       timings=res.timings, to_serving_s=res.to_serving_s, warmup=res.warmup,
+                                       reason=f"scale out onto {', '.join(names)}")
+            say(f"scaled out onto {', '.join(names)} in {res.duration_s:.1f} s: "
+                f"{', '.join(f'{n} by {p}' for n, p in res.paths.items())}")
+            return res
+        except Exception as e:
+            _failed(fleet, "scale-out", names, target, e)
+            raise
     finally:
         fleet.unlock()
         fleet.close()
+
+
+def _failed(fleet: Fleet, action: str, names: list[str], release: Optional[str], e: BaseException) -> None:
+    """History says that a scale action failed and why (what the operator reads after a 3 a.m. autoscale)."""
+    try:
+        fleet.store.append_history(action, release=release, result="failed", hosts=names,
+                                   reason=f"{type(e).__name__}: {e}")
+    except Exception:  # the history is best effort here: the error itself is what the caller raises
+        pass
 
 
 def _ramp(fleet: Fleet, names: list[str], slow_start_s: float, res: ScaleResult, t0: float, say) -> None:

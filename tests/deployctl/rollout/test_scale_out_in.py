@@ -6,6 +6,7 @@ answers; `scale warm` starts a purged pool host once and keeps it asleep. Real s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import threading
 import time
 
@@ -65,6 +66,20 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
     v2 = env.current(a)
     assert env.current(c) is None and port[c] not in weights(env.upstream_conf())
 
+    # a scale out that fails its golden check (c's copy of the record says otherwise): exit 5, no weight, and
+    # history says so (what an operator reads after an autoscale at night)
+    golden = Path(env.host(c)["deploy_root"]) / "shared" / "golden" / f"{v2}.json"
+    bad = json.loads((Path(env.host(a)["deploy_root"]) / "shared" / "golden" / f"{v2}.json").read_text())
+    bad["answers"][0].update(text="not what it says", tokens=["not", "what", "it", "says"], token_ids=None)
+    golden.parent.mkdir(parents=True, exist_ok=True)
+    golden.write_text(json.dumps(bad))
+    r = env.cli("scale", "out", c, "--slow-start", "1")
+    assert r.returncode == 5 and "golden answers" in r.stderr, (r.stdout, r.stderr)
+    assert port[c] not in weights(env.upstream_conf())
+    failed = [x for x in env.history() if x["action"] == "scale-out"][-1]
+    assert failed["result"] == "failed" and "golden" in failed["reason"].lower(), failed
+    golden.unlink()  # the next scale out copies the peers' record
+
     traffic = Traffic(env.url, "tiny-chat", workers=2, completion_workers=1).start()
     try:
         t_start = time.monotonic()
@@ -120,4 +135,4 @@ def test_scale_out_warms_up_then_ramps_scale_in_drains_warm_pool_wakes(rollout_e
     ok, failed = traffic.snapshot()
     assert not failed and ok.get(v2), (dict(ok), dict(failed))
     assert [x["action"] for x in env.history() if x["action"].startswith("scale")] == \
-        ["scale-out", "scale-in", "scale-out", "scale-in", "scale-warm"]
+        ["scale-out", "scale-out", "scale-in", "scale-out", "scale-in", "scale-warm"]
