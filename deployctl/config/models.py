@@ -267,8 +267,8 @@ class HostConfig(_Frozen):
     """the distributed-init (rendezvous) port of a multi-GPU engine (tensor_parallel_size > 1: SGLang --nccl-port,
     vLLM VLLM_PORT); default server_port + 20000 (engines.command.dist_port)
     """
-    pool: Optional[Literal["warm"]] = Field(
-        None, description="warm: a provisioned host that does not serve yet; its engine is started once and kept "
+    pool: Optional[Literal["serving", "warm"]] = Field(
+        None, description="serving (the default, also when unset): the host takes traffic. warm: a provisioned host that does not serve yet; its engine is started once and kept "
                           "asleep (the standby machinery), and `deployctl scale out NAME` wakes it, checks the "
                           "release's golden answers and ramps its router weight (seconds instead of a cold start). "
                           "deploy and rollback leave it out until then.")

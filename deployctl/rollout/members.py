@@ -24,7 +24,7 @@ MEMBERS = "members.json"
 def serving_names(cfg: DeployConfig, members: dict[str, Any]) -> list[str]:
     """The hosts of deploy.yaml that serve, given the ``members.json`` document (module doc), in config order."""
     joined, left = set(members.get("joined", [])), set(members.get("left", []))
-    return [h.name for h in cfg.hosts if h.name not in left and (h.pool is None or h.name in joined)]
+    return [h.name for h in cfg.hosts if h.name not in left and (h.pool != "warm" or h.name in joined)]
 
 
 def read(store: StateStore) -> tuple[dict[str, dict], dict[str, Any]]:
@@ -77,7 +77,7 @@ def leave_out(cfg: DeployConfig, say: Callable[..., None], *, store: Optional[St
                         f"({c.get('reason') or 'no reason given'}); `deployctl hosts uncordon {h.name}` puts it back",
                 host=h.name)
         elif h.name not in serving:
-            why = "in the warm pool" if h.pool and h.name not in members.get("left", []) else "scaled in"
+            why = "in the warm pool" if h.pool == "warm" and h.name not in members.get("left", []) else "scaled in"
             say("info", f"leaving out {h.name}: not serving ({why}); `deployctl scale out {h.name}` adds it",
                 host=h.name)
         else:
