@@ -147,7 +147,8 @@ def test_autoscale_reads_the_window_from_prometheus(fleet, tmp_path):
     from deployctl.rollout.autoscale_run import autoscale_once
 
     port = free_port()
-    path, cfg = fleet("prom", ["a", "b"], ["w"], {"DEPLOYCTL_STANDIN_WAITING": "5", "DEPLOYCTL_STANDIN_KV_USAGE": "0.9"},
+    path, cfg = fleet("prom", ["a", "b"], ["w"],
+                      {"DEPLOYCTL_STANDIN_WAITING": "5", "DEPLOYCTL_STANDIN_KV_USAGE": "0.9"},
                       prometheus_url=f"http://127.0.0.1:{port}", window_s=3, samples=3)
     job = yaml.safe_load(render_scrape(cfg).content)["scrape_configs"][0]
     job["scrape_interval"] = "1s"
