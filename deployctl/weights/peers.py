@@ -8,7 +8,8 @@ are serving hosts (at most ``model.fetch_parallel_hosts``), each given one serve
 mismatched peer file continues from the source. So 1, 1, 2, 4, ... hosts per wave: log2(N)+1 waves.
 
 The hosts must reach each other at ``address`` (the deploy.yaml host address; ``local`` -> 127.0.0.1) on an
-ephemeral TCP port. A wave that fails raises WeightsFetchFailed (from the wave's fetch) after every server stopped.
+ephemeral TCP port. A host whose server cannot start just serves nobody (with no server at all, the next wave
+fetches from the source). A wave that fails raises WeightsFetchFailed (from the wave's fetch) after every server stopped.
 """
 from __future__ import annotations
 
@@ -83,7 +84,10 @@ def in_waves(hosts: list[Host], model: ModelConfig, plan: FetchPlan, fetch_wave:
             for h, done in zip(wave, fetch_wave(wave, plans)):
                 results[h.name] = done
                 if pending:
-                    servers.append(start_server(h, done.path))
+                    try:
+                        servers.append(start_server(h, done.path))
+                    except Exception:  # noqa: BLE001 - a host that cannot serve keeps its copy; others serve
+                        pass
     finally:
         for s in servers:
             stop_server(s)
