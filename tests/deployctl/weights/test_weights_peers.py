@@ -33,7 +33,7 @@ def source_bytes(log, prefix: str, sizes: dict, since: int) -> int:
                if m == "GET" and p.startswith(f"/models/{prefix}/") and st == 200)
 
 
-def test_peer_copy_source_sends_one_copy_and_a_bad_peer_falls_back(s3, ssh_fleet, tmp_path, monkeypatch):
+def test_peer_copy_source_sends_one_copy_and_a_bad_or_gone_peer_falls_back(s3, ssh_fleet, tmp_path, monkeypatch):
     endpoint, client, log = s3
     fleet = ssh_fleet(4)
     hosts = [Host.from_config(c) for c in fleet.host_configs()]
@@ -93,3 +93,21 @@ def test_peer_copy_source_sends_one_copy_and_a_bad_peer_falls_back(s3, ssh_fleet
     assert source_bytes(log, "peer", sizes, n0) == 2 * p2.total_bytes  # host 1 fell back: two copies
     for store in stores[:2]:
         assert subprocess.run(["sha256sum", "-c", "--quiet", "manifest.sha256"], cwd=store / "v2").returncode == 0
+
+    # 3. a peer server that is gone (stopped before its peer connects: refused): that host falls back and verifies
+    sizes = put("v3", 3)
+    m3 = m.model_copy(update={"version": "v3"})
+    p3 = plan(m3, CREDS)
+
+    def gone(h, path):
+        s = real_start(h, path)
+        peers.stop_server(s)
+        return s
+
+    monkeypatch.setattr(peers, "start_server", gone)
+    n0 = len(log.lines)
+    done3 = wfetch.fetch_to_hosts(hosts[2:], m3, p3)
+    assert set(done3[1].fallbacks) == {f["path"] for f in p3.files}
+    assert source_bytes(log, "peer", sizes, n0) == 2 * p3.total_bytes
+    for store in stores[2:]:
+        assert subprocess.run(["sha256sum", "-c", "--quiet", "manifest.sha256"], cwd=store / "v3").returncode == 0
