@@ -7,7 +7,10 @@ it: ``--parallel`` hosts at a time, each GETting every file itself, checking its
 rename. Printed: bytes per host, seconds, per-host rate (bytes / that host's own seconds), aggregate rate, and the
 bytes the source served (summed from its access log's object GETs x object sizes).
 
-    python bench/bench_weights.py [--hosts 4] [--mb 64] [--parallel 4]
+    python bench/bench_weights.py [--hosts 4] [--mb 64] [--parallel 4] [--peer-copy]
+
+``--peer-copy`` fetches twice onto fresh stores (model.peer_copy off, then on: deployctl/weights/peers.py) and
+prints both lines, so the source bytes with and without peer copy sit side by side.
 
 Needs root (the sshd fleet); moto[server] and boto3 (tests/setup.sh installs them).
 """
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--peer-copy", action="store_true", help="also fetch with model.peer_copy on and compare")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (the sshd fleet)")
@@ -102,19 +106,23 @@ def main() -> None:
         for _ in range(args.hosts):
             fleet.add_host(None, False, True)
         hosts = [Host.from_config(c) for c in fleet.host_configs()]
-        model = ModelConfig(source="s3://models/bench", version="v1", store="models",
-                            fetch_parallel_hosts=args.parallel, s3={"endpoint": f"http://127.0.0.1:{port}"})
-        plan = make_plan(model, creds)
-        served.clear()
-        t0 = time.monotonic()
-        done = fetch_to_hosts(hosts, model, plan)
-        wall = time.monotonic() - t0
-        source_bytes = sum(sizes.get(p, 0) for p in served)
-        per_host = [d.bytes_fetched / d.seconds / 1e6 for d in done if d.seconds]
-        print(f"{args.hosts} hosts x {plan.total_bytes} bytes ({len(plan.files)} files), {args.parallel} at a time: "
-              f"{wall:.2f} s wall; per host {min(per_host):.0f}-{max(per_host):.0f} MB/s (own fetch, hashing "
-              f"included); aggregate {args.hosts * plan.total_bytes / wall / 1e6:.0f} MB/s; source served "
-              f"{source_bytes} bytes = {source_bytes / plan.total_bytes:.2f} copies")
+        for peer in ([False, True] if args.peer_copy else [False]):
+            for c in fleet.host_configs():  # a fresh store on every host for each run
+                shutil.rmtree(Path(c.deploy_root) / "models", ignore_errors=True)
+            model = ModelConfig(source="s3://models/bench", version="v1", store="models", peer_copy=peer,
+                                fetch_parallel_hosts=args.parallel, s3={"endpoint": f"http://127.0.0.1:{port}"})
+            plan = make_plan(model, creds)
+            served.clear()
+            t0 = time.monotonic()
+            done = fetch_to_hosts(hosts, model, plan)
+            wall = time.monotonic() - t0
+            source_bytes = sum(sizes.get(p, 0) for p in served)
+            per_host = [d.bytes_fetched / d.seconds / 1e6 for d in done if d.seconds]
+            print(f"peer_copy {'on ' if peer else 'off'}: {args.hosts} hosts x {plan.total_bytes} bytes "
+                  f"({len(plan.files)} files), {args.parallel} at a time: {wall:.2f} s wall; per host "
+                  f"{min(per_host):.0f}-{max(per_host):.0f} MB/s (own fetch, hashing included); aggregate "
+                  f"{args.hosts * plan.total_bytes / wall / 1e6:.0f} MB/s; source served {source_bytes} bytes = "
+                  f"{source_bytes / plan.total_bytes:.2f} copies", flush=True)
     finally:
         if fleet is not None:
             fleet.close()

@@ -53,6 +53,11 @@ class WeightsFields(_Frozen):
         "How many model versions a host keeps besides those the kept releases use; older ones are pruned."))
     fetch_parallel_hosts: int = Field(4, ge=1, le=1024, description=(
         "How many hosts fetch at once (bounds the load on the source)."))
+    peer_copy: bool = Field(False, description=(
+        "Peer copy: one host fetches from the source, then every host that has the verified version serves it to "
+        "the next ones (a one-shot HTTP server on its address, a random token in the URL, read-only, Range), so "
+        "the source sends about one copy whatever the number of hosts. The hosts must reach each other's "
+        "address on a free TCP port; a peer that fails falls back to the source."))
     s3: S3Config = Field(default_factory=S3Config, description="How to reach an s3:// source.")
 
     @field_validator("version")

@@ -6,7 +6,7 @@ are capabilities, and the environment travels over SFTP, never on a command line
 
 PLAN_JSON: {"store": model root, "name": model name, "version": str, "manifest": manifest.sha256 text,
 "files": [{"path": relative, "url": plain-HTTP(S) GET URL (S3 presigned, file server, HF resolve), "sha256": 64 hex,
-"size": bytes}], "prunable": [versions the operator would prune, counted as free], "meta": {...}}.
+"size": bytes, "fallback"?: the source's URL when "url" is a peer's (peer copy)}], "prunable": [versions the operator would prune, counted as free], "meta": {...}}.
 
 - Layout: ``STORE/NAME/VERSION/`` once published; ``STORE/NAME/.VERSION.partial/`` while fetching. Publication is
   one ``os.rename`` of the partial directory (atomic on one filesystem, POSIX rename(2)); a version directory
@@ -19,9 +19,12 @@ PLAN_JSON: {"store": model root, "name": model name, "version": str, "manifest":
 - Disk: before any byte moves, the bytes still to fetch against statvfs free space on the store (f_bavail *
   f_frsize, what an unprivileged writer may use) plus the sizes of the ``prunable`` versions; refused (exit 4)
   naming both figures.
+- Peer copy: a file whose ``url`` fails (HTTP error, refused, dropped RESUME_TRIES times) or does not verify, and
+  that carries a ``fallback`` URL, continues from that URL (same .partial, same Range resume, same check);
+  such files are listed in "fallbacks".
 - Output: progress lines ``{"event": "progress", "bytes": N, "total": T}`` on stderr (at most 4 a second), and
   one JSON object on stdout: {"ok": true, "path", "bytes_fetched", "bytes_total", "resumed": [paths],
-  "refetched": [paths], "seconds"} or {"ok": false, "error", "file"?, "expected"?, "actual"?, ...}.
+  "refetched": [paths], "fallbacks": [paths], "seconds"} or {"ok": false, "error", "file"?, "expected"?, "actual"?, ...}.
 """
 from __future__ import annotations
 
@@ -151,22 +154,37 @@ def fetch(plan: dict) -> dict:
     progress = _Progress(total)
     progress.add(have, force=True)
     fetched0 = progress.done
-    resumed, refetched = [], []
+    resumed, refetched, fallbacks = [], [], []
     for f in files:
         dest = os.path.join(partial, f["path"])
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         before = os.path.getsize(dest) if os.path.exists(dest) else 0
-        if _get(f["url"], dest, int(f["size"]), progress):
-            resumed.append(f["path"])
-        elif before and before < int(f["size"]):
+        url = f["url"]
+        try:
+            if _get(url, dest, int(f["size"]), progress):
+                resumed.append(f["path"])
+        except FetchFailed:
+            if not f.get("fallback"):
+                raise
+            url = f["fallback"]
+            fallbacks.append(f["path"])
+            _get(url, dest, int(f["size"]), progress)
+        if before and before < int(f["size"]) and f["path"] not in resumed:
             resumed.append(f["path"])
         got = sha256_of(dest)
+        if got != f["sha256"] and f.get("fallback") and url != f["fallback"]:
+            url = f["fallback"]  # a peer's copy that does not verify: the source's, once
+            fallbacks.append(f["path"])
+            os.unlink(dest)
+            progress.add(-int(f["size"]))
+            _get(url, dest, int(f["size"]), progress)
+            got = sha256_of(dest)
         if got != f["sha256"]:
             first = got
             os.unlink(dest)
             progress.add(-int(f["size"]))
             refetched.append(f["path"])
-            _get(f["url"], dest, int(f["size"]), progress)
+            _get(url, dest, int(f["size"]), progress)
             got = sha256_of(dest)
             if got != f["sha256"]:
                 os.unlink(dest)
@@ -182,7 +200,7 @@ def fetch(plan: dict) -> dict:
         json.dump(meta, out)
     os.rename(partial, final)
     return {"ok": True, "path": final, "bytes_fetched": progress.done - fetched0, "bytes_total": total,
-            "resumed": resumed, "refetched": refetched, "seconds": round(time.monotonic() - t0, 3)}
+            "resumed": resumed, "refetched": refetched, "fallbacks": fallbacks, "seconds": round(time.monotonic() - t0, 3)}
 
 
 def list_versions(store: str, name: str) -> list:

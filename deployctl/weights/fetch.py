@@ -46,6 +46,7 @@ class HostFetch:
     resumed: tuple = ()
     refetched: tuple = ()
     already: bool = False
+    fallbacks: tuple = ()  # peer copy: files this host took from the source after its peer failed
 
 
 def store_of(host: Host, model: ModelConfig) -> str:
@@ -76,7 +77,8 @@ def _one(host: Host, m: ModelConfig, plan: FetchPlan, prunable: list, on_progres
     if not out.get("ok"):
         raise _HostFailed(out)
     return HostFetch(host.name, out["path"], out["bytes_fetched"], out["bytes_total"], out["seconds"],
-                     tuple(out.get("resumed", ())), tuple(out.get("refetched", ())), bool(out.get("already")))
+                     tuple(out.get("resumed", ())), tuple(out.get("refetched", ())), bool(out.get("already")),
+                     tuple(out.get("fallbacks", ())))
 
 
 class _HostFailed(Exception):
@@ -88,8 +90,20 @@ class _HostFailed(Exception):
 def fetch_to_hosts(hosts: list[Host], model: ModelConfig, plan: FetchPlan, *, kept_versions: tuple = (),
                    on_progress: Optional[ProgressFn] = None) -> list[HostFetch]:
     """Fetch ``plan`` onto ``hosts`` (see the module docstring). ``kept_versions``: the model versions kept releases
-    use (never pruned to make room). Returns one HostFetch per host, in order."""
-    outcomes = run_on_hosts(hosts, lambda h: _one(h, model, plan, versions_to_prune(
+    use (never pruned to make room). With ``model.peer_copy`` the hosts fetch in waves, the later ones from the
+    earlier ones (deployctl.weights.peers). Returns one HostFetch per host, in order."""
+    if model.peer_copy and len(hosts) > 1:
+        from deployctl.weights.peers import in_waves
+
+        return in_waves(hosts, model, plan, lambda wave, plans: _fetch_wave(wave, model, plan, plans, kept_versions,
+                                                                            on_progress))
+    return _fetch_wave(hosts, model, plan, {}, kept_versions, on_progress)
+
+
+def _fetch_wave(hosts: list[Host], model: ModelConfig, plan: FetchPlan, plans: dict, kept_versions: tuple,
+                on_progress: Optional[ProgressFn]) -> list[HostFetch]:
+    """One bounded fan-out; ``plans`` {host name: FetchPlan} overrides ``plan`` for those hosts (peer URLs)."""
+    outcomes = run_on_hosts(hosts, lambda h: _one(h, model, plans.get(h.name, plan), versions_to_prune(
         list_versions(h, model), plan.version, kept_versions, model.keep_versions), on_progress),
         max_workers=model.fetch_parallel_hosts, deadline_s=FETCH_TIMEOUT_S + 60, what="model fetch")
     failures = {o.host: (o.error.info if isinstance(o.error, _HostFailed) else {"error": str(o.error)})
