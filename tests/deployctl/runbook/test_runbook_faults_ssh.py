@@ -22,6 +22,11 @@ from support.runbook_fleet import (alive, audit_records, cli, complete, free_por
 from deployctl.resources import runbooks_dir
 
 ALL = sorted(p.stem for p in runbooks_dir().glob("*.yaml"))
+# Procedures: runbooks whose first step is the action the operator asked for (host-maintenance cordons a healthy
+# host on purpose), so "a healthy host needs nothing" does not apply; tests/deployctl/rollout/test_scale_cordon.py
+# runs it on a fleet.
+PROCEDURES = {"host-maintenance"}
+DIAGNOSES = [n for n in ALL if n not in PROCEDURES]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +64,7 @@ def _install_alert_rules(env) -> None:
     target.write_text(rules.content)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DIAGNOSES)
 def test_healthy_host_finds_nothing_changes_nothing(env, name):
     _install_alert_rules(env)
     if name == "tail-latency":
