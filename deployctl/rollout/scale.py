@@ -223,7 +223,8 @@ def _ramp(fleet: Fleet, names: list[str], slow_start_s: float, res: ScaleResult,
 
 def scale_in(cfg: DeployConfig, names: list[str], *, purge: bool = False, say: Callable = print) -> ScaleResult:
     """Scale in ``names`` (module doc). Returns the ScaleResult (``cut``: requests still running when the drain
-    bound ended). Raises UsageError (unknown or not serving host, none left serving, fewer than autoscale.min_hosts left), LockHeld, RemoteError."""
+    bound ended). Raises UsageError (unknown or not serving host, none left serving, fewer than
+    autoscale.min_hosts left), LockHeld, RemoteError."""
     _names(cfg, names)
     t0 = time.monotonic()
     fleet = Fleet(cfg, adapt(say))
