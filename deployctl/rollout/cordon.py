@@ -141,12 +141,12 @@ def uncordon(cfg: DeployConfig, name: str, *, say: Callable = print) -> dict:
     fleet.connect()
     try:
         host = _host(fleet, name)
-        cordoned, mem = members.read(fleet.store)
+        cordoned, _, active = members.view(cfg, fleet.store)
         if name not in cordoned:
             raise UsageError(f"{name} is not cordoned", fix="`deployctl status` shows the cordoned hosts")
         fleet.lock("uncordon")
         cur = fleet.current_releases()
-        others = [n for n in members.serving_names(cfg, mem) if n != name and n not in cordoned]
+        others = [n for n in active if n != name]
         target = majority(cur[n] for n in others)
         say(f"{name}: verifying {target or 'its release'} (ready, sample inference, golden answers)")
         peers = [fleet.hosts[n] for n in others]

@@ -32,6 +32,14 @@ def read(store: StateStore) -> tuple[dict[str, dict], dict[str, Any]]:
     return read_doc(store, CORDON).get("hosts", {}), read_doc(store, MEMBERS)
 
 
+def view(cfg: DeployConfig, store: StateStore) -> tuple[dict[str, dict], list[str], list[str]]:
+    """One read of both records: (cordoned hosts {name: record}, serving host names, the serving ones not cordoned),
+    names in deploy.yaml's order."""
+    cordoned, mem = read(store)
+    on = serving_names(cfg, mem)
+    return cordoned, on, [n for n in on if n not in cordoned]
+
+
 def set_cordon(store: StateStore, name: str, record: Optional[dict]) -> None:
     """Record ``name`` as cordoned (``record``: by, reason, since, stopped) or, with None, as not cordoned."""
     doc = read_doc(store, CORDON)

@@ -70,27 +70,25 @@ def _state(cfg: DeployConfig):
     return hosts, StateStore(hosts, workers=cfg.rollout.parallel_hosts)
 
 
-def _membership(cfg: DeployConfig) -> tuple[set, list[str]]:
-    """(cordoned host names, serving host names by rollout.members) as the hosts record them."""
+def _membership(cfg: DeployConfig) -> tuple[dict[str, dict], list[str], list[str]]:
+    """members.view over connections of its own."""
     hosts, store = _state(cfg)
     try:
-        cordoned, mem = members.read(store)
+        return members.view(cfg, store)
     finally:
         for h in hosts:
             h.close()
-    return set(cordoned), members.serving_names(cfg, mem)
 
 
 def serving(cfg: DeployConfig) -> list[str]:
     """The hosts taking traffic: serving (rollout.members) and not cordoned, in deploy.yaml's order."""
-    cordoned, on = _membership(cfg)
-    return [n for n in on if n not in cordoned]
+    return _membership(cfg)[2]
 
 
 def warm_pool(cfg: DeployConfig) -> list[str]:
     """The ``pool: warm`` hosts not serving and not cordoned: where ``scale_out`` can go by a wake (when their
     engine sleeps) or a start."""
-    cordoned, on = _membership(cfg)
+    cordoned, on, _ = _membership(cfg)
     return [h.name for h in cfg.hosts if h.pool == "warm" and h.name not in on and h.name not in cordoned]
 
 
@@ -135,8 +133,7 @@ def scale_out(cfg: DeployConfig, names: list[str], *, say: Callable = print, slo
     fleet = Fleet(cfg, adapt(say))
     fleet.connect()
     try:
-        cordoned, mem = members.read(fleet.store)
-        on = [n for n in members.serving_names(cfg, mem) if n not in cordoned]
+        cordoned, _, on = members.view(cfg, fleet.store)
         for n in names:
             if n in on:
                 raise UsageError(f"{n} already serves", fix="`deployctl status` shows the serving hosts")
@@ -230,8 +227,7 @@ def scale_in(cfg: DeployConfig, names: list[str], *, purge: bool = False, say: C
     fleet = Fleet(cfg, adapt(say))
     fleet.connect()
     try:
-        cordoned, mem = members.read(fleet.store)
-        on = members.serving_names(cfg, mem)
+        cordoned, on, _ = members.view(cfg, fleet.store)
         for n in names:
             if n not in on:
                 raise UsageError(f"{n} does not serve", fix="`deployctl status` shows the serving hosts")
@@ -292,8 +288,7 @@ def prime(cfg: DeployConfig, names: Optional[list[str]] = None, *, say: Callable
     fleet = Fleet(cfg, adapt(say))
     fleet.connect()
     try:
-        cordoned, mem = members.read(fleet.store)
-        peers = [n for n in members.serving_names(cfg, mem) if n not in cordoned]
+        _, _, peers = members.view(cfg, fleet.store)
         if not peers:
             raise UsageError("no host serves now to take the release from", fix="run `deployctl deploy` first")
         fleet.lock("scale warm")

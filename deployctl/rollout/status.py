@@ -69,8 +69,8 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
             hosts.append(row)
         from deployctl.rollout import members
 
-        cordoned, mem = members.read(fleet.store)
-        serving = set(members.serving_names(cfg, mem))
+        cordoned, on, _ = members.view(cfg, fleet.store)
+        serving = set(on)
         for row in hosts:
             row["cordoned"] = cordoned.get(row["host"])
             row["serving"] = row["host"] in serving
