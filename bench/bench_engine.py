@@ -15,6 +15,7 @@ same cap on running requests (max_num_seqs), greedy, no EOS:
 Workloads: cpu (48 seeded requests, 16-128 in, 16-96 out, at most 16 running) and nano-vllm (256 requests, in and
 out uniform 100-1024, nano-vllm's bench.py). --decode-steps B1,B2 also times one decode step at those batch sizes
 and prints the HBM-bandwidth floor of the step: (weights bytes + KV bytes read) / --hbm-bandwidth.
+--cotenant N runs N busy loops (coreutils `yes`) beside the engine and every peer, as a serving host's other work.
 
 CPU:  PYTHONPATH=runtime python bench/bench_engine.py --threads 2
 GPU:  PYTHONPATH=runtime python bench/bench_engine.py --device cuda --dtype bfloat16 --shape qwen3-0.6b \
@@ -32,7 +33,8 @@ import time
 from pathlib import Path
 
 # OpenMP threads sleep when idle instead of spinning (libgomp's default spin burns the cores a shared machine's
-# other processes need, and is counted as CPU time); set before torch loads, the same for the engine and the peers
+# other processes need, and is counted as CPU time); set before torch loads, the same for the engine and the peers,
+# as the runtime itself sets it (deployctl_runtime/__init__.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_peers  # noqa: E402
@@ -230,6 +232,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--profile", action="store_true", help="print the engine run's op breakdown (torch profiler)")
+    ap.add_argument("--cotenant", type=int, default=0,
+                    help="busy loops (coreutils `yes`) running beside the engine and every peer, as a serving "
+                         "host's other work (tokenizer, HTTP server, exporters) shares its cores")
     ap.add_argument("--rounds", type=int, default=3,
                     help="engine runs alternating with GEMM-floor replays; each side's best counts")
     args = ap.parse_args()
@@ -238,14 +243,33 @@ def main() -> int:
     args.max_num_seqs = args.max_num_seqs or seqs
     peers = [p for p in args.peers.split(",") if p]
 
+    cotenants = start_cotenants(args.cotenant)
+    try:
+        return run_all(args, peers)
+    finally:
+        for p in cotenants:
+            p.kill()
+            p.wait()
+
+
+def start_cotenants(n: int) -> list:
+    """N processes spinning on a core each (coreutils `yes` into /dev/null, the peer a shell user would start)."""
+    import subprocess
+
+    return [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(n)]
+
+
+def run_all(args, peers: list[str]) -> int:
     import torch
 
+    _, in_len, out_len, _ = WORKLOADS[args.workload]
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     result: dict = {"shape": args.shape, "device": args.device, "dtype": args.dtype, "workload": args.workload,
                     "requests": args.requests, "max_num_seqs": args.max_num_seqs,
-                    "torch_threads": torch.get_num_threads(), "enforce_eager": args.enforce_eager}
+                    "torch_threads": torch.get_num_threads(), "enforce_eager": args.enforce_eager,
+                    "cotenant_busy_loops": args.cotenant}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_checkpoint(args.shape, Path(tmp), args.seed)
         requests = make_requests(args.requests, SHAPES[args.shape]["vocab_size"], args.seed, in_len, out_len)
