@@ -140,6 +140,14 @@ def create_app(ctx: ServerContext, api_keys: list[str], lifespan=None) -> FastAP
     async def responses(request: Request):
         return await _responses(ctx, request, store)
 
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return store.response(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return store.delete(response_id)
+
     from .sleep import add_sleep_routes
 
     add_sleep_routes(app, ctx)
@@ -183,7 +191,7 @@ async def _responses(ctx: ServerContext, request: Request, store: ResponseStore)
 
     def keep(done: dict) -> None:
         if req.store:
-            store.put(response_id, conversation + responses_api.output_messages(done["output"]))
+            store.put(response_id, conversation + responses_api.output_messages(done["output"]), done)
 
     return await _serve(ctx, request, prep, rec, ResponsesBuilder(req, prep, ctx.served_name, response_id, keep))
 

@@ -90,27 +90,53 @@ class ResponsesRequest(BaseModel):
 
 
 class ResponseStore:
-    """Conversations of stored responses, response id -> chat messages (the request's, then its output), at most
-    `capacity`, the least recently stored or used forgotten first. Thread-safe."""
+    """Stored responses, response id -> (the response object as answered, the conversation as chat messages: the
+    request's, then its output), at most `capacity`, the least recently stored or used forgotten first. Thread-safe.
+    Kept in this process's memory only: another replica or a restart does not have them (said in the 404)."""
 
     def __init__(self, capacity: int = MAX_STORED_RESPONSES):
         self.capacity = capacity
-        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+    def put(self, response_id: str, messages: list[dict[str, Any]], response: dict[str, Any] | None = None) -> None:
         with self._lock:
-            self._items[response_id] = messages
+            self._items[response_id] = (response or {}, messages)
             self._items.move_to_end(response_id)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+    def _entry(self, response_id: str):
         with self._lock:
-            messages = self._items.get(response_id)
-            if messages is not None:
+            entry = self._items.get(response_id)
+            if entry is not None:
                 self._items.move_to_end(response_id)
-            return None if messages is None else list(messages)
+            return entry
+
+    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+        """The conversation `response_id` ends, or None."""
+        entry = self._entry(response_id)
+        return None if entry is None else list(entry[1])
+
+    def response(self, response_id: str) -> dict[str, Any]:
+        """GET /v1/responses/{id}: the response object as it was answered. Raises APIError 404."""
+        entry = self._entry(response_id)
+        if entry is None:
+            raise self._not_found(response_id)
+        return entry[0]
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        """DELETE /v1/responses/{id}: forgets it (a later previous_response_id naming it is a 404). Raises APIError
+        404."""
+        with self._lock:
+            if self._items.pop(response_id, None) is None:
+                raise self._not_found(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    def _not_found(self, response_id: str) -> APIError:
+        return APIError(404, f"response {response_id!r} is not stored here: it was sent with store false, to another "
+                        f"replica, before a restart, deleted, or it is older than the last {self.capacity} stored "
+                        f"responses", "invalid_request_error", "response_id", "response_not_found")
 
 
 def _check_keys(obj: dict[str, Any], allowed: set[str], path: str) -> None:

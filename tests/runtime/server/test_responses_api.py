@@ -150,6 +150,32 @@ def test_previous_response_id_continues_a_stored_conversation(server, client):
                                                                       "previous_response_not_found")
 
 
+def test_a_stored_response_is_retrieved_as_answered_and_deleted(client):
+    """GET /v1/responses/{id} (the SDK's responses.retrieve) gives the response object as it was answered, streamed
+    or not; DELETE forgets it: retrieve and previous_response_id then 404; store false is never retrievable."""
+    whole = client.responses.create(model="tiny", input=SEA, max_output_tokens=8, temperature=0)
+    last = list(client.responses.create(model="tiny", input=SEA, max_output_tokens=8, temperature=0, stream=True))[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    streamed = last.response
+    for made in (whole, streamed):
+        got = client.responses.retrieve(made.id)
+        assert got.model_dump() == made.model_dump()
+        assert got.output_text == whole.output_text and got.usage.output_tokens == made.usage.output_tokens
+    gone = client.responses.delete(whole.id)
+    assert gone is None  # the SDK returns nothing on success; the server answered {"deleted": true}
+    unstored = client.responses.create(model="tiny", input="hi", store=False, max_output_tokens=2)
+    for missing in (whole.id, unstored.id, "resp_nope"):
+        with pytest.raises(openai.NotFoundError) as err:
+            client.responses.retrieve(missing)
+        assert (err.value.body["param"], err.value.body["code"]) == ("response_id", "response_not_found")
+        assert missing in err.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(whole.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.create(model="tiny", input="again", previous_response_id=whole.id)
+    assert err.value.body["code"] == "previous_response_not_found"
+
+
 def test_the_store_is_bounded_oldest_first():
     store = ResponseStore(capacity=2)
     for k in "abc":
