@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # parsers and metric names). torch 2.13.0 CPU first; the engines with --no-deps (they pin other torch builds and
 # CUDA kernels); then only the light packages their parsers import. About 3.4 GB (torch and triton are most of
 # it). Skipped when the marker records this exact list.
-ENGINES_SPEC="torch==2.13.0 vllm==0.33.0 sglang==0.5.23 | packaging regex pyyaml pydantic numpy cbor2 urllib3 \
+ENGINES_SPEC="torch==2.13.0 vllm==0.33.0 sglang==0.5.23 | packaging regex einops pyyaml pydantic numpy cbor2 urllib3 \
 transformers==5.24.0 requests openai openai-harmony cloudpickle cachetools uvloop py-cpuinfo fastapi uvicorn \
 prometheus_client partial_json_parser xgrammar llguidance watchfiles orjson python-multipart pybase64 triton \
 pillow starlette msgspec pyzmq tqdm ipython aiohttp"
