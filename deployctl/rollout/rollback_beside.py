@@ -9,6 +9,7 @@ from deployctl.config import layout
 from deployctl.errors import about
 from deployctl.rollout import hostops, release
 from deployctl.rollout.fleet import Fleet
+from deployctl.rollout.servedname import as_release
 from deployctl.service.engine import Engine
 
 
@@ -22,7 +23,8 @@ def start_beside(fleet: Fleet, cfg, target: str, current: dict, names: list[str]
         say("host", f"{n}: starting {target} on port {ports[n]} beside the serving runtime, verifying", host=n)
     tb = time.monotonic()
     ok, bad = fleet.on_hosts([fleet.hosts[n] for n in names],
-                               lambda h: hostops.activate_beside(h, cfg, target, ports[h.name],
+                               lambda h: hostops.activate_beside(h, as_release(cfg, h, target), target,
+                                                                  ports[h.name],
                                                                   golden="after its start beside the serving release"))
     phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "beside",
                               "hosts": {n: v.timings for n, v in ok.items()}})

@@ -17,6 +17,7 @@ from deployctl.config import layout
 from deployctl.errors import DeployctlError, about
 from deployctl.rollout import hostops, standby
 from deployctl.rollout.fleet import Fleet
+from deployctl.rollout.servedname import as_release
 
 
 def why_not(rec, target: str) -> dict:
@@ -54,7 +55,8 @@ def wake(fleet: Fleet, cfg, target: str, current: dict, recs: dict, say, route, 
     for n, rec in recs.items():
         say("host", f"{n}: waking the standby of {target} on port {rec.port}, verifying", host=n)
     tb = time.monotonic()
-    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs], lambda h: standby.wake(h, cfg, recs[h.name]))
+    ok, bad = fleet.on_hosts([fleet.hosts[n] for n in recs],  # each verified under the target's own served name
+                             lambda h: standby.wake(h, as_release(cfg, h, target), recs[h.name]))
     phases["batches"].append({"wall_s": round(time.monotonic() - tb, 2), "mode": "wake",
                               "hosts": {n: v.timings for n, v in ok.items()}})
     for n, v in ok.items():
@@ -116,6 +118,7 @@ def batch_size(num_hosts: int) -> int:
 
 def _one(host, cfg, rec, target: str, failed: dict) -> dict:
     """Stop the bad release, wake the standby, verify; on a failed wake the cold start. Returns the timings."""
+    cfg = as_release(cfg, host, target)  # verified under the target's own served name (rollout.servedname)
     try:
         return dict(standby.wake_back(host, cfg, rec).timings)
     except DeployctlError as e:
