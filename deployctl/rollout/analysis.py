@@ -32,7 +32,7 @@ from deployctl.config import DeployConfig
 from deployctl.service.engine import Engine
 from deployctl.rollout.accesslog import count_access_log, upstream_map
 from deployctl.rollout.canaryrules import canary_failure, shared_breach
-from deployctl.rollout.verdicts import combine, low_traffic
+from deployctl.rollout.verdicts import CANNOT_JUDGE, combine, low_traffic
 
 
 @dataclass
@@ -188,11 +188,12 @@ def _judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: 
     if failure:
         return Verdict("fail", failure, canary, stable, window_s, weight)
     if canary.requests < a.min_requests:
-        return Verdict("inconclusive", f"{canary.requests} canary requests < min_requests {a.min_requests}",
-                       canary, stable, window_s, weight)
+        return Verdict("inconclusive", f"{CANNOT_JUDGE}{canary.requests} canary requests < min_requests "
+                                       f"{a.min_requests}", canary, stable, window_s, weight)
     if canary.generations < a.min_client_requests:
-        return Verdict("inconclusive", f"{canary.generations} canary client requests < min_client_requests "
-                                       f"{a.min_client_requests} (generation requests via the router)",
+        return Verdict("inconclusive", f"{CANNOT_JUDGE}{canary.generations} canary client requests < "
+                                       f"min_client_requests {a.min_client_requests} (generation requests via the "
+                                       f"router)",
                        canary, stable, window_s, weight)
     for label, hosts in (("NaN in the latency histogram of", canary.nan + stable.nan),
                          ("counter reset (histogram went down) on", canary.reset + stable.reset)):
@@ -218,8 +219,9 @@ def _judge(cfg: DeployConfig, canary: GroupStats, stable: GroupStats, window_s: 
     ref = stable if stable.ttft_count and stable.requests else (baseline or stable)
     if 0 < canary.ttft_count < a.min_latency_samples:
         # a P99 of a handful of samples is noise: keep the window open until it holds enough
-        return Verdict("inconclusive", f"{canary.ttft_count} canary latency samples < min_latency_samples "
-                                       f"{a.min_latency_samples}", canary, stable, window_s, weight)
+        return Verdict("inconclusive", f"{CANNOT_JUDGE}{canary.ttft_count} canary latency samples < "
+                                       f"min_latency_samples {a.min_latency_samples}", canary, stable, window_s,
+                       weight)
     for label, c, s, limit in (("TTFT", canary.p99_ttft_s, ref.p99_ttft_s, a.max_p99_ttft_ratio),
                                ("TPOT", canary.p99_tpot_s, ref.p99_tpot_s, a.max_p99_tpot_ratio)):
         if c is None or s is None or s <= 0:

@@ -32,6 +32,7 @@ from typing import Optional
 
 from deployctl.rollout.probes import ProbeStats
 
+CANNOT_JUDGE = "cannot judge: "  # how a window short of what its statistic needs begins its reason (analysis._judge)
 LOW_TRAFFIC = ("canary requests < min_requests", "canary latency samples < min_latency_samples",
                "canary client requests < min_client_requests")
 # a window short of latency samples: the probes may fail it, never pass it (their few timings are no P99)
@@ -121,9 +122,10 @@ def combine(v, probe: Optional[tuple[str, str, dict]], min_client_requests: int 
             v.reason = (f"{v.reason}; probes passed, but {v.canary.generations} client requests < min_client_requests "
                         f"{min_client_requests}: probes alone do not promote")
         elif result == "pass" and FEW_SAMPLES in v.reason:
-            v.reason = f"cannot judge: {v.canary.ttft_count} samples ({v.reason}); probes passed, not enough for a P99"
+            v.reason = (f"{CANNOT_JUDGE}{v.canary.ttft_count} samples ({v.reason.removeprefix(CANNOT_JUDGE)}); probes "
+                        f"passed, not enough for a P99")
         elif result == "pass":
-            v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason})", "probes"
+            v.result, v.reason, v.source = "pass", f"judged on probes ({v.reason.removeprefix(CANNOT_JUDGE)})", "probes"
         else:
             v.reason = f"{v.reason}; probes: {reason}"
     return v

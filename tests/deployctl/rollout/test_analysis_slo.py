@@ -143,7 +143,7 @@ def test_probes_alone_never_promote_unless_min_client_requests_is_0():
 def test_min_client_requests_above_min_requests_holds_the_metrics_pass():
     c = cfg(min_client_requests=50)
     v = judge(c, side(["a"], requests=20), side(["b"]), 30.0)
-    assert v.result == "inconclusive" and v.reason == ("20 canary client requests < min_client_requests 50 "
+    assert v.result == "inconclusive" and v.reason == ("cannot judge: 20 canary client requests < min_client_requests 50 "
                                                        "(generation requests via the router)")
 
 
