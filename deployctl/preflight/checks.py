@@ -156,12 +156,12 @@ def check_allocated_ports(host: HostConfig, facts: dict) -> Check:
 
 def check_disk(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
     """Free space under deploy_root (and the model path) against what a deploy puts there: deployctl.preflight.disk
-    (release payload: ``facts["payload_bytes"]`` when measured, else the current release's size; the engine venv to
-    install; the model still to copy; the margin). Fails when it does not fit; warns when less than
+    (the current release's size standing in for the payload, which deploy measures before its upload; the engine
+    venv to install; the model still to copy; the margin). Fails when it does not fit; warns when less than
     DISK_WARN_BYTES (the rendered disk alert's threshold) would be left after the deploy."""
     from deployctl.preflight.disk import verdicts
 
-    found = verdicts(cfg, host, facts, facts.get("payload_bytes"))
+    found = verdicts(cfg, host, facts)
     if not found:
         return Check("disk", "warn", "no disk facts for deploy_root", None)
     bad = [v for v in found if not v.ok]

@@ -59,7 +59,7 @@ class Need:
         return sum(b for _, b in self.parts)
 
     def text(self) -> str:
-        """'1.2 MiB: release payload 2 × 604.0 KiB, margin 64.1 MiB' (each part in words)."""
+        """'64.1 MiB (release payload 2 × 60.0 KiB (tar file + unpacked), margin 64.0 MiB)': the total, each part."""
         return f"{format_bytes(self.total)} ({', '.join(w for w, _ in self.parts)})"
 
 

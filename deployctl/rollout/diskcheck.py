@@ -43,9 +43,9 @@ def payload_bytes(info, wheel: Path, files: list, platform: Optional[dict] = Non
         return out.stat().st_size
 
 
-def check(fleet, info, files_for: Callable) -> dict[str, list[Verdict]]:
-    """Judge every host of ``fleet`` for release ``info`` (``files_for(host)``: its rendered files, as the upload
-    renders them). Says one line per host; returns {host: verdicts}. Raises DiskShort when any does not fit, or
+def check(fleet, info, files_for: Callable, hosts: Optional[list] = None) -> dict[str, list[Verdict]]:
+    """Judge every host of ``fleet`` (or those of ``hosts``) for release ``info`` (``files_for(host)``: its rendered
+    files, as the upload renders them). Says one line per host; returns {host: verdicts}. Raises DiskShort when any does not fit, or
     the first host's RemoteError when one cannot be read."""
     from deployctl.errors import DeployctlError, RemoteError, about
     from deployctl.rollout import hostops
@@ -54,13 +54,14 @@ def check(fleet, info, files_for: Callable) -> dict[str, list[Verdict]]:
         size = payload_bytes(info, fleet.wheel, files_for(h), fleet.platform.get(h.name))
         return verdicts(fleet.cfg, h.config, space_facts(h, fleet.cfg), size)
 
-    ok, bad = fleet.on_hosts(list(fleet.hosts.values()), one, deadline_s=hostops.QUICK_DEADLINE_S,
-                             what="reading free disk space")
+    hosts = list(fleet.hosts.values()) if hosts is None else hosts
+    ok, bad = fleet.on_hosts(hosts, one, deadline_s=hostops.QUICK_DEADLINE_S, what="reading free disk space")
     if bad:
         name, err = next(iter(bad.items()))
         raise err if isinstance(err, DeployctlError) else RemoteError(about(name, err))
-    short = [v for n in fleet.hosts for v in ok[n] if not v.ok]
-    for n in fleet.hosts:
+    names = [h.name for h in hosts]
+    short = [v for n in names for v in ok[n] if not v.ok]
+    for n in names:
         for v in ok[n]:
             if v.ok:
                 fleet.say("info", f"disk: {v.line()}", host=n)

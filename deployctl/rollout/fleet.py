@@ -225,12 +225,12 @@ class Fleet:
         return lambda h: render_release(self.cfg, h.config, info.id, api_key=key,
                                         gpu_pinning=self.gpu_pinning(h.config))
 
-    def check_disk(self, info) -> None:
-        """Before the lock and any upload: does ``info`` fit on every host (deployctl.rollout.diskcheck). Raises
-        DiskShort (nothing changed)."""
+    def check_disk(self, info, hosts: Optional[list] = None) -> None:
+        """Before any upload: does ``info`` fit on every host, or those of ``hosts`` (deployctl.rollout.diskcheck).
+        Raises DiskShort (nothing changed)."""
         from deployctl.rollout import diskcheck
 
-        diskcheck.check(self, info, self.files_for(info))
+        diskcheck.check(self, info, self.files_for(info), hosts)
 
     def upload_all(self, info, point=None, hosts: Optional[list] = None) -> None:
         """Upload ``info`` to every host (or those of ``hosts``) at once (release.upload). ``point(what, host=...)``, when given, is told
