@@ -234,7 +234,7 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
         _status_check(doc, check)
         return
     table = Table(title="hosts")
-    for col in ("host", "release", "engine", "healthy", "weight", "standby", "detail"):
+    for col in ("host", "release", "engine", "healthy", "weight", "disk free", "standby", "detail"):
         table.add_column(col)
     for h in doc["hosts"]:
         w = "?" if h["weight"] is None else f"{h['weight']:g}%"
@@ -245,9 +245,12 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
                                   + _residue_text(sb))
         if not sb and h.get("no_standby"):
             sbt = f"no standby: {h['no_standby']['why']}"
-        table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w, sbt,
-                      h.get("detail", ""))
+        table.add_row(h["host"], h["current_release"] or "-", engine, "yes" if h["healthy"] else "NO", w,
+                      _disk_text(h.get("disk")), sbt, h.get("detail", ""))
     out_console.print(table)
+    for h in doc["hosts"]:
+        if (h.get("disk") or {}).get("low"):
+            out_console.print(f"disk LOW: {h['disk']['line']}", markup=False, soft_wrap=True)
     from deployctl.capacity.enginelog import describe as kv_line
 
     for h in doc["hosts"]:
@@ -280,6 +283,15 @@ def status(config: Path = CONFIG, as_json: bool = JSON,
     for d in doc.get("differences", []):
         out_console.print(f"{'differs (the rollout in progress)' if live else 'inconsistent'}: {d}", markup=False)
     _status_check(doc, check)
+
+
+def _disk_text(disk) -> str:
+    """'41.2 GiB' (deploy_root's free space, leftovers counted) or '58.0 MiB LOW' (under the next deploy's need)."""
+    from deployctl.config.units import format_bytes
+
+    if not disk:
+        return "?"
+    return format_bytes(disk["free_bytes"] + disk["leftover_bytes"]) + (" LOW" if disk["low"] else "")
 
 
 def _residue_text(sb: dict) -> str:

@@ -218,8 +218,9 @@ class ServerConfig(_Frozen):
             return self.bind == "localhost"
 
 
-# Free space under deploy_root (releases, logs): preflight fails below DISK_FAIL_BYTES and warns below
-# DISK_WARN_BYTES; the rendered disk alerts use the same two figures on node_exporter's filesystem series.
+# Free space on a host's filesystems: the rendered disk alerts fire below DISK_WARN_BYTES (warning) and
+# DISK_FAIL_BYTES (critical) on node_exporter's filesystem series; preflight warns when a deploy would leave less
+# than DISK_WARN_BYTES (whether a deploy fits at all is deployctl/preflight/disk.py's rule).
 DISK_FAIL_BYTES = 1 * 2**30
 DISK_WARN_BYTES = 5 * 2**30
 

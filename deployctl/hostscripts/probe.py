@@ -24,7 +24,7 @@ import time
 
 PROBE_VERSION = 1
 FACT_KEYS = ("probe_version", "hostname", "time", "os", "python", "nvidia", "torch", "engine", "memory", "disk", "port",
-             "service", "model", "current_release", "more_ports")
+             "service", "model", "current_release", "more_ports", "space")
 # Run by the runtime environment's python: the engine distribution's version (metadata, not assumed) and whether
 # its module is importable (found on sys.path; not imported: vLLM's import initialises CUDA and takes seconds).
 _ENGINE_SNIPPET = (
@@ -267,6 +267,9 @@ def _nearest_existing(path: str) -> str:
 
 
 def probe_disk(paths: dict) -> list:
+    """Per role ({"deploy_root": path, "model": path}): {"role", "path", "exists", "checked_path" (the path, or its
+    nearest existing parent), "free_bytes" (available to an unprivileged user: statvfs f_bavail × f_frsize),
+    "total_bytes", "device" (st_dev: two roles on one filesystem share their free bytes)}."""
     out = []
     for role, path in paths.items():
         if not path:
@@ -274,7 +277,74 @@ def probe_disk(paths: dict) -> list:
         checked = _nearest_existing(path)
         usage = shutil.disk_usage(checked)
         out.append({"role": role, "path": path, "exists": os.path.exists(path), "checked_path": checked,
-                    "free_bytes": usage.free, "total_bytes": usage.total})
+                    "free_bytes": usage.free, "total_bytes": usage.total, "device": os.stat(checked).st_dev})
+    return out
+
+
+# What a killed upload leaves in <deploy_root>/releases/ (deployctl's own temporary names only; a release is
+# <YYYYmmddTHHMMSSZ>-<8 hex> and never matches): the half-unpacked ``<id>.partial``, the uploaded ``<id>.tar`` not
+# yet unpacked, the SFTP put's temp file ``.<id>.tar.tmp-<hex>`` (hosts/ssh.py), the local transport's
+# ``.<id>.tar.<random>`` (hosts/local.py, mkstemp) and a fenced put's ``<id>.tar.fenced-<hex>`` (hosts/host.py).
+def is_upload_leftover(name: str) -> bool:
+    """``name`` (an entry of releases/) is a leftover of an interrupted upload (the comment above)."""
+    if name.startswith("."):
+        return ".tar." in name
+    return name.endswith((".partial", ".tar")) or ".tar.fenced-" in name
+
+
+def _du(path: str) -> int:
+    """Bytes ``path`` holds on its filesystem (st_blocks × 512, as ``du``; symlinks not followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    total = st.st_blocks * 512
+    if os.path.isdir(path) and not os.path.islink(path):
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    continue
+    return total
+
+
+def probe_space(deploy_root: str, model_path: str, engines_dir: str, distribution: str, version: str) -> dict:
+    """What the disk rule needs (deployctl/preflight/disk.py): ``disk`` (probe_disk of deploy_root and the model
+    path), ``leftovers`` ([{"name", "bytes"}] of is_upload_leftover entries in releases/), ``release_bytes`` (what
+    the current release directory holds: the next release's payload is about as big; None without one),
+    ``engine_venv`` ("host env": this python has distribution==version; "shared": the machine's venv of it is
+    installed (its .deployctl-installed marker); "missing"; None for the bundled runtime) and ``model`` ({"bytes":
+    the .safetensors files' bytes present, "declared_bytes": model.safetensors.index.json metadata.total_size or
+    None})."""
+    out = {"disk": probe_disk({"deploy_root": deploy_root, "model": model_path}), "leftovers": [],
+           "release_bytes": None, "engine_venv": None, "model": {"bytes": 0, "declared_bytes": None}}
+    releases = os.path.join(deploy_root, "releases")
+    try:
+        names = sorted(os.listdir(releases))
+    except OSError:
+        names = []
+    out["leftovers"] = [{"name": n, "bytes": _du(os.path.join(releases, n))} for n in names if is_upload_leftover(n)]
+    current = os.path.join(deploy_root, "current")
+    if os.path.isdir(current):
+        out["release_bytes"] = _du(os.path.realpath(current))
+    if distribution and version:
+        try:
+            import importlib.metadata as md
+            have = md.version(distribution)
+        except Exception:  # noqa: BLE001 - not installed, or no importlib.metadata (Python < 3.8)
+            have = None
+        marker = os.path.join(engines_dir, "%s-%s" % (distribution, version), ".deployctl-installed")
+        out["engine_venv"] = ("host env" if have == version else "shared" if os.path.exists(marker) else "missing")
+    if model_path and os.path.isdir(model_path):
+        for root, _dirs, files in os.walk(model_path):
+            out["model"]["bytes"] += sum(os.path.getsize(os.path.join(root, f)) for f in files
+                                         if f.endswith(".safetensors"))
+        try:
+            with open(os.path.join(model_path, "model.safetensors.index.json")) as f:
+                out["model"]["declared_bytes"] = int(json.load(f)["metadata"]["total_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     return out
 
 
@@ -574,7 +644,7 @@ def _chat_template_source(path: str):
 
 def collect(params: dict) -> dict:
     """All facts for ``params``; every section is present even when its probe failed. ``params["sections"]``
-    (a list of "port", "service", "nvidia", "pids", "more_ports", "model") limits the run to those (plus probe_version, hostname and time)."""
+    (a list of "port", "service", "nvidia", "pids", "more_ports", "model", "space") limits the run to those (plus probe_version, hostname and time)."""
     deploy_root = params.get("deploy_root") or ""
     if params.get("sections"):  # the cheap sections only (runbooks ask who holds the port)
         cheap = {"port": lambda: probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080))),
@@ -582,7 +652,12 @@ def collect(params: dict) -> dict:
                  "nvidia": lambda: probe_nvidia(params.get("fake_gpu_memory") or ""),
                  "pids": lambda: probe_pid_files(params.get("pid_files") or []),
                  "more_ports": lambda: probe_more_ports(params.get("more_ports") or []),
-                 "model": lambda: probe_model(params.get("model_path") or "")}
+                 "model": lambda: probe_model(params.get("model_path") or ""),
+                 "space": lambda: probe_space(deploy_root, params.get("model_path") or "",
+                                              params.get("engines_dir") or os.path.join(deploy_root, "shared",
+                                                                                         "engines"),
+                                              params.get("engine_distribution") or "",
+                                              params.get("engine_version") or "")}
         return {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(), "time": time.time(),
                 **{name: cheap[name]() for name in params["sections"]}}
     model_path = params.get("model_path") or ""
@@ -593,7 +668,9 @@ def collect(params: dict) -> dict:
              "os": probe_os(), "python": {"executable": sys.executable, "version": platform.python_version()}}
     facts["nvidia"] = probe_nvidia(params.get("fake_gpu_memory") or "")
     facts["memory"] = probe_memory()
-    facts["disk"] = probe_disk({"deploy_root": deploy_root, "model": model_path})
+    facts["space"] = probe_space(deploy_root, model_path, params.get("engines_dir") or os.path.join(
+        deploy_root, "shared", "engines"), params.get("engine_distribution") or "", params.get("engine_version") or "")
+    facts["disk"] = facts["space"]["disk"]
     facts["port"] = probe_port(params.get("bind", "127.0.0.1"), int(params.get("port", 8080)))
     facts["service"] = probe_service(deploy_root, params.get("unit") or "")
     facts["model"] = probe_model(model_path)

@@ -21,7 +21,7 @@ from deployctl.preflight.gpuprocs import check_gpu_processes
 from deployctl.preflight.kvdtype import check_kv_cache_dtype
 from deployctl.preflight.shell import check_login_shell
 from deployctl.preflight.standby import standby_checks
-from deployctl.config.models import DISK_FAIL_BYTES, DISK_WARN_BYTES
+from deployctl.config.models import DISK_WARN_BYTES
 from deployctl.config.units import format_bytes
 
 WARN_ONLY_WEIGHT_ISSUES = {"unlisted", "incomplete_leftover"}
@@ -155,19 +155,24 @@ def check_allocated_ports(host: HostConfig, facts: dict) -> Check:
 
 
 def check_disk(cfg: DeployConfig, host: HostConfig, facts: dict) -> Check:
-    """Free space under deploy_root (releases, logs)."""
-    disks = {d["role"]: d for d in facts.get("disk") or []}
-    d = disks.get("deploy_root")
-    if d is None:
+    """Free space under deploy_root (and the model path) against what a deploy puts there: deployctl.preflight.disk
+    (the current release's size standing in for the payload, which deploy measures before its upload; the engine
+    venv to install; the model still to copy; the margin). Fails when it does not fit; warns when less than
+    DISK_WARN_BYTES (the rendered disk alert's threshold) would be left after the deploy."""
+    from deployctl.preflight.disk import verdicts
+
+    found = verdicts(cfg, host, facts)
+    if not found:
         return Check("disk", "warn", "no disk facts for deploy_root", None)
-    free = int(d["free_bytes"])
-    note = "" if d.get("exists") else f" (does not exist yet; checked {d['checked_path']})"
-    msg = f"{format_bytes(free)} free under {d['path']}{note}"
-    fix = f"free space on the filesystem of {d['checked_path']} or move deploy_root"
-    if free < DISK_FAIL_BYTES:
-        return Check("disk", "fail", f"only {msg}; at least {format_bytes(DISK_FAIL_BYTES)} is needed", fix)
-    if free < DISK_WARN_BYTES:
-        return Check("disk", "warn", f"only {msg}", fix)
+    bad = [v for v in found if not v.ok]
+    if bad:
+        return Check("disk", "fail", "; ".join(v.line().split(": ", 1)[1] for v in bad), bad[0].fix())
+    root = found[0]
+    left = root.available - root.need.total
+    msg = f"{root.free_text()} under {root.path}; a deploy needs {root.need.text()}"
+    if left < DISK_WARN_BYTES:
+        return Check("disk", "warn", f"{msg}: {format_bytes(left)} left after it, under the disk alert's "
+                                     f"{format_bytes(DISK_WARN_BYTES)}", root.fix())
     return Check("disk", "pass", msg)
 
 

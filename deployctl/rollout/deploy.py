@@ -1,6 +1,7 @@
 """``deploy``: the step machine (../shared/notes/canary-analysis.md; cases C18, C20).
 
-preflight gate → lock → upload the release to every host → canary hosts: drain, switch, install, restart, verify →
+preflight gate → disk check (deployctl.rollout.diskcheck: the measured payload fits on every host) → lock →
+upload the release to every host → canary hosts: drain, switch, install, restart, verify →
 golden outputs at weight 0 (deployctl.rollout.outputgate: before the router sends the canary any client request) →
 for each weight step: render + ``nginx -t`` + reload, analysis over the pause (a pause of 0: none, said) → at 100%
 roll the remaining hosts in batches (drain, switch, restart, verify, put back) → all hosts stable on the new
@@ -192,6 +193,7 @@ class Deployment(WeightSteps):
             plan = make_plan(self.cfg, info, current, self.canary_pct)
             self.say("plan", "plan: " + "; ".join(plan.lines()), plan=plan.to_json())
             self._served_name_change(plan, current)
+            fl.check_disk(info)  # the payload measured, every host's free space: before the lock and any upload
             self._before_changes()
             if self.confirm is not None:
                 with self.interruption.suspended():  # Ctrl-C at the prompt: KeyboardInterrupt, nothing changed

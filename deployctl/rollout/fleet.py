@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from deployctl.config import DeployConfig
+from deployctl.config.units import format_bytes
 from deployctl.engines.command import stop_wait_s
 from deployctl.errors import DeployctlError, ExitCode, RemoteError, about
 from deployctl.rollout import hostops, release, standby
@@ -211,10 +212,8 @@ class Fleet:
                          f"model manifest {info.model_manifest_hash[:12]}")
         return info
 
-    def upload_all(self, info, point=None, hosts: Optional[list] = None) -> None:
-        """Upload ``info`` to every host (or those of ``hosts``) at once (release.upload). ``point(what, host=...)``, when given, is told
-        inside each host's upload (the rollout journal's points): after its files are rendered and after the tar
-        file is on the host, before it is unpacked. Raises the first host's error."""
+    def files_for(self, info) -> Callable:
+        """``files(host)``: the rendered release files of ``info`` for a host, as upload_all sends them."""
         from deployctl import settings
         from deployctl.render import render_release
         from deployctl.render.targets import api_key_from_env
@@ -223,18 +222,43 @@ class Fleet:
         key = api_key(self.cfg)  # unset: no key (preflight's api_key check said what that means)
         if key and self.cfg.server.next_api_key_env:  # a rotation: both keys in runtime.env
             key = api_key_from_env(self.cfg, settings.environ())
+        return lambda h: render_release(self.cfg, h.config, info.id, api_key=key,
+                                        gpu_pinning=self.gpu_pinning(h.config))
+
+    def check_disk(self, info, hosts: Optional[list] = None) -> None:
+        """Before any upload: does ``info`` fit on every host, or those of ``hosts`` (deployctl.rollout.diskcheck).
+        Raises DiskShort (nothing changed)."""
+        from deployctl.rollout import diskcheck
+
+        diskcheck.check(self, info, self.files_for(info), hosts)
+
+    def upload_all(self, info, point=None, hosts: Optional[list] = None) -> None:
+        """Upload ``info`` to every host (or those of ``hosts``) at once (release.upload). ``point(what, host=...)``, when given, is told
+        inside each host's upload (the rollout journal's points): after its files are rendered and after the tar
+        file is on the host, before it is unpacked. Leftovers of interrupted uploads that the uploads removed are
+        said and recorded in the history (action ``cleanup``). Raises the first host's error."""
+        files_for = self.files_for(info)
+        removed: dict = {}
 
         def up(h):
-            files = render_release(self.cfg, h.config, info.id, api_key=key, gpu_pinning=self.gpu_pinning(h.config))
+            files = files_for(h)
             if point:
                 point("upload:rendered", host=h.name)
             return release.upload(h, self.cfg, info, self.wheel, files, platform=self.platform.get(h.name),
-                                  on_put=(lambda: point("upload:put", host=h.name)) if point else None)
+                                  on_put=(lambda: point("upload:put", host=h.name)) if point else None,
+                                  removed=removed.setdefault(h.name, []))
 
         hosts = list(self.hosts.values()) if hosts is None else hosts
         self.say("info", f"uploading release {info.id} to {len(hosts)} hosts")
         _, bad = self.on_hosts(hosts, up, deadline_s=release.UPLOAD_DEADLINE_S,
                                   what=f"uploading release {info.id}")
+        removed = {n: gone for n, gone in removed.items() if gone}
+        for n, gone in removed.items():
+            self.say("info", f"{n}: removed leftovers of interrupted uploads: "
+                             + ", ".join(f"{g['name']} ({format_bytes(g['bytes'])})" for g in gone), host=n)
+        if removed:
+            self.store.append_history("cleanup", release=info.id, result="ok", removed=removed,
+                                      reason="leftovers of interrupted uploads, removed before the upload")
         if bad:
             name, err = next(iter(bad.items()))
             raise err if isinstance(err, DeployctlError) else RemoteError(f"upload to {name} failed: {err}")

@@ -42,6 +42,7 @@ def install(fleet, host, release_id: str, peers: list) -> bool:
         raise CheckFailed(f"the runtime wheel built here ({fleet.wheel.name}) is not the one release {release_id} "
                           f"was built with ({info.runtime_wheel}): cannot install that release on {host.name}",
                           fix="run `deployctl deploy`, which makes a new release for every serving host")
+    fleet.check_disk(info, hosts=[host])  # the disk rule (deployctl.preflight.disk) before the upload
     fleet.upload_all(info, hosts=[host])
     return True
 

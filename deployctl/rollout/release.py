@@ -24,6 +24,8 @@ from typing import Callable, Optional
 from deployctl import settings
 from deployctl.config import DeployConfig
 from deployctl.errors import CheckFailed, ConfigError
+from deployctl.hostscripts.probe import is_upload_leftover
+from deployctl.rollout.leftovers import remove_leftovers
 from deployctl.render import config_text, new_release_id
 from deployctl.config.layout import (current_link, current_target, engine_links_glob, engines_dir, release_dir,
                                      releases_dir, shared_dir, state_dir)
@@ -176,25 +178,10 @@ def current_release(host, *, timeout: float = 15) -> Optional[str]:
 
 
 def list_releases(host, *, timeout: float = 15) -> list[str]:
-    """The release ids under releases/, oldest first (ids sort by time); leftovers of a killed upload
-    (``<id>.partial``, ``<id>.tar``: LEFTOVER_SUFFIXES) are not releases and are left out."""
+    """The release ids under releases/, oldest first (by time); killed uploads' leftovers are left out."""
     r = host.run(f"ls -1 {shlex.quote(releases_dir(host.config))} 2>/dev/null || true", timeout=timeout)
     return sorted(line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith(".")
-                  and not line.strip().endswith(LEFTOVER_SUFFIXES))
-
-
-# What a killed upload leaves under releases/: the half-extracted directory and the uploaded tar file. The next
-# upload to the host (a deploy holds the lock, so no other upload runs there) removes them.
-LEFTOVER_SUFFIXES = (".partial", ".tar")
-
-
-def remove_leftovers(host, *, timeout: float = 30) -> list[str]:
-    """Remove ``*.partial`` and ``*.tar`` under the host's releases/ (LEFTOVER_SUFFIXES). Returns their names."""
-    q = shlex.quote
-    r = host.run(f"cd {q(releases_dir(host.config))} 2>/dev/null || exit 0; "
-                 "for f in *.partial *.tar; do [ -e \"$f\" ] || continue; rm -rf -- \"$f\" && echo \"$f\"; done",
-                 timeout=timeout)
-    return [line for line in r.stdout.splitlines() if line]
+                  and not is_upload_leftover(line.strip()))
 
 
 def release_files(info: ReleaseInfo, files: list, platform: Optional[dict] = None) -> list:
@@ -213,7 +200,9 @@ def release_files(info: ReleaseInfo, files: list, platform: Optional[dict] = Non
     return kept + [release_manifest(kept, {info.runtime_wheel: info.runtime_wheel_sha256})]
 
 
-def _tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path, platform: Optional[dict] = None) -> None:
+def tarball(info: ReleaseInfo, wheel: Path, files: list, out: Path, platform: Optional[dict] = None) -> None:
+    """Write at ``out`` the tar file ``upload`` sends: the runtime wheel + release_files (deployctl.rollout.diskcheck
+    measures it before any upload)."""
     import io
     import tarfile
 
@@ -239,22 +228,22 @@ UPLOAD_DEADLINE_S = 450.0
 
 
 def upload(host, cfg: DeployConfig, info: ReleaseInfo, wheel: Path, files: list, *, timeout: float = 300,
-           platform: Optional[dict] = None, on_put=None) -> str:
+           platform: Optional[dict] = None, on_put=None, removed: Optional[list] = None) -> str:
     """Write the release directory on ``host`` (skipped when a complete one with this id exists): the runtime
     wheel and the rendered files (deployctl.render.RenderedFile; modes kept, runtime.env 0600) with release.json
     and manifest.sha256 completed (``release_files``), sent as one tar file, plus the model's manifest copied on
     the host as model.manifest.sha256 (the weights are never copied). The directory is filled under
-    ``<id>.partial`` and renamed into place; leftovers of earlier killed uploads are removed first
-    (remove_leftovers). ``on_put()`` is called once the tar file is on the host, before it is unpacked. Returns the
+    ``<id>.partial`` and renamed into place; leftovers of killed uploads are removed first (remove_leftovers: added
+    to ``removed``). ``on_put()`` is called once the tar file is on the host, before it is unpacked. Returns the
     release dir. Raises RemoteError."""
     h = host.config
     rdir = release_dir(h, info.id)
     q = shlex.quote
     tmp = rdir + ".partial"
-    remove_leftovers(host)
+    (removed if removed is not None else []).extend(remove_leftovers(host))
     with tempfile.TemporaryDirectory() as work:
         tar = Path(work) / "release.tar"
-        _tarball(info, wheel, files, tar, platform)
+        tarball(info, wheel, files, tar, platform)
         r = host.run(f"test -f {q(posixpath.join(rdir, 'release.json'))} && echo present || "
                      f"mkdir -p {q(releases_dir(h))} {q(state_dir(h))} {q(shared_dir(h, 'logs'))} {q(shared_dir(h, 'run'))}",
                      timeout=30)

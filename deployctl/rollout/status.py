@@ -31,7 +31,9 @@ def _host_status(h, cfg: DeployConfig) -> dict[str, Any]:
     none = standby.read_none(h) if rec is None else None
     current = snap.get("current_release")
     kv = kvrecord.plan_vs_actual(kvrecord.read(h, current)) if current else None
-    return {**snap, "kv_plan_vs_actual": kv, "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb,
+    from deployctl.rollout.diskcheck import host_disk
+
+    return {**snap, "kv_plan_vs_actual": kv, "disk": host_disk(h, cfg), "healthy": r.status == 200 and bool(snap["supervised"]), "detail": detail, "standby": sb,
             "no_standby": none}
 
 
@@ -42,7 +44,9 @@ def status(cfg: DeployConfig) -> dict[str, Any]:
     "no_standby": {"release", "why", "at"}|None (why the last deploy kept no standby there), "cordoned": {"by",
     "reason", "since", "stopped"}|None, "serving": bool (false: warm pool or scaled in; deployctl.rollout.members),
     "kv_plan_vs_actual": kvrecord.plan_vs_actual of the current release (plan vs the engine's own KV
-    statement)|None, ...}], "rollout": {...}|None, "lock": {...}|None,
+    statement)|None, "disk": {"path", "checked_path", "free_bytes", "leftover_bytes", "leftovers", "need_bytes",
+    "need": [{"what", "bytes"}], "fits", "low", "line"}|None (deploy_root's free space against what the next deploy
+    would need: deployctl.rollout.diskcheck.host_disk), ...}], "rollout": {...}|None, "lock": {...}|None,
     "differences": [str]}`` (CONTRACTS.md). ``weight`` is the host's share of requests in percent (None when the
     router's split is unknown); ``healthy`` needs /readyz 200 and a live supervisor; ``differences`` names the
     hosts that run another release, engine, model manifest or config than the rest (deployctl.rollout.fleetcheck)."""

@@ -182,6 +182,10 @@ hosts: [{{name: a, address: local, deploy_root: {h.config.deploy_root}, launcher
         f.write(b"\0" * 4096)
     with open(os.path.join(rel, "20261130T020000Z-22222222.tar"), "wb") as f:
         f.write(b"\0" * 10)
+    # the transports' own temp names of a put killed mid-way: SFTP's .<name>.tmp-<hex>, the local mkstemp's
+    for temp in (".20261130T010000Z-11111111.tar.tmp-ab12cd34", ".20261130T020000Z-22222222.tar.k3x9_q"):
+        with open(os.path.join(rel, temp), "wb") as f:
+            f.write(b"\0" * 8192)
     assert release.list_releases(h) == ["20261130T000000Z-00000000"]
     wheel = tmp_path / "deployctl_runtime-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"not really a wheel")
