@@ -39,7 +39,7 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
-from deployctl.hosts import handshake, known_hosts as hostkeys
+from deployctl.hosts import handshake, jump, known_hosts as hostkeys, startrate
 from deployctl.hosts.sshalive import Keepalive
 from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
                              HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
@@ -84,12 +84,24 @@ class SSHTransport:
                 raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
                                  host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
             kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
-        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        gateway = jump.gateway(cfg, kwargs, max(1, math.ceil(t))) if cfg.jump else None
+        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs, gateway=gateway)
         user_files = conn.ssh_config.get("userknownhostsfile")
         if isinstance(user_files, str):
             user_files = user_files.split()
-        hostkeys.secure_client(conn.client, user_files=user_files, extra=self._extra_known_hosts)
+        for c in (conn, gateway) if gateway is not None else (conn,):
+            hostkeys.secure_client(c.client, user_files=user_files, extra=self._extra_known_hosts)
         return conn
+
+    def _open(self, conn: Connection) -> None:
+        """Open ``conn`` (through its bastion first, hosts[].jump), each connection starting at its endpoint's
+        connect rate (deployctl.hosts.startrate)."""
+        gateway = conn.gateway
+        if isinstance(gateway, Connection):
+            startrate.wait_turn(gateway.host, gateway.port, self.cfg.connect_rate)
+            gateway.open()
+        startrate.wait_turn(conn.host, conn.port, self.cfg.connect_rate)
+        conn.open()
 
     def connection(self) -> Connection:
         """The open Connection; connects first if needed. Raises the connect errors of the module doc."""
@@ -117,44 +129,52 @@ class SSHTransport:
             left = deadline - time.monotonic()
             if attempt:  # the banner (and auth) wait no longer than the deadline
                 conn.connect_kwargs.update(banner_timeout=max(0.5, left), auth_timeout=max(0.5, left))
+            gateway = conn.gateway if isinstance(conn.gateway, Connection) else None
             try:
-                conn.open()
+                self._open(conn)
                 return conn
             except Exception as exc:
-                conn.close()
+                bastion = gateway is not None and not gateway.is_connected  # the bastion's leg failed
+                _close(conn)
+                if gateway is not None and not bastion and isinstance(exc, paramiko.ChannelException):
+                    raise jump.forward_refused(self.cfg, exc) from None
+                leg, name = (gateway, jump.label(self.cfg)) if bastion else (conn, None)
+                fix = jump.bastion_fix(self.cfg) if bastion else None
                 if not handshake.is_dropped(exc):
-                    raise self.connect_error(conn, exc, retries=attempt) from None
+                    raise self.connect_error(leg, exc, retries=attempt, name=name, fix=fix) from None
                 pause = handshake.pause_s(attempt)
                 if time.monotonic() + pause + 0.5 > deadline:
-                    raise self.connect_error(conn, exc, retries=attempt, dropped=True) from None
+                    raise self.connect_error(leg, exc, retries=attempt, dropped=True, name=name, fix=fix) from None
                 time.sleep(pause)
                 attempt += 1
                 self.connect_retries += 1
 
-    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False) -> HostError:
-        """The one-line HostError for an exception raised while connecting ``conn``."""
-        name, where = self.host, f"{conn.host}:{conn.port}"
+    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False,
+                      name: str | None = None, fix: str | None = None) -> HostError:
+        """The one-line HostError for an exception raised while connecting ``conn``; ``name``: what the message calls
+        the peer (default the host's name; the bastion's when its leg failed), ``fix`` that of an unreachable one."""
+        name, where = name or self.host, f"{conn.host}:{conn.port}"
         if isinstance(exc, HostError):
             return exc
         if isinstance(exc, hostkeys.UnknownHostKeyRejected):
             fp = hostkeys.fingerprint(exc.key)
             return HostKeyUnknown(
                 f"host key of {name} ({exc.hostname}) is not trusted: {exc.key.get_name()} {fp}",
-                host=name, fingerprint=fp,
+                host=self.host, fingerprint=fp,
                 fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`")
         if isinstance(exc, paramiko.BadHostKeyException):
             fp, old = hostkeys.fingerprint(exc.key), hostkeys.fingerprint(exc.expected_key)
             kh = hostkeys.known_hosts_name(conn.host, conn.port)
             return HostKeyChanged(
                 f"host key changed for {name} ({kh}): offered {fp}, known_hosts has {old}",
-                host=name, fingerprint=fp, expected=old,
+                host=self.host, fingerprint=fp, expected=old,
                 fix=f"refusing to connect; if {name} was reinstalled, verify the new key and run "
                     f"`deployctl hosts trust {name} --replace`")
         if isinstance(exc, paramiko.AuthenticationException):
             key = self.cfg.ssh_key or "ssh agent / ~/.ssh keys"
             return AuthFailed(
                 f"{name} ({where}) refused login as user {conn.user!r} with key {key}",
-                host=name, fix="check hosts[].user and hosts[].ssh_key, and that the key is in that "
+                host=self.host, fix="check hosts[].user and hosts[].ssh_key, and that the key is in that "
                                "user's authorized_keys")
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
             reason = "connection refused"
@@ -171,18 +191,15 @@ class SSHTransport:
                       "speak SSH, or sshd is overloaded)")
         else:
             reason = " ".join(str(exc).split()) or type(exc).__name__
-        return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=name,
-                               fix="check that the host is up, sshd runs, and hosts[].address/port are right")
+        return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=self.host,
+                               fix=fix or "check that the host is up, sshd runs, and hosts[].address/port are right")
 
     def _drop(self) -> None:
         if self._alive is not None:
             self._alive.stop()
             self._alive = None
         if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # closing a dead connection must not mask the real error
-                pass
+            _close(self._conn)
             self._conn = None
 
     def _lost(self, exc: BaseException, command: str) -> HostError:
@@ -400,6 +417,17 @@ class SSHTransport:
                 return False
 
         return self._file_op("stat", remote, timeout, op)
+
+
+def _close(conn: Connection) -> None:
+    """Close ``conn`` and its bastion's connection (Fabric's close leaves a gateway open); never raises: closing a dead
+    connection must not mask the real error."""
+    for c in (conn, conn.gateway):
+        if isinstance(c, Connection):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
 
 
 def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
