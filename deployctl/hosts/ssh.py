@@ -3,8 +3,10 @@
 - Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
   first connect (deployctl/hosts/known_hosts.py). A handshake the server dropped (EOF or reset during the banner
   or key exchange: MaxStartups) is tried again with jittered exponential backoff within connect_timeout_s
-  (deployctl/hosts/handshake.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged,
-  each one line naming the host.
+  (deployctl/hosts/handshake.py). Each connection starts at its sshd endpoint's ``hosts[].connect_rate``
+  (deployctl/hosts/startrate.py); ``hosts[].jump`` goes through a bastion first (deployctl/hosts/jump.py). Errors
+  become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged, each one line naming the host or its bastion
+  (deployctl/hosts/connect_errors.py).
 - Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
 - env values are written over SFTP to a 0600 temp file that the command sources and deletes.
@@ -39,10 +41,10 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
-from deployctl.hosts import handshake, jump, known_hosts as hostkeys, startrate
+from deployctl.hosts import connect_errors, handshake, jump, known_hosts as hostkeys, startrate
 from deployctl.hosts.sshalive import Keepalive
-from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
-                             HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
+from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostUnreachable, LineSink, RemoteCommandError,
+                                  RunResult, short_command, tail)
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
@@ -141,58 +143,18 @@ class SSHTransport:
                 leg, name = (gateway, jump.label(self.cfg)) if bastion else (conn, None)
                 fix = jump.bastion_fix(self.cfg) if bastion else None
                 if not handshake.is_dropped(exc):
-                    raise self.connect_error(leg, exc, retries=attempt, name=name, fix=fix) from None
+                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, name=name, fix=fix) from None
                 pause = handshake.pause_s(attempt)
                 if time.monotonic() + pause + 0.5 > deadline:
-                    raise self.connect_error(leg, exc, retries=attempt, dropped=True, name=name, fix=fix) from None
+                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, dropped=True, name=name,
+                                                        fix=fix) from None
                 time.sleep(pause)
                 attempt += 1
                 self.connect_retries += 1
 
-    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False,
-                      name: str | None = None, fix: str | None = None) -> HostError:
-        """The one-line HostError for an exception raised while connecting ``conn``; ``name``: what the message calls
-        the peer (default the host's name; the bastion's when its leg failed), ``fix`` that of an unreachable one."""
-        name, where = name or self.host, f"{conn.host}:{conn.port}"
-        if isinstance(exc, HostError):
-            return exc
-        if isinstance(exc, hostkeys.UnknownHostKeyRejected):
-            fp = hostkeys.fingerprint(exc.key)
-            return HostKeyUnknown(
-                f"host key of {name} ({exc.hostname}) is not trusted: {exc.key.get_name()} {fp}",
-                host=self.host, fingerprint=fp,
-                fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`")
-        if isinstance(exc, paramiko.BadHostKeyException):
-            fp, old = hostkeys.fingerprint(exc.key), hostkeys.fingerprint(exc.expected_key)
-            kh = hostkeys.known_hosts_name(conn.host, conn.port)
-            return HostKeyChanged(
-                f"host key changed for {name} ({kh}): offered {fp}, known_hosts has {old}",
-                host=self.host, fingerprint=fp, expected=old,
-                fix=f"refusing to connect; if {name} was reinstalled, verify the new key and run "
-                    f"`deployctl hosts trust {name} --replace`")
-        if isinstance(exc, paramiko.AuthenticationException):
-            key = self.cfg.ssh_key or "ssh agent / ~/.ssh keys"
-            return AuthFailed(
-                f"{name} ({where}) refused login as user {conn.user!r} with key {key}",
-                host=self.host, fix="check hosts[].user and hosts[].ssh_key, and that the key is in that "
-                               "user's authorized_keys")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-            reason = "connection refused"
-        elif isinstance(exc, socket.gaierror):
-            reason = f"cannot resolve {conn.host!r}"
-        elif isinstance(exc, (socket.timeout, TimeoutError)):
-            reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
-        elif dropped:
-            reason = (f"sshd closed the connection during the handshake, {retries + 1} times in "
-                      f"{self.cfg.connect_timeout_s:g} s (sshd's MaxStartups drops unauthenticated connections over "
-                      "its limit: fewer hosts at once (parallel_hosts) or a higher MaxStartups)")
-        elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
-            reason = (f"no SSH banner within {self.cfg.connect_timeout_s:g} s (something listens there but does not "
-                      "speak SSH, or sshd is overloaded)")
-        else:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-        return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=self.host,
-                               fix=fix or "check that the host is up, sshd runs, and hosts[].address/port are right")
+    def connect_error(self, conn: Connection, exc: Exception, **kw) -> HostError:
+        """deployctl.hosts.connect_errors.connect_error for this host."""
+        return connect_errors.connect_error(self.cfg, conn, exc, **kw)
 
     def _drop(self) -> None:
         if self._alive is not None:

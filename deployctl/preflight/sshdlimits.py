@@ -1,8 +1,9 @@
 """Preflight's ``sshd_limits`` check: the host's sshd limits against what deployctl will ask of them.
 
 - MaxStartups ``start:rate:full``: sshd drops unauthenticated connections over ``start`` (sshd_config(5)). deployctl
-  opens up to min(rollout.parallel_hosts, the entries naming that same sshd) connections to one sshd at once, and
-  more than ``start`` of them is a storm that retries (deployctl.hosts.handshake) only ride out.
+  starts up to min(rollout.parallel_hosts, the entries naming that same sshd, their hosts[].connect_rate burst:
+  deployctl.hosts.startrate) connections to one sshd at once, and more than ``start`` of them is a storm that retries
+  (deployctl.hosts.handshake) only ride out.
 - MaxSessions: sessions (commands, SFTP) per connection; deployctl opens up to hosts[].max_channels of them
   (deployctl.hosts.ssh: one SFTP channel, the rest commands), and sshd refuses those over its limit.
 
@@ -62,10 +63,10 @@ def measure(host) -> dict:
             "config": None if head[1] == "-" else head[1]}
 
 
-def sharing(cfg, host) -> int:
-    """How many hosts[] entries connect to the same sshd as ``host`` (same address, port and jump)."""
+def sharing(cfg, host) -> list:
+    """The hosts[] entries that connect to the same sshd as ``host`` (same address, port and jump), itself included."""
     key = (host.address, host.port, host.jump)
-    return sum(1 for h in cfg.hosts if (h.address, h.port, h.jump) == key)
+    return [h for h in cfg.hosts if (h.address, h.port, h.jump) == key]
 
 
 def check_sshd_limits(cfg, host, facts: dict) -> Check:
@@ -76,17 +77,18 @@ def check_sshd_limits(cfg, host, facts: dict) -> Check:
         return Check("sshd_limits", "pass", f"{host.name}: sshd's MaxStartups and MaxSessions not read, so not "
                                             f"compared: {got['error']}")
     start = int(got["max_startups"].split(":")[0])
-    n = sharing(cfg, host)
-    at_once = min(cfg.rollout.parallel_hosts, n)
+    shared = sharing(cfg, host)
+    n, burst = len(shared), max(1, int(min(h.connect_rate for h in shared)))  # deployctl.hosts.startrate's burst
+    at_once = min(cfg.rollout.parallel_hosts, n, burst)
     where = f"{host.name}'s sshd ({host.address}:{host.port}{', through ' + host.jump if host.jump else ''})"
     problems, fixes = [], []
     if at_once > start:
-        shared = f", {n} hosts[] entries share that sshd" if n > 1 else ""
-        problems.append(f"rollout.parallel_hosts {cfg.rollout.parallel_hosts}{shared}: up to {at_once} SSH "
-                        f"handshakes at once against MaxStartups {got['max_startups']}, which drops unauthenticated "
-                        f"connections over {start}")
-        fixes.append(f"set rollout.parallel_hosts to {start} or less, or raise MaxStartups' start to {at_once} or more "
-                     f"in that sshd_config")
+        entries = f", {n} hosts[] entries share that sshd" if n > 1 else ""
+        problems.append(f"rollout.parallel_hosts {cfg.rollout.parallel_hosts}{entries}, hosts[].connect_rate "
+                        f"{burst}: up to {at_once} SSH handshakes at once against MaxStartups {got['max_startups']}, "
+                        f"which drops unauthenticated connections over {start}")
+        fixes.append(f"set rollout.parallel_hosts or hosts[].connect_rate to {start} or less, or raise MaxStartups' "
+                     f"start to {at_once} or more in that sshd_config")
     if host.max_channels > got["max_sessions"]:
         problems.append(f"hosts[].max_channels {host.max_channels} exceeds MaxSessions {got['max_sessions']} (sshd "
                         "refuses the channels over it; deployctl's SFTP channel counts as one)")
@@ -94,6 +96,6 @@ def check_sshd_limits(cfg, host, facts: dict) -> Check:
                      f"MaxSessions to {host.max_channels} in that sshd_config")
     figures = f"MaxStartups {got['max_startups']}, MaxSessions {got['max_sessions']}"
     if not problems:
-        return Check("sshd_limits", "pass", f"{where}: {figures}; up to {at_once} connections at once and "
+        return Check("sshd_limits", "pass", f"{where}: {figures}; {at_once} connection(s) at once and "
                                             f"{host.max_channels} channels each fit")
     return Check("sshd_limits", "warn", f"{where}: " + "; ".join(problems), "; ".join(fixes))
