@@ -91,3 +91,16 @@ def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet):
     msg = str(info.value)
     assert f"bastion root@127.0.0.1:{bastion.port} (hosts[].jump of gpu-b)" in msg and "connection refused" in msg, msg
     assert "bastion" in info.value.fix
+
+
+def test_jump_accepts_ssh_j_form_and_names_it_when_not():
+    from pydantic import ValidationError
+
+    from deployctl.config import HostConfig
+    from deployctl.config.hosts import jump_endpoint
+
+    assert jump_endpoint("ops@bastion.example:2222") == ("ops", "bastion.example", 2222)
+    assert jump_endpoint("bastion") == (None, "bastion", 22) and jump_endpoint("[::1]:2")[1:] == ("::1", 2)
+    with pytest.raises(ValidationError) as info:
+        HostConfig(name="a", address="10.0.0.1", deploy_root="/opt/x", jump="ops@bastion:99999")
+    assert "[user@]host[:port]" in str(info.value) and "ops@bastion:99999" in str(info.value)
