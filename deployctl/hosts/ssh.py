@@ -74,6 +74,7 @@ class SSHTransport:
         # command channels at once on this host's connection: max_channels less SFTP's one (module doc)
         self._channels = threading.BoundedSemaphore(cfg.max_channels - 1)
         self.connect_retries = 0  # handshakes the server dropped and that were tried again (_open_retrying)
+        self._turn_waited = 0.0  # seconds the last _open waited for its turns at the connect rate
 
     # -- connection -------------------------------------------------------------------------------
     def _new_connection(self) -> Connection:
@@ -97,12 +98,13 @@ class SSHTransport:
 
     def _open(self, conn: Connection) -> None:
         """Open ``conn`` (through its bastion first, hosts[].jump), each connection starting at its endpoint's
-        connect rate (deployctl.hosts.startrate)."""
+        connect rate (deployctl.hosts.startrate); ``_turn_waited``: the seconds it waited for its turns."""
         gateway = conn.gateway
+        self._turn_waited = 0.0
         if isinstance(gateway, Connection):
-            startrate.wait_turn(gateway.host, gateway.port, self.cfg.connect_rate)
+            self._turn_waited += startrate.wait_turn(gateway.host, gateway.port, self.cfg.connect_rate)
             gateway.open()
-        startrate.wait_turn(conn.host, conn.port, self.cfg.connect_rate)
+        self._turn_waited += startrate.wait_turn(conn.host, conn.port, self.cfg.connect_rate)
         conn.open()
 
     def connection(self) -> Connection:
@@ -122,8 +124,9 @@ class SSHTransport:
     def _open_retrying(self) -> Connection:
         """Open a new Connection; a handshake the server dropped (deployctl.hosts.handshake) is tried again after a
         jittered exponential pause while hosts[].connect_timeout_s since the first try allows, each try waiting for
-        the banner only as long as is left. ``connect_retries`` counts the retries (all connections of this
-        transport). Raises the connect errors of the module doc."""
+        the banner only as long as is left (the first try's wait for its turn at the connect rate not counted).
+        ``connect_retries`` counts the retries (all connections of this transport). Raises the connect errors of the
+        module doc."""
         deadline = time.monotonic() + float(self.cfg.connect_timeout_s)
         attempt = 0
         while True:
@@ -138,6 +141,8 @@ class SSHTransport:
             except Exception as exc:
                 bastion = gateway is not None and not gateway.is_connected  # the bastion's leg failed
                 _close(conn)
+                if not attempt:
+                    deadline += self._turn_waited
                 if gateway is not None and not bastion and isinstance(exc, paramiko.ChannelException):
                     raise jump.forward_refused(self.cfg, exc) from None
                 leg, name = (gateway, jump.label(self.cfg)) if bastion else (conn, None)
