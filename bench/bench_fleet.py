@@ -139,7 +139,8 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         canary, t2 = _cli(path, env, "deploy", "--yes")
         rollback, t3 = _cli(path, env, "rollback")
-        return {"hosts": n, "preflight_s": pre_s, "preflight_reached": reached, "first_deploy_s": first, "canary_deploy_s": canary, "rollback_s": rollback,
+        return {"hosts": n, "preflight_s": pre_s, "preflight_reached": reached, "first_deploy_s": first,
+                "canary_deploy_s": canary, "rollback_s": rollback,
                 "trace": {"first deploy": t1, "canary deploy": t2, "rollback": t3}}
     finally:
         for h in hosts:  # the stand-ins' supervisors, then sshd and nginx
@@ -178,7 +179,8 @@ def main() -> None:
         for n in sizes:
             rows.append(run_size(n, args.parallel_hosts, work, python, model, wheel, key, args.one_sshd))
             r = rows[-1]
-            print(f"{n:3d} hosts: preflight {r['preflight_s']:5.1f} s ({r['preflight_reached']}/{n} reached), first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
+            print(f"{n:3d} hosts: preflight {r['preflight_s']:5.1f} s ({r['preflight_reached']}/{n} reached), "
+                  f"first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
                   f" rollback {r['rollback_s']:6.1f} s; per host, remote commands (their seconds): " +
                   ", ".join(f"{k} {t['commands']:.0f} ({t['remote_s']:.1f} s)" for k, t in r["trace"].items()),
                   flush=True)

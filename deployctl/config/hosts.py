@@ -19,7 +19,8 @@ MIN_KEEPALIVE_S = 1.0
 def jump_endpoint(spec: str) -> tuple[Optional[str], str, int]:
     """``hosts[].jump`` "[user@]host[:port]" (ssh -J's form; an IPv6 address in brackets) as (user or None, host,
     port, default 22). Raises ValueError naming the expected form."""
-    m = re.fullmatch(r"(?:([A-Za-z0-9._][A-Za-z0-9._-]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?", spec)
+    m = re.fullmatch(r"(?:([A-Za-z0-9._][A-Za-z0-9._-]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?",
+                     spec)
     if m is None or not 1 <= int(m.group(3) or 22) <= 65535:
         raise ValueError(f"jump {spec!r} is not [user@]host[:port] (ssh -J's form), e.g. ops@bastion.example:2222")
     return m.group(1), m.group(2).strip("[]"), int(m.group(3) or 22)

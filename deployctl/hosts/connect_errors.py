@@ -48,7 +48,7 @@ def connect_error(cfg, conn, exc: Exception, *, retries: int = 0, dropped: bool 
     elif dropped:
         reason = (f"sshd closed the connection during the handshake, {retries + 1} times in "
                   f"{cfg.connect_timeout_s:g} s (sshd's MaxStartups drops unauthenticated connections over "
-                  "its limit: fewer hosts at once (parallel_hosts) or a higher MaxStartups)")
+                  "its limit: fewer hosts at once (parallel_hosts, hosts[].connect_rate) or a higher MaxStartups)")
     elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
         reason = (f"no SSH banner within {cfg.connect_timeout_s:g} s (something listens there but does not "
                   "speak SSH, or sshd is overloaded)")

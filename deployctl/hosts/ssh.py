@@ -148,7 +148,8 @@ class SSHTransport:
                 leg, name = (gateway, jump.label(self.cfg)) if bastion else (conn, None)
                 fix = jump.bastion_fix(self.cfg) if bastion else None
                 if not handshake.is_dropped(exc):
-                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, name=name, fix=fix) from None
+                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, name=name,
+                                                        fix=fix) from None
                 pause = handshake.pause_s(attempt)
                 if time.monotonic() + pause + 0.5 > deadline:
                     raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, dropped=True, name=name,

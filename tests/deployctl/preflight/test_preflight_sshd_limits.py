@@ -34,7 +34,8 @@ def test_preflight_compares_parallel_hosts_and_max_channels_with_sshd_limits(ssh
     for figure in ("rollout.parallel_hosts 8", "3 hosts[] entries share that sshd", "up to 3 SSH handshakes",
                    "MaxStartups 2:50:4", "hosts[].max_channels 4", "MaxSessions 3"):
         assert figure in limits["message"], (figure, limits)
-    assert "rollout.parallel_hosts or hosts[].connect_rate to 2 or less" in limits["fix"] and "max_channels for shared-0 to 3" in limits["fix"]
+    assert "rollout.parallel_hosts or hosts[].connect_rate to 2 or less" in limits["fix"]
+    assert "max_channels for shared-0 to 3" in limits["fix"]
     # read from the test sshd's own config file (the listener's -f, found in /proc), not /etc/ssh/sshd_config
     assert facts["shared-0"]["sshd"] == {"max_startups": "2:50:4", "max_sessions": 3,
                                          "config": str(shared.dir / "sshd_config")}
