@@ -58,8 +58,9 @@ def test_connections_to_one_sshd_start_at_connect_rate(ssh_fleet, monkeypatch):
     assert [o.value for o in outcomes] == [0] * 12, [o.error for o in outcomes]
     starts.sort()
     assert len(starts) == 12
-    # any span of starts holds at most the burst (rate) plus rate per second of its length (10 ms of slack)
-    worst = max(j - i + 1 - (rate + rate * (starts[j] - starts[i] + 0.01))
+    # any span of starts holds at most the burst (rate) plus rate per second of its length; 0.1 s of slack for a
+    # thread that a busy machine delays between its turn and the connect (without the bound: 7.9 starts over)
+    worst = max(j - i + 1 - (rate + rate * (starts[j] - starts[i] + 0.1))
                 for i in range(12) for j in range(i, 12))
     assert worst <= 0, [round(t - starts[0], 3) for t in starts]
     assert starts[-1] - starts[0] >= (12 - rate) / rate - 0.05  # the 8 after the burst: 0.25 s apart
