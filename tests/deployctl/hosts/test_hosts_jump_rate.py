@@ -13,6 +13,8 @@ import pytest
 
 from deployctl.hosts import Host, run_on_hosts
 from deployctl.hosts.base import HostUnreachable
+from support.cli import deployctl
+from test_hosts_keys import write_deploy_yaml
 
 
 def _own_tcp_peer_ports() -> list[int]:
@@ -67,11 +69,18 @@ def test_connections_to_one_sshd_start_at_connect_rate(ssh_fleet, monkeypatch):
     print(f"\n12 connections at connect_rate {rate:g}: started over {starts[-1] - starts[0]:.2f} s")
 
 
-def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet):
+def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet, tmp_path):
     fleet = ssh_fleet(2)
     bastion, target = fleet.hosts
     (_, cfg) = fleet.host_configs()
     cfg = cfg.model_copy(update={"jump": f"root@127.0.0.1:{bastion.port}", "connect_timeout_s": 3})
+    fleet.untrust(target.name)  # `hosts trust` fetches its key through the bastion
+    (_, entry) = fleet.host_yaml()
+    logins = (bastion.dir / "sshd.log").read_text().count("Accepted publickey")
+    res = deployctl("hosts", "trust", target.name, "--yes", "-c",
+                    write_deploy_yaml(tmp_path / "deploy.yaml", [dict(entry, jump=cfg.jump)]))
+    assert res.returncode == 0 and target.host_key_fingerprint in res.stdout, res.stdout + res.stderr
+    assert (bastion.dir / "sshd.log").read_text().count("Accepted publickey") == logins + 1  # logged in there
     host = Host.from_config(cfg)
     try:
         assert host.run(["cat", "/proc/sys/kernel/hostname"], timeout=30).exit_code == 0
