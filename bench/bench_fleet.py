@@ -13,9 +13,9 @@ time / (hosts / smallest × the smallest fleet's time); below 1.0 grows less tha
     python bench/bench_fleet.py [--hosts 8,16,32] [--parallel-hosts 8]
     python bench/bench_fleet.py --one-sshd 10:30:60 [--hosts 8,16,32]
 
-``--one-sshd MAXSTARTUPS``: instead, N host entries behind one sshd with that MaxStartups (as behind a bastion):
-per size, `deployctl hosts check` (8 hosts at once, each a fresh connection and one command) with its wall time,
-hosts reached and handshakes sshd dropped that were tried again (issue 41).
+Each size starts with `deployctl preflight` (its time and the hosts it reached). ``--one-sshd MAXSTARTUPS``: the N
+host entries share one sshd with that MaxStartups (as behind a bastion; each entry its own deploy_root and ports),
+and the last line gives the largest size's time over the smallest's (issue 41).
 
 Needs root (sshd) and nginx: tests/setup.sh installs both.
 """
@@ -74,7 +74,23 @@ def _cli(path: Path, env: dict, *args: str) -> tuple[float, dict]:
                   "top": [(cmd, c / n, t / n) for cmd, (c, t) in top]}
 
 
-def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel: Path, key: Path) -> dict:
+def _preflight(path: Path, env: dict) -> tuple[float, int]:
+    """`deployctl preflight --json` (its exit may be non-zero: a check failing on this machine is not the point);
+    (seconds, hosts reached: no failed "reach" check)."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "deployctl", "preflight", "--json", "-c", str(path)], capture_output=True,
+                       text=True, timeout=1800, env={**os.environ, **env}, cwd=ROOT)
+    wall = time.monotonic() - t0
+    if not r.stdout.strip():
+        raise SystemExit(f"`deployctl preflight` printed nothing ({r.returncode}):\n{r.stderr[-3000:]}")
+    doc = json.loads(r.stdout)
+    return wall, sum(all(c["name"] != "reach" for c in h["checks"]) for h in doc["hosts"])
+
+
+def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel: Path, key: Path,
+             max_startups: str | None = None) -> dict:
+    """One fleet of ``n`` hosts: preflight, a first deploy, a canary deploy, a rollback. ``max_startups``: the ``n``
+    host entries share one sshd with that MaxStartups (each its own deploy_root and port) instead of one sshd each."""
     import yaml
 
     from support.nginx import NginxRouter
@@ -88,13 +104,19 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
     known.touch()
     fleet = Fleet(root, key, known)
     nginx = NginxRouter(root / "nginx")
+    hosts: list[dict] = []
     env = {"DEPLOYCTL_KNOWN_HOSTS": str(known), "DEPLOYCTL_CACHE": str(work / "cache"),
            "DEPLOYCTL_SKIP_PREFLIGHT": "1", "DEPLOYCTL_RUNTIME_WHEEL": str(wheel),
            "DEPLOYCTL_STATE": str(root / "control-state")}
     try:
-        for _ in range(n):
+        for _ in range(1 if max_startups else n):
             fleet.add_host(None, False, True)
         hosts = fleet.host_yaml(python=python)
+        if max_startups:
+            fleet.restart(fleet.hosts[0].name, max_startups=max_startups)
+            hosts = [dict(hosts[0], name=f"gpu-{i:02d}", deploy_root=str(root / f"entry-{i:02d}")) for i in range(n)]
+            for h in hosts:
+                Path(h["deploy_root"]).mkdir()
         for h in hosts:
             h["server_port"] = free_port()
         cfg = {"service": {"name": "bench-fleet"},
@@ -110,17 +132,19 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
         from deployctl.config import load_config
 
         nginx.start(load_config(path))
+        pre_s, reached = _preflight(path, env)
         first, t1 = _cli(path, env, "deploy", "--yes")
         time.sleep(1.1)  # release ids carry the second
         cfg["engine"]["max_num_seqs"] = 4  # a new release
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         canary, t2 = _cli(path, env, "deploy", "--yes")
         rollback, t3 = _cli(path, env, "rollback")
-        return {"hosts": n, "first_deploy_s": first, "canary_deploy_s": canary, "rollback_s": rollback,
+        return {"hosts": n, "preflight_s": pre_s, "preflight_reached": reached, "first_deploy_s": first,
+                "canary_deploy_s": canary, "rollback_s": rollback,
                 "trace": {"first deploy": t1, "canary deploy": t2, "rollback": t3}}
     finally:
-        for h in fleet.hosts:  # the stand-ins' supervisors, then sshd and nginx
-            for pid_file in Path(h.deploy_root, "shared", "run").glob("runtime*.pid"):
+        for h in hosts:  # the stand-ins' supervisors, then sshd and nginx
+            for pid_file in Path(h["deploy_root"], "shared", "run").glob("runtime*.pid"):
                 try:
                     os.killpg(int(pid_file.read_text().split()[0]), 9)
                 except (OSError, ValueError):
@@ -129,51 +153,15 @@ def run_size(n: int, parallel: int, work: Path, python: str, model: Path, wheel:
         nginx.stop()
 
 
-def run_one_sshd(n: int, max_startups: str, work: Path, key: Path) -> dict:
-    """``n`` host entries behind one sshd with ``max_startups``: `hosts check --json` wall time, hosts reached,
-    dropped handshakes retried."""
-    import yaml
-
-    from support.sshd import Fleet
-
-    root = work / f"one-sshd-{n}"
-    root.mkdir()
-    os.chmod(root, 0o755)
-    known = root / "known_hosts"
-    known.touch()
-    fleet = Fleet(root, key, known)
-    try:
-        host = fleet.add_host(None, False, True)
-        fleet.restart(host.name, max_startups=max_startups)
-        one = fleet.host_yaml()[0]
-        hosts = [dict(one, name=f"h{i:02d}") for i in range(n)]
-        path = root / "deploy.yaml"
-        path.write_text(yaml.safe_dump({"service": {"name": "bench"}, "model": {"path": "/models/m"},
-                                        "hosts": hosts}))
-        t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "deployctl", "hosts", "check", "--json", "-c", str(path)],
-                           capture_output=True, text=True, timeout=600, cwd=ROOT,
-                           env={**os.environ, "DEPLOYCTL_KNOWN_HOSTS": str(known)})
-        wall = time.monotonic() - t0
-        doc = json.loads(r.stdout) if r.stdout.strip() else {"hosts": [], "connect_retries": 0}
-        return {"hosts": n, "wall_s": wall, "reached": sum(h["ok"] for h in doc["hosts"]),
-                "retries": doc.get("connect_retries", 0), "exit": r.returncode}
-    finally:
-        fleet.close()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="8,16,32")
     ap.add_argument("--parallel-hosts", type=int, default=8)
     ap.add_argument("--top", action="store_true", help="per step, the remote commands that took the most time")
     ap.add_argument("--one-sshd", metavar="MAXSTARTUPS", help="N host entries behind one sshd with this MaxStartups "
-                    "(e.g. 10:30:60): hosts check's time, reach and retried handshakes per size")
+                    "(e.g. 10:30:60) instead of one sshd per host")
     args = ap.parse_args()
     sizes = sorted(int(x) for x in args.hosts.split(","))
-    if args.one_sshd:
-        _one_sshd(sizes, args.one_sshd)
-        return
     if os.geteuid() != 0 or not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
         raise SystemExit("needs root (the sshd fleet) and nginx: run tests/setup.sh first")
     from deployctl.demo.localenv import overlay_venv
@@ -189,9 +177,10 @@ def main() -> None:
         model, wheel = _model(work / "model"), standin_wheel(work / "wheel")
         rows = []
         for n in sizes:
-            rows.append(run_size(n, args.parallel_hosts, work, python, model, wheel, key))
+            rows.append(run_size(n, args.parallel_hosts, work, python, model, wheel, key, args.one_sshd))
             r = rows[-1]
-            print(f"{n:3d} hosts: first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
+            print(f"{n:3d} hosts: preflight {r['preflight_s']:5.1f} s ({r['preflight_reached']}/{n} reached), "
+                  f"first deploy {r['first_deploy_s']:6.1f} s, canary deploy {r['canary_deploy_s']:6.1f} s,"
                   f" rollback {r['rollback_s']:6.1f} s; per host, remote commands (their seconds): " +
                   ", ".join(f"{k} {t['commands']:.0f} ({t['remote_s']:.1f} s)" for k, t in r["trace"].items()),
                   flush=True)
@@ -201,34 +190,22 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0]
-    print(f"\ngrowth against linear from {base['hosts']} hosts (time / (hosts/{base['hosts']} x its time); < 1.0: "
+    where = f"one sshd, MaxStartups {args.one_sshd}" if args.one_sshd else "one sshd per host"
+    big = rows[-1]
+    print(f"\n{where}: {big['hosts']} hosts against {base['hosts']}: " + ", ".join(
+        f"{name} {big[key] / base[key]:.1f}x" for name, key in (("preflight", "preflight_s"),
+                                                               ("first deploy", "first_deploy_s"),
+                                                               ("canary deploy", "canary_deploy_s"),
+                                                               ("rollback", "rollback_s"))))
+    print(f"growth against linear from {base['hosts']} hosts (time / (hosts/{base['hosts']} x its time); < 1.0: "
           f"less than linear), parallel_hosts {args.parallel_hosts}, max_unavailable unset (a quarter):")
     for r in rows[1:]:
         k = r["hosts"] / base["hosts"]
         print(f"{r['hosts']:3d} hosts: " + ", ".join(f"{name} {r[key] / (k * base[key]):.2f}x"
-                                                   for name, key in (("first deploy", "first_deploy_s"),
+                                                   for name, key in (("preflight", "preflight_s"),
+                                                                     ("first deploy", "first_deploy_s"),
                                                                      ("canary deploy", "canary_deploy_s"),
                                                                      ("rollback", "rollback_s"))))
-    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
-
-
-def _one_sshd(sizes: list[int], max_startups: str) -> None:
-    if os.geteuid() != 0:
-        raise SystemExit("needs root (sshd): run tests/setup.sh first")
-    from support.sshd import _keygen
-
-    work = Path(tempfile.mkdtemp(prefix="bench-one-sshd-", dir="/tmp"))
-    os.chmod(work, 0o755)
-    try:
-        key = work / "id_ed25519"
-        _keygen(key)
-        for n in sizes:
-            r = run_one_sshd(n, max_startups, work, key)
-            print(f"{n:3d} host entries, one sshd (MaxStartups {max_startups}): hosts check {r['wall_s']:5.1f} s, "
-                  f"reached {r['reached']}/{n}, dropped handshakes retried {r['retries']}, exit {r['exit']}",
-                  flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 

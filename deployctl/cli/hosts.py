@@ -41,7 +41,7 @@ def trust(
     """Show the SHA256 fingerprint NAME offers and record it in deployctl's known_hosts on confirmation."""
     from deployctl.errors import CheckFailed, UsageError
     from deployctl.hosts.known_hosts import known_hosts_path, lookup, record_host_key
-    from deployctl.hosts.ssh import probe_host_key
+    from deployctl.hosts.keyprobe import probe_host_key
     from deployctl.hosts import HostKeyChanged
 
     (host,) = _select(config, name)

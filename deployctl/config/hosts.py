@@ -2,6 +2,7 @@
 (deploy_root), which GPUs and ports its engine uses, and whether it serves or waits in the warm pool."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Optional
 
 from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
@@ -13,6 +14,16 @@ from deployctl.config.units import parse_duration
 # The shortest SSH keepalive interval (hosts[].keepalive_interval_s) besides 0 (off): OpenSSH's ServerAliveInterval
 # counts whole seconds, and more often than that only floods the connection.
 MIN_KEEPALIVE_S = 1.0
+
+
+def jump_endpoint(spec: str) -> tuple[Optional[str], str, int]:
+    """``hosts[].jump`` "[user@]host[:port]" (ssh -J's form; an IPv6 address in brackets) as (user or None, host,
+    port, default 22). Raises ValueError naming the expected form."""
+    m = re.fullmatch(r"(?:([A-Za-z0-9._][A-Za-z0-9._-]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?",
+                     spec)
+    if m is None or not 1 <= int(m.group(3) or 22) <= 65535:
+        raise ValueError(f"jump {spec!r} is not [user@]host[:port] (ssh -J's form), e.g. ops@bastion.example:2222")
+    return m.group(1), m.group(2).strip("[]"), int(m.group(3) or 22)
 
 
 class HostConfig(_Frozen):
@@ -44,6 +55,15 @@ class HostConfig(_Frozen):
     """SSH channels deployctl opens at once on its connection to this host (one is SFTP's, the rest commands; more
     wait for a free one): keep it at or below sshd's MaxSessions there (OpenSSH's default 10)
     """
+    connect_rate: float = Field(10, gt=0, le=1000, description=(
+        "New SSH connections per second deployctl starts to this host's sshd, in bursts of up to the same number "
+        "(deployctl.hosts.startrate). Entries that name the same address and port (one sshd: a bastion, a NAT "
+        "address) share the bound, the lowest rate of them winning. Default 10: OpenSSH's MaxStartups start "
+        "(10:30:100), the unauthenticated connections sshd takes before it starts dropping them."))
+    jump: Optional[str] = Field(None, description=(
+        "A bastion to reach this host through, as ssh's ProxyJump (-J) spells it: [user@]host[:port] (default user "
+        "the host's, port 22). deployctl logs in to the bastion with this host's ssh_key and known_hosts, then opens "
+        "a direct-tcpip channel from there to address:port. Unset: a direct connection."))
     keepalive_interval_s: Annotated[float, BeforeValidator(parse_duration)] = 15
     """SSH transport keepalive (deployctl.hosts.sshalive): a keepalive every keepalive_interval_s (0: off); a peer
     that answers none for keepalive_interval_s × keepalive_count is dropped as frozen (OpenSSH's
@@ -97,6 +117,13 @@ class HostConfig(_Frozen):
         if v != 0 and not MIN_KEEPALIVE_S <= v <= 3600:
             raise ValueError(f"keepalive_interval_s must be 0 (off) or from {MIN_KEEPALIVE_S:g} s to 1h (a keepalive "
                              "more often than once a second floods the SSH connection); e.g. 15 or 15s")
+        return v
+
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            jump_endpoint(v)
         return v
 
     @model_validator(mode="after")

@@ -83,11 +83,12 @@ def secure_client(client: paramiko.SSHClient, *, user_files: list[str] | None = 
 
 
 def fetch_host_key(hostname: str, port: int, *, timeout: float = 10,
-                   prefer: list[str] | None = None) -> paramiko.PKey:
-    """Connect to ``hostname:port``, run the SSH key exchange only (no authentication) and return the
-    server's host key, asking for the ``prefer`` key types first (as paramiko's client does for types
-    already in known_hosts). Raises OSError (refused, DNS, timeout) or paramiko.SSHException (not SSH)."""
-    sock = socket.create_connection((hostname, port), timeout=timeout)
+                   prefer: list[str] | None = None, sock=None) -> paramiko.PKey:
+    """Connect to ``hostname:port`` (or use ``sock``, a socket-like channel there: a bastion's direct-tcpip), run the
+    SSH key exchange only (no authentication) and return the server's host key, asking for the ``prefer`` key types
+    first (as paramiko's client does for types already in known_hosts). Raises OSError (refused, DNS, timeout) or
+    paramiko.SSHException (not SSH)."""
+    sock = sock if sock is not None else socket.create_connection((hostname, port), timeout=timeout)
     transport = paramiko.Transport(sock)
     transport.banner_timeout = timeout
     if prefer:

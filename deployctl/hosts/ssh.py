@@ -3,8 +3,10 @@
 - Connecting: ssh_config is honoured (Fabric); known_hosts are loaded and a reject policy set before the
   first connect (deployctl/hosts/known_hosts.py). A handshake the server dropped (EOF or reset during the banner
   or key exchange: MaxStartups) is tried again with jittered exponential backoff within connect_timeout_s
-  (deployctl/hosts/handshake.py). Errors become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged,
-  each one line naming the host.
+  (deployctl/hosts/handshake.py). Each connection starts at its sshd endpoint's ``hosts[].connect_rate``
+  (deployctl/hosts/startrate.py); ``hosts[].jump`` goes through a bastion first (deployctl/hosts/jump.py). Errors
+  become HostUnreachable, AuthFailed, HostKeyUnknown or HostKeyChanged, each one line naming the host or its bastion
+  (deployctl/hosts/connect_errors.py).
 - Commands run as ``timeout -k 1 T /bin/bash -c CMD`` so the remote side kills the whole process group at
   T (SIGKILL at T+1); the client closes the channel at T+1.5 whatever happens. Either way: CommandTimeout.
 - env values are written over SFTP to a 0600 temp file that the command sources and deletes.
@@ -39,10 +41,10 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from deployctl import settings
-from deployctl.hosts import handshake, known_hosts as hostkeys
+from deployctl.hosts import connect_errors, handshake, jump, known_hosts as hostkeys, startrate
 from deployctl.hosts.sshalive import Keepalive
-from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostKeyChanged, HostKeyUnknown,
-                             HostUnreachable, LineSink, RemoteCommandError, RunResult, short_command, tail)
+from deployctl.hosts.base import (AuthFailed, CommandTimeout, HostError, HostUnreachable, LineSink, RemoteCommandError,
+                                  RunResult, short_command, tail)
 
 REMOTE_KILL_AFTER_S = 1.0
 CLIENT_GRACE_S = 1.5
@@ -72,6 +74,7 @@ class SSHTransport:
         # command channels at once on this host's connection: max_channels less SFTP's one (module doc)
         self._channels = threading.BoundedSemaphore(cfg.max_channels - 1)
         self.connect_retries = 0  # handshakes the server dropped and that were tried again (_open_retrying)
+        self._turn_waited = 0.0  # seconds the last _open waited for its turns at the connect rate
 
     # -- connection -------------------------------------------------------------------------------
     def _new_connection(self) -> Connection:
@@ -84,12 +87,25 @@ class SSHTransport:
                 raise AuthFailed(f"ssh_key {cfg.ssh_key} for {self.host} does not exist",
                                  host=self.host, fix="fix hosts[].ssh_key in deploy.yaml")
             kwargs.update(key_filename=key, look_for_keys=False, allow_agent=False)
-        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs)
+        gateway = jump.gateway(cfg, kwargs, max(1, math.ceil(t))) if cfg.jump else None
+        conn = fabric_connection(cfg, connect_timeout=max(1, math.ceil(t)), connect_kwargs=kwargs, gateway=gateway)
         user_files = conn.ssh_config.get("userknownhostsfile")
         if isinstance(user_files, str):
             user_files = user_files.split()
-        hostkeys.secure_client(conn.client, user_files=user_files, extra=self._extra_known_hosts)
+        for c in (conn, gateway) if gateway is not None else (conn,):
+            hostkeys.secure_client(c.client, user_files=user_files, extra=self._extra_known_hosts)
         return conn
+
+    def _open(self, conn: Connection) -> None:
+        """Open ``conn`` (through its bastion first, hosts[].jump), each connection starting at its endpoint's
+        connect rate (deployctl.hosts.startrate); ``_turn_waited``: the seconds it waited for its turns."""
+        gateway = conn.gateway
+        self._turn_waited = 0.0
+        if isinstance(gateway, Connection):
+            self._turn_waited += startrate.wait_turn(gateway.host, gateway.port, self.cfg.connect_rate)
+            gateway.open()
+        self._turn_waited += startrate.wait_turn(conn.host, conn.port, self.cfg.connect_rate)
+        conn.open()
 
     def connection(self) -> Connection:
         """The open Connection; connects first if needed. Raises the connect errors of the module doc."""
@@ -108,8 +124,9 @@ class SSHTransport:
     def _open_retrying(self) -> Connection:
         """Open a new Connection; a handshake the server dropped (deployctl.hosts.handshake) is tried again after a
         jittered exponential pause while hosts[].connect_timeout_s since the first try allows, each try waiting for
-        the banner only as long as is left. ``connect_retries`` counts the retries (all connections of this
-        transport). Raises the connect errors of the module doc."""
+        the banner only as long as is left (the first try's wait for its turn at the connect rate not counted).
+        ``connect_retries`` counts the retries (all connections of this transport). Raises the connect errors of the
+        module doc."""
         deadline = time.monotonic() + float(self.cfg.connect_timeout_s)
         attempt = 0
         while True:
@@ -117,72 +134,36 @@ class SSHTransport:
             left = deadline - time.monotonic()
             if attempt:  # the banner (and auth) wait no longer than the deadline
                 conn.connect_kwargs.update(banner_timeout=max(0.5, left), auth_timeout=max(0.5, left))
+            gateway = conn.gateway if isinstance(conn.gateway, Connection) else None
             try:
-                conn.open()
+                self._open(conn)
                 return conn
             except Exception as exc:
-                conn.close()
+                bastion = gateway is not None and not gateway.is_connected  # the bastion's leg failed
+                _close(conn)
+                if not attempt:
+                    deadline += self._turn_waited
+                if gateway is not None and not bastion and isinstance(exc, paramiko.ChannelException):
+                    raise jump.forward_refused(self.cfg, exc) from None
+                leg, name = (gateway, jump.label(self.cfg)) if bastion else (conn, None)
+                fix = jump.bastion_fix(self.cfg) if bastion else None
                 if not handshake.is_dropped(exc):
-                    raise self.connect_error(conn, exc, retries=attempt) from None
+                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, name=name,
+                                                        fix=fix) from None
                 pause = handshake.pause_s(attempt)
                 if time.monotonic() + pause + 0.5 > deadline:
-                    raise self.connect_error(conn, exc, retries=attempt, dropped=True) from None
+                    raise connect_errors.connect_error(self.cfg, leg, exc, retries=attempt, dropped=True, name=name,
+                                                        fix=fix) from None
                 time.sleep(pause)
                 attempt += 1
                 self.connect_retries += 1
-
-    def connect_error(self, conn: Connection, exc: Exception, *, retries: int = 0, dropped: bool = False) -> HostError:
-        """The one-line HostError for an exception raised while connecting ``conn``."""
-        name, where = self.host, f"{conn.host}:{conn.port}"
-        if isinstance(exc, HostError):
-            return exc
-        if isinstance(exc, hostkeys.UnknownHostKeyRejected):
-            fp = hostkeys.fingerprint(exc.key)
-            return HostKeyUnknown(
-                f"host key of {name} ({exc.hostname}) is not trusted: {exc.key.get_name()} {fp}",
-                host=name, fingerprint=fp,
-                fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`")
-        if isinstance(exc, paramiko.BadHostKeyException):
-            fp, old = hostkeys.fingerprint(exc.key), hostkeys.fingerprint(exc.expected_key)
-            kh = hostkeys.known_hosts_name(conn.host, conn.port)
-            return HostKeyChanged(
-                f"host key changed for {name} ({kh}): offered {fp}, known_hosts has {old}",
-                host=name, fingerprint=fp, expected=old,
-                fix=f"refusing to connect; if {name} was reinstalled, verify the new key and run "
-                    f"`deployctl hosts trust {name} --replace`")
-        if isinstance(exc, paramiko.AuthenticationException):
-            key = self.cfg.ssh_key or "ssh agent / ~/.ssh keys"
-            return AuthFailed(
-                f"{name} ({where}) refused login as user {conn.user!r} with key {key}",
-                host=name, fix="check hosts[].user and hosts[].ssh_key, and that the key is in that "
-                               "user's authorized_keys")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-            reason = "connection refused"
-        elif isinstance(exc, socket.gaierror):
-            reason = f"cannot resolve {conn.host!r}"
-        elif isinstance(exc, (socket.timeout, TimeoutError)):
-            reason = f"no answer within {self.cfg.connect_timeout_s:g} s"
-        elif dropped:
-            reason = (f"sshd closed the connection during the handshake, {retries + 1} times in "
-                      f"{self.cfg.connect_timeout_s:g} s (sshd's MaxStartups drops unauthenticated connections over "
-                      "its limit: fewer hosts at once (parallel_hosts) or a higher MaxStartups)")
-        elif "SSH protocol banner" in str(exc) or str(exc) == "No existing session":
-            reason = (f"no SSH banner within {self.cfg.connect_timeout_s:g} s (something listens there but does not "
-                      "speak SSH, or sshd is overloaded)")
-        else:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-        return HostUnreachable(f"cannot reach {name} at {where}: {reason}", host=name,
-                               fix="check that the host is up, sshd runs, and hosts[].address/port are right")
 
     def _drop(self) -> None:
         if self._alive is not None:
             self._alive.stop()
             self._alive = None
         if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # closing a dead connection must not mask the real error
-                pass
+            _close(self._conn)
             self._conn = None
 
     def _lost(self, exc: BaseException, command: str) -> HostError:
@@ -402,33 +383,19 @@ class SSHTransport:
         return self._file_op("stat", remote, timeout, op)
 
 
+def _close(conn: Connection) -> None:
+    """Close ``conn`` and its bastion's connection (Fabric's close leaves a gateway open); never raises: closing a dead
+    connection must not mask the real error."""
+    for c in (conn, conn.gateway):
+        if isinstance(c, Connection):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+
+
 def _quiet_remove(sftp: paramiko.SFTPClient, path: str) -> None:
     try:
         sftp.remove(path)
     except Exception:  # the temp file may not exist; the original error matters
         pass
-
-
-def probe_host_key(cfg, *, known_hosts: Path | None = None) -> hostkeys.HostKeyProbe:
-    """Fetch the host key ``cfg`` offers (key exchange only, no login; ssh_config's HostName and Port
-    honoured) and compare it with every known_hosts file. Raises HostUnreachable."""
-    conn = fabric_connection(cfg)
-    user_files = conn.ssh_config.get("userknownhostsfile")
-    if isinstance(user_files, str):
-        user_files = user_files.split()
-    known = hostkeys.lookup(conn.host, conn.port, user_files=user_files, extra=known_hosts)
-    try:
-        key = hostkeys.fetch_host_key(conn.host, conn.port, timeout=cfg.connect_timeout_s, prefer=list(known))
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        transport = SSHTransport(cfg, known_hosts=known_hosts)
-        raise transport.connect_error(conn, exc) from None
-    fp = hostkeys.fingerprint(key)
-    if any(k.asbytes() == key.asbytes() for k in known.values()):
-        status, expected = "trusted", fp
-    elif known:
-        old = known.get(key.get_name()) or next(iter(known.values()))
-        status, expected = "changed", hostkeys.fingerprint(old)
-    else:
-        status, expected = "unknown", None
-    return hostkeys.HostKeyProbe(cfg.name, hostkeys.known_hosts_name(conn.host, conn.port), conn.host, conn.port,
-                                 key.get_name(), fp, status, expected, key)

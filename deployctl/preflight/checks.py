@@ -20,6 +20,7 @@ from deployctl.preflight.gpupin import check_gpu_pinning
 from deployctl.preflight.gpuprocs import check_gpu_processes
 from deployctl.preflight.kvdtype import check_kv_cache_dtype
 from deployctl.preflight.shell import check_login_shell
+from deployctl.preflight.sshdlimits import check_sshd_limits
 from deployctl.preflight.standby import standby_checks
 from deployctl.config.models import DISK_WARN_BYTES
 from deployctl.config.units import format_bytes
@@ -278,7 +279,7 @@ PREFLIGHT_CHECKS = ("nvidia_driver", "torch", "engine", "gpus", "gpu_health", "g
                     "capacity", "port", "allocated_ports", "disk",
                     "weights", "chat_template", "api_key", "engine_secrets",
                     "standby_ram", "spare_port_gpu", "standby_fit",  # hosts with spare_port only
-                    "login_shell",  # SSH hosts only
+                    "login_shell", "sshd_limits",  # SSH hosts only
                     "serving_hosts")  # on the first serving host's report only (a fleet check)
 
 
@@ -329,6 +330,7 @@ def run_checks(cfg: DeployConfig, host: HostConfig, facts: dict, environ: Option
         *([check_engine_secrets(cfg, environ)] if cfg.engine.secret_env else []),
         *standby_checks(cfg, host, facts, sized),
         *([check_login_shell(host, facts)] if "login_shell" in facts else []),  # measured over SSH only
+        *([check_sshd_limits(cfg, host, facts)] if "sshd" in facts else []),  # read over SSH only
         *([check_serving_hosts(cfg)] if host.name == _first_serving(cfg) else []),
     ]
 

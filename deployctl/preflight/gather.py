@@ -85,6 +85,12 @@ def host_facts(host, cfg: DeployConfig, *, verify_weights: bool = True, on_progr
             facts["login_shell"] = shell.measure(host)
         except DeployctlError as err:
             facts["login_shell"] = {"error": err.message}
+        from deployctl.preflight import sshdlimits
+
+        try:
+            facts["sshd"] = sshdlimits.measure(host)
+        except DeployctlError as err:
+            facts["sshd"] = {"error": err.message}
     facts["weights"] = None
     if verify_weights and (facts.get("model") or {}).get("exists"):
         total = sum(f["size"] for f in facts["model"]["files"])
@@ -144,16 +150,17 @@ def _verify(host, cfg: DeployConfig, total: int, advance: Callable[[int], None])
 
 
 def gather(cfg: DeployConfig, host_names: Optional[list[str]] = None, *, verify_weights: bool = True,
-           on_progress: Optional[ProgressFn] = None, max_workers: int = 8) -> list[tuple[HostConfig, dict]]:
-    """[(host config, facts)] for the named hosts (all when None), probed in parallel. A host that
-    cannot be reached gets facts ``{"error": message, "fix": fix}`` instead of raising."""
+           on_progress: Optional[ProgressFn] = None, max_workers: Optional[int] = None) -> list[tuple[HostConfig, dict]]:
+    """[(host config, facts)] for the named hosts (all when None), probed in parallel, ``max_workers`` at once
+    (default rollout.parallel_hosts, as every fleet-wide operation). A host that cannot be reached gets facts
+    ``{"error": message, "fix": fix}`` instead of raising."""
     from deployctl.hosts import Host, run_on_hosts
 
     configs = [cfg.host(n) for n in host_names] if host_names else list(cfg.hosts)
     hosts = [Host.from_config(hc) for hc in configs]
     try:
         outcomes = run_on_hosts(hosts, lambda h: host_facts(h, cfg, verify_weights=verify_weights, on_progress=on_progress),
-                                max_workers=max_workers)
+                                max_workers=max_workers or cfg.rollout.parallel_hosts)
     finally:
         for h in hosts:
             h.close()
