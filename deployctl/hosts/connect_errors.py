@@ -24,7 +24,10 @@ def connect_error(cfg, conn, exc: Exception, *, retries: int = 0, dropped: bool 
         return HostKeyUnknown(
             f"host key of {name} ({exc.hostname}) is not trusted: {exc.key.get_name()} {fp}",
             host=host, fingerprint=fp,
-            fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`")
+            fix=f"check the fingerprint out of band, then run `deployctl hosts trust {name}`" if name == host else
+                f"check the fingerprint out of band, then add it to your known_hosts (`ssh-keyscan -p {conn.port} "
+                f"{conn.host} >> ~/.ssh/known_hosts`, or `ssh -p {conn.port} {conn.host}` once); `deployctl hosts "
+                f"trust` takes hosts[] entries, and {name} is not one")
     if isinstance(exc, paramiko.BadHostKeyException):
         fp, old = hostkeys.fingerprint(exc.key), hostkeys.fingerprint(exc.expected_key)
         kh = hostkeys.known_hosts_name(conn.host, conn.port)

@@ -12,7 +12,7 @@ import paramiko
 import pytest
 
 from deployctl.hosts import Host, run_on_hosts
-from deployctl.hosts.base import HostUnreachable
+from deployctl.hosts.base import HostKeyUnknown, HostUnreachable
 from support.cli import deployctl
 from test_hosts_keys import write_deploy_yaml
 
@@ -90,6 +90,16 @@ def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet, tm
         assert (Path(target.deploy_root) / "jumped").read_text() == "through"
     finally:
         host.close()
+
+    fleet.untrust(bastion.name)  # the bastion's key unknown: the fix is not `hosts trust` (not a hosts[] entry)
+    host = Host.from_config(cfg)
+    try:
+        with pytest.raises(HostKeyUnknown) as info:
+            host.run(["true"], timeout=10)
+    finally:
+        host.close()
+    assert f"bastion root@127.0.0.1:{bastion.port}" in str(info.value), str(info.value)
+    assert f"ssh-keyscan -p {bastion.port} 127.0.0.1" in info.value.fix and "is not one" in info.value.fix, info.value.fix
 
     fleet.stop(bastion.name)
     host = Host.from_config(cfg)
