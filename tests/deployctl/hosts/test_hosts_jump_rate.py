@@ -99,7 +99,8 @@ def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet, tm
     finally:
         host.close()
     assert f"bastion root@127.0.0.1:{bastion.port}" in str(info.value), str(info.value)
-    assert f"ssh-keyscan -p {bastion.port} 127.0.0.1" in info.value.fix and "is not one" in info.value.fix, info.value.fix
+    fix = info.value.fix
+    assert f"ssh-keyscan -p {bastion.port} 127.0.0.1" in fix and "is not one" in fix, fix
 
     fleet.stop(bastion.name)
     host = Host.from_config(cfg)
