@@ -29,7 +29,8 @@ def init(
     parse_config(text, str(out))  # what we write must load
     out.write_text(text)
     cmd, why = _next_step(out, device)
-    err_console.print(f"wrote {out}; next: `{cmd}`{why}", markup=False)
+    # soft_wrap: the command is copied as printed; rich's 80-column wrap would cut a long path in two
+    err_console.print(f"wrote {out}; next: `{cmd}`{why}", markup=False, soft_wrap=True)
 
 
 def _next_step(out: Path, device: str) -> tuple[str, str]:

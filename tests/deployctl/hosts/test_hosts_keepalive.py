@@ -77,8 +77,11 @@ def test_many_commands_at_once_stay_under_max_sessions_and_all_succeed(ssh_fleet
     fleet.restart(name, max_sessions=3)
     host = _host(fleet, max_channels=3)
     try:
-        host.put_text("x", f"/tmp/deployctl-sessions-{name}/probe")  # SFTP's channel is open from here on
-        mark = f"/tmp/deployctl-sessions-{name}/running"
+        # under this fleet's own deploy_root: another test (or worktree) running beside this one must not add to
+        # the count of commands running at once
+        root = fleet.hosts[0].deploy_root
+        host.put_text("x", f"{root}/sessions/probe")  # SFTP's channel is open from here on
+        mark = f"{root}/sessions/running"
         # each command counts the commands running beside it (a file per command while it runs)
         cmd = (f"mkdir -p {mark} && touch {mark}/$$ && ls {mark} | wc -l > {mark}.$$ && sleep 0.3 && "
                f"cat {mark}.$$ && rm -f {mark}/$$ {mark}.$$")
@@ -150,7 +153,7 @@ def test_max_sessions_2_with_max_channels_2_runs_four_rounds_in_a_row(ssh_fleet)
     errors: list[Exception] = []
     for round_ in range(4):
         host = _host(fleet, max_channels=2)
-        path = f"/tmp/deployctl-ms2-{name}/f{round_}"
+        path = f"{fleet.hosts[0].deploy_root}/ms2/f{round_}"
         try:
             host.put_text("x", path)
 

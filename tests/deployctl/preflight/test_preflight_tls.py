@@ -117,12 +117,12 @@ def test_router_certificate_over_ssh_reads_a_root_only_key_with_sudo(ssh_fleet, 
     ("gpu-b", None, "gpu-b"),  # nginx on a GPU host: its checks join that host's
     ("gpu-b", ["gpu-a"], None),  # --host naming another host: not checked
 ])
-def test_run_preflight_reports_the_router_certificate(ca, monkeypatch, router_host, host_filter, where):
+def test_run_preflight_reports_the_router_certificate(ca, monkeypatch, tmp_path, router_host, host_filter, where):
     import deployctl.preflight as preflight
 
     cert, key = ca.issue(f"pf-{router_host}", names=["llm.example.com"], days=3)
     cfg = _cfg(cert, key, host=router_host)
-    local = [{"name": n, "address": "local", "deploy_root": f"/tmp/{n}"} for n in ("gpu-a", "gpu-b")]
+    local = [{"name": n, "address": "local", "deploy_root": str(tmp_path / n)} for n in ("gpu-a", "gpu-b")]
     cfg = cfg.model_validate({**cfg.model_dump(), "hosts": local})  # no SSH: the files are read on this machine
     monkeypatch.setattr(preflight, "gather", lambda cfg, names, **kw: [
         (h, {"error": "probe not run in this test"}) for h in cfg.hosts if not names or h.name in names])
