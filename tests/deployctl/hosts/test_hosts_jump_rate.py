@@ -92,26 +92,27 @@ def test_jump_goes_through_the_bastion_and_a_bastion_down_is_named(ssh_fleet, tm
         host.close()
 
     fleet.untrust(bastion.name)  # the bastion's key unknown: the fix is not `hosts trust` (not a hosts[] entry)
-    host = Host.from_config(cfg)
-    try:
-        with pytest.raises(HostKeyUnknown) as info:
-            host.run(["true"], timeout=10)
-    finally:
-        host.close()
-    assert f"bastion root@127.0.0.1:{bastion.port}" in str(info.value), str(info.value)
-    fix = info.value.fix
+    err = _connect_fails(cfg, HostKeyUnknown)
+    assert f"bastion root@127.0.0.1:{bastion.port}" in str(err), str(err)
+    fix = err.fix
     assert f"ssh-keyscan -p {bastion.port} 127.0.0.1" in fix and "is not one" in fix, fix
 
     fleet.stop(bastion.name)
+    err = _connect_fails(cfg, HostUnreachable)
+    msg = str(err)
+    assert f"bastion root@127.0.0.1:{bastion.port} (hosts[].jump of gpu-b)" in msg and "connection refused" in msg, msg
+    assert "bastion" in err.fix
+
+
+def _connect_fails(cfg, error: type):
+    """The ``error`` a command on host config ``cfg`` raises (its connection does not open)."""
     host = Host.from_config(cfg)
     try:
-        with pytest.raises(HostUnreachable) as info:
+        with pytest.raises(error) as info:
             host.run(["true"], timeout=10)
     finally:
         host.close()
-    msg = str(info.value)
-    assert f"bastion root@127.0.0.1:{bastion.port} (hosts[].jump of gpu-b)" in msg and "connection refused" in msg, msg
-    assert "bastion" in info.value.fix
+    return info.value
 
 
 def test_jump_accepts_ssh_j_form_and_names_it_when_not():
