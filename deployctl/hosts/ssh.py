@@ -287,7 +287,7 @@ class SSHTransport:
     def _file_op(self, verb: str, path: str, timeout: float, fn):
         with self._lock:
             try:
-                return fn(self._sftp(timeout))
+                return self._on_sftp(fn, timeout)
             except HostError:
                 raise
             except (socket.timeout, TimeoutError):
@@ -300,6 +300,20 @@ class SSHTransport:
                                          host=self.host, command=f"{verb} {path}", stderr_tail=str(exc)) from None
             except (EOFError, paramiko.SSHException) as exc:
                 raise self._lost(exc, f"{verb} {path}") from None
+
+    def _on_sftp(self, fn, timeout: float):
+        """``fn(sftp)``; once more on a fresh SFTP channel when the server closed this one while the connection lives
+        (seen under MaxSessions on a loaded host: "Server connection dropped"). Whole-file operations: safe to repeat.
+        Fabric memoizes its SFTP client in ``Connection._sftp``: forgetting it opens a new channel."""
+        try:
+            return fn(self._sftp(timeout))
+        except (EOFError, paramiko.SSHException, OSError):
+            conn = self._conn
+            old = getattr(conn, "_sftp", None)
+            if old is None or not old.get_channel().closed or conn.transport is None or not conn.transport.is_active():
+                raise
+            conn._sftp = None
+            return fn(self._sftp(timeout))
 
     def _mkdirs(self, sftp: paramiko.SFTPClient, path: str) -> None:
         if path in ("", "/", "."):

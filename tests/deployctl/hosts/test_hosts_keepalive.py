@@ -172,3 +172,20 @@ def test_max_sessions_2_with_max_channels_2_runs_four_rounds_in_a_row(ssh_fleet)
         finally:
             host.close()
     assert not errors, errors
+
+
+def test_an_sftp_channel_the_server_closed_is_reopened_while_the_connection_lives(ssh_fleet):
+    """The CI of stop 50 saw sshd close the SFTP channel under MaxSessions 2 on a loaded machine ("Server connection
+    dropped") while the connection lived: a file operation then runs on a fresh SFTP channel instead of reporting a
+    lost connection."""
+    fleet = ssh_fleet(1)
+    host = _host(fleet)
+    path = f"{fleet.hosts[0].deploy_root}/reopen/f"
+    try:
+        host.put_text("one", path)
+        conn = host._transport.connection()
+        conn.sftp().get_channel().close()  # as the server's close leaves it: this channel is done
+        host.put_text("two", path)
+        assert host.read_text(path, timeout=30) == "two" and conn.sftp().get_channel().closed is False
+    finally:
+        host.close()
